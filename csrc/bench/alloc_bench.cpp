@@ -1,0 +1,165 @@
+#include "alloc_bench.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <random>
+
+#include "../core/allocator.h"
+#include "../device/sim/sim_device.h"
+
+namespace waterwave {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Log-uniform sizes between 512 B and 64 KiB: small tensors, the ones an
+// allocator sees most often; glibc serves them from its own bins too.
+std::vector<std::size_t> size_sequence(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(9.0, 16.0);
+  std::vector<std::size_t> sizes(n);
+  for (auto& s : sizes) s = static_cast<std::size_t>(std::exp2(u(rng)));
+  return sizes;
+}
+
+// What a benchmark step does on an allocator-like target.
+struct Target {
+  virtual ~Target() = default;
+  virtual std::uintptr_t alloc(std::size_t n, StreamId s) = 0;
+  virtual void free(std::uintptr_t p) = 0;
+  virtual void sync() {}
+  virtual void served(std::map<std::string, std::int64_t>&) {}
+};
+
+struct GlibcTarget : Target {
+  std::uintptr_t alloc(std::size_t n, StreamId) override {
+    void* p = std::malloc(n);
+    if (!p) std::abort();
+    return reinterpret_cast<std::uintptr_t>(p);
+  }
+  void free(std::uintptr_t p) override { std::free(reinterpret_cast<void*>(p)); }
+};
+
+struct PolicyTarget : Target {
+  SimDevice device;
+  std::unique_ptr<Allocator> a;
+  explicit PolicyTarget(const std::string& policy)
+      : device(std::size_t{1} << 40, /*launch_overhead_us=*/0.0),
+        a(make_allocator(policy, device, AllocatorConfig{})) {}
+  std::uintptr_t alloc(std::size_t n, StreamId s) override { return a->allocate(n, s); }
+  void free(std::uintptr_t p) override { a->deallocate(p); }
+  void sync() override { a->sync_and_coalesce(); }
+  void served(std::map<std::string, std::int64_t>& out) override {
+    AllocatorStats st = a->stats();
+    for (int i = 0; i < static_cast<int>(Served::kCount); ++i) {
+      out[served_name(static_cast<Served>(i))] = st.served[i];
+    }
+    out["device_segments"] = st.num_device_alloc;
+    out["stream_waits"] = st.num_stream_waits;
+  }
+};
+
+std::unique_ptr<Target> make_target(const std::string& policy) {
+  if (policy == "glibc") return std::make_unique<GlibcTarget>();
+  return std::make_unique<PolicyTarget>(policy);
+}
+
+template <typename Step>
+double time_pairs(std::uint64_t pairs, Step step) {
+  for (std::uint64_t i = 0; i < pairs / 10; ++i) step(i);  // warm up
+  auto t0 = Clock::now();
+  for (std::uint64_t i = 0; i < pairs; ++i) step(i);
+  auto t1 = Clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(pairs);
+}
+
+// Same stream: a FIFO window of 8 live allocations; each pair frees the
+// oldest and allocates the next size.
+BenchCase same_stream(const std::string& policy, std::uint64_t pairs,
+                      const std::vector<std::size_t>& sizes) {
+  auto t = make_target(policy);
+  std::uintptr_t window[8] = {};
+  for (auto& w : window) w = t->alloc(sizes[0], 0);
+  BenchCase c{"same_stream", policy, 0, pairs, 0, {}};
+  c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
+    std::uintptr_t& slot = window[i & 7];
+    t->free(slot);
+    slot = t->alloc(sizes[i % sizes.size()], 0);
+  });
+  for (auto w : window) t->free(w);
+  t->served(c.served);
+  return c;
+}
+
+// Synced path: 64 streams in turn, SyncAndCoalesce every 32 pairs (its cost
+// included), so a stream's own unsynced set is always empty when it asks.
+BenchCase synced_path(const std::string& policy, std::uint64_t pairs,
+                      const std::vector<std::size_t>& sizes) {
+  auto t = make_target(policy);
+  BenchCase c{"synced_path", policy, 0, pairs, 0, {}};
+  c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
+    std::uintptr_t p = t->alloc(sizes[i % sizes.size()], i & 63);
+    t->free(p);
+    if ((i & 31) == 31) t->sync();
+  });
+  t->served(c.served);
+  return c;
+}
+
+// Cross stream: two streams in turn, each with a kernel that never finishes,
+// so a block freed on one stream can serve the other only through an
+// asynchronous stream wait on an event.
+BenchCase cross_stream(const std::string& policy, std::uint64_t pairs,
+                       const std::vector<std::size_t>& sizes) {
+  auto t = make_target(policy);
+  if (auto* pt = dynamic_cast<PolicyTarget*>(t.get())) {
+    pt->device.launch(0, 1e18, {});
+    pt->device.launch(1, 1e18, {});
+  }
+  BenchCase c{"cross_stream", policy, 0, pairs, 0, {}};
+  c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
+    std::uintptr_t p = t->alloc(sizes[i % sizes.size()], i & 1);
+    t->free(p);
+  });
+  t->served(c.served);
+  return c;
+}
+
+// N free holes between live blocks (they cannot coalesce); each pair takes a
+// best fit among them and gives it back.
+BenchCase with_free_blocks(const std::string& policy, std::uint64_t pairs,
+                           const std::vector<std::size_t>& sizes, std::size_t holes,
+                           const std::string& name) {
+  auto t = make_target(policy);
+  std::vector<std::uintptr_t> blocks(2 * holes);
+  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = t->alloc(sizes[i % sizes.size()], 0);
+  for (std::size_t i = 0; i < blocks.size(); i += 2) t->free(blocks[i]);
+  BenchCase c{name, policy, 0, pairs, holes, {}};
+  c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
+    std::uintptr_t p = t->alloc(sizes[(i * 7 + 3) % sizes.size()], 0);
+    t->free(p);
+  });
+  for (std::size_t i = 1; i < blocks.size(); i += 2) t->free(blocks[i]);
+  t->served(c.served);
+  return c;
+}
+
+}  // namespace
+
+std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed) {
+  const std::vector<std::size_t> sizes = size_sequence(4096, seed);
+  std::vector<BenchCase> out;
+  const char* policies[] = {"waterwave", "pytorch", "glibc"};
+  for (const char* p : policies) out.push_back(same_stream(p, pairs, sizes));
+  for (const char* p : policies) out.push_back(synced_path(p, pairs, sizes));
+  for (const char* p : policies) out.push_back(cross_stream(p, pairs, sizes));
+  const std::pair<std::size_t, const char*> hole_cases[] = {
+      {1024, "free_blocks_1k"}, {16384, "free_blocks_16k"}, {65536, "free_blocks_64k"}};
+  for (auto [holes, name] : hole_cases) {
+    for (const char* p : policies) out.push_back(with_free_blocks(p, pairs, sizes, holes, name));
+  }
+  return out;
+}
+
+}  // namespace waterwave

@@ -1,0 +1,23 @@
+// Allocator micro-benchmarks: nanoseconds per alloc+free pair on the hot
+// paths, for both policies and glibc malloc/free on the same size sequence.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace waterwave {
+
+struct BenchCase {
+  std::string name;    // same_stream, synced_path, cross_stream, free_blocks_1k, ...
+  std::string policy;  // waterwave, pytorch, glibc
+  double ns_per_pair = 0;
+  std::uint64_t pairs = 0;
+  std::uint64_t free_blocks = 0;  // free blocks present while measuring
+  std::map<std::string, std::int64_t> served;  // how the allocator served them
+};
+
+std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed);
+
+}  // namespace waterwave

@@ -1,0 +1,216 @@
+// Python bindings: waterwave._C. Thin on purpose: policy lives in csrc/core,
+// the simulator in csrc/device/sim, conveniences in waterwave/*.py.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "../bench/alloc_bench.h"
+#include "../core/allocator.h"
+#include "../device/sim/sim_device.h"
+
+namespace py = pybind11;
+using namespace waterwave;
+
+namespace {
+
+// An allocator bound to its device; keeps the device alive and, on the
+// simulated device, reports every hand-out to the hazard detector.
+class BoundAllocator {
+ public:
+  BoundAllocator(const std::string& policy, std::shared_ptr<SimDevice> device,
+                 const std::string& config)
+      : device_(std::move(device)),
+        allocator_(make_allocator(policy, *device_, AllocatorConfig::parse(config))) {}
+
+  Addr alloc(std::size_t nbytes, StreamId stream) {
+    Addr p = allocator_->allocate(nbytes, stream);
+    if (p) device_->note_handout(p, allocator_->allocation_size(p), stream);
+    return p;
+  }
+  void free(Addr ptr) {
+    if (ptr == 0) return;
+    allocator_->deallocate(ptr);
+  }
+  std::uint64_t launch(StreamId stream, double duration_us, const std::vector<Addr>& uses) {
+    std::vector<Range> ranges;
+    ranges.reserve(uses.size());
+    for (Addr p : uses) ranges.push_back({p, allocator_->allocation_size(p)});
+    return device_->launch(stream, duration_us, ranges);
+  }
+  Allocator& core() { return *allocator_; }
+  std::shared_ptr<SimDevice> device() { return device_; }
+
+ private:
+  std::shared_ptr<SimDevice> device_;
+  std::unique_ptr<Allocator> allocator_;
+};
+
+py::dict stats_dict(const AllocatorStats& s, bool with_pools) {
+  py::dict d;
+  for (const auto& [k, v] : s.flatten(with_pools)) {
+    // Counters are integral; fractions stay floats.
+    if (k.rfind("fragmentation.", 0) == 0) {
+      d[py::str(k)] = v;
+    } else {
+      d[py::str(k)] = static_cast<long long>(v);
+    }
+  }
+  py::dict per_stream;
+  for (const auto& [stream, bytes] : s.unsynced_free_bytes) per_stream[py::int_(stream)] = bytes;
+  d["unsynced_free_bytes_by_stream"] = per_stream;
+  return d;
+}
+
+py::dict hazard_dict(const Hazard& h) {
+  py::dict d;
+  d["addr"] = h.addr;
+  d["size"] = h.size;
+  d["stream"] = h.stream;
+  d["other_stream"] = h.other_stream;
+  d["kernel"] = h.kernel;
+  d["host_time_us"] = h.host_time_us;
+  d["message"] = h.describe();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Waterwave allocator core, simulated GPU and benchmarks (C++)";
+
+  auto base_memory_error = py::handle(PyExc_MemoryError);
+  auto base_value_error = py::handle(PyExc_ValueError);
+  static py::exception<OutOfMemoryError> oom(m, "OutOfMemoryError", base_memory_error);
+  static py::exception<PointerError> bad_ptr(m, "PointerError", base_value_error);
+  static py::exception<ConfigError> bad_cfg(m, "ConfigError", base_value_error);
+  static py::exception<InvariantError> bad_inv(m, "InvariantError", PyExc_AssertionError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OutOfMemoryError& e) {
+      py::set_error(oom, e.what());
+    } catch (const PointerError& e) {
+      py::set_error(bad_ptr, e.what());
+    } catch (const ConfigError& e) {
+      py::set_error(bad_cfg, e.what());
+    } catch (const InvariantError& e) {
+      py::set_error(bad_inv, e.what());
+    }
+  });
+
+  py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
+      .def(py::init<std::size_t, double>(), py::arg("capacity"), py::arg("launch_overhead_us") = 2.0)
+      .def_property_readonly("capacity", &SimDevice::total_memory)
+      .def("free_memory", &SimDevice::free_memory)
+      .def("reserved_bytes", &SimDevice::reserved_bytes)
+      .def("num_segments", &SimDevice::num_segments)
+      .def("now", &SimDevice::now, "Host clock in microseconds.")
+      .def("gpu_busy_until", &SimDevice::gpu_busy_until)
+      .def("stream_completion", &SimDevice::stream_completion, py::arg("stream"))
+      .def("advance_host", &SimDevice::advance_host, py::arg("us"))
+      .def("synchronize", &SimDevice::synchronize_device,
+           py::call_guard<py::gil_scoped_release>())
+      .def("kernels_launched", &SimDevice::kernels_launched)
+      .def("hazards", [](const SimDevice& d) {
+        py::list out;
+        for (const Hazard& h : d.hazards()) out.append(hazard_dict(h));
+        return out;
+      })
+      // Raw event API, for tests of the simulator itself.
+      .def("create_event", &SimDevice::create_event)
+      .def("record_event", &SimDevice::record_event, py::arg("event"), py::arg("stream"))
+      .def("query_event", &SimDevice::query_event, py::arg("event"))
+      .def("synchronize_event", &SimDevice::synchronize_event, py::arg("event"))
+      .def("stream_wait_event", &SimDevice::stream_wait_event, py::arg("stream"), py::arg("event"))
+      .def("launch_ranges",
+           [](SimDevice& d, StreamId s, double dur, const std::vector<std::pair<Addr, std::size_t>>& r) {
+             std::vector<Range> ranges;
+             for (auto& [a, n] : r) ranges.push_back({a, n});
+             return d.launch(s, dur, ranges);
+           },
+           py::arg("stream"), py::arg("duration_us"), py::arg("ranges"))
+      .def("note_handout", &SimDevice::note_handout, py::arg("addr"), py::arg("size"),
+           py::arg("stream"));
+
+  py::class_<BoundAllocator>(m, "_Allocator")
+      .def(py::init<const std::string&, std::shared_ptr<SimDevice>, const std::string&>(),
+           py::arg("policy"), py::arg("device"), py::arg("config") = "")
+      .def("alloc", &BoundAllocator::alloc, py::arg("nbytes"), py::arg("stream") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("free", &BoundAllocator::free, py::arg("ptr"), py::call_guard<py::gil_scoped_release>())
+      .def("record_stream", [](BoundAllocator& a, Addr p, StreamId s) { a.core().record_stream(p, s); },
+           py::arg("ptr"), py::arg("stream"), py::call_guard<py::gil_scoped_release>())
+      .def("sync_and_coalesce", [](BoundAllocator& a) { a.core().sync_and_coalesce(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("empty_cache", [](BoundAllocator& a) { a.core().empty_cache(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("launch", &BoundAllocator::launch, py::arg("stream"), py::arg("duration_us"),
+           py::arg("uses") = std::vector<Addr>{})
+      .def("stats", [](BoundAllocator& a) {
+        return stats_dict(a.core().stats(), a.core().policy() == "pytorch");
+      })
+      .def("reset_peak_stats", [](BoundAllocator& a) { a.core().reset_peak_stats(); })
+      .def("check_invariants", [](BoundAllocator& a) { a.core().check_invariants(); })
+      .def("allocation_size", [](BoundAllocator& a, Addr p) { return a.core().allocation_size(p); },
+           py::arg("ptr"))
+      .def_property_readonly("policy", [](BoundAllocator& a) { return a.core().policy(); })
+      .def_property_readonly("config", [](BoundAllocator& a) { return a.core().config().to_string(); })
+      .def_property_readonly("device", &BoundAllocator::device)
+      .def("snapshot", [](BoundAllocator& a) {
+        py::list segs;
+        for (const SegmentInfo& s : a.core().snapshot()) {
+          py::list blocks;
+          for (const BlockInfo& b : s.blocks) {
+            py::dict bd;
+            bd["addr"] = b.addr;
+            bd["size"] = b.size;
+            bd["requested"] = b.requested;
+            bd["stream"] = b.stream;
+            bd["state"] = b.state;
+            blocks.append(bd);
+          }
+          py::dict sd;
+          sd["addr"] = s.addr;
+          sd["size"] = s.size;
+          sd["pool"] = s.pool == kSmallPool ? "small" : "large";
+          sd["stream"] = s.stream;
+          sd["blocks"] = blocks;
+          segs.append(sd);
+        }
+        return segs;
+      });
+
+  m.def("parse_config", [](const std::string& text) { return AllocatorConfig::parse(text).to_string(); },
+        py::arg("text"), "Validate a config string; returns its canonical form.");
+  m.def("round_size", [](std::size_t n, const std::string& config) {
+        AllocatorConfig cfg = AllocatorConfig::parse(config);
+        return SizeRules{cfg}.round_size(n);
+      }, py::arg("nbytes"), py::arg("config") = "");
+  m.def("segment_size", [](std::size_t rounded, const std::string& config) {
+        AllocatorConfig cfg = AllocatorConfig::parse(config);
+        return SizeRules{cfg}.segment_size(rounded);
+      }, py::arg("rounded"), py::arg("config") = "");
+
+  m.def("bench_alloc", [](std::size_t pairs, std::uint64_t seed) {
+        std::vector<BenchCase> cases;
+        {
+          py::gil_scoped_release release;
+          cases = run_alloc_benchmarks(pairs, seed);
+        }
+        py::list out;
+        for (const BenchCase& c : cases) {
+          py::dict d;
+          d["name"] = c.name;
+          d["policy"] = c.policy;
+          d["ns_per_pair"] = c.ns_per_pair;
+          d["pairs"] = c.pairs;
+          d["free_blocks"] = c.free_blocks;
+          py::dict served;
+          for (const auto& [k, v] : c.served) served[py::str(k)] = v;
+          d["served"] = served;
+          out.append(d);
+        }
+        return out;
+      }, py::arg("pairs") = 200000, py::arg("seed") = 1);
+}

@@ -1,0 +1,399 @@
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "allocator.h"
+
+namespace waterwave {
+
+std::string format_bytes(std::size_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= kGiB) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / kGiB);
+  } else if (bytes >= kMiB) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / kMiB);
+  } else if (bytes >= kKiB) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / kKiB);
+  } else {
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  }
+  return buf;
+}
+
+std::string format_addr(unsigned long long addr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", addr);
+  return buf;
+}
+
+CachingAllocatorBase::CachingAllocatorBase(Device& device, const AllocatorConfig& config)
+    : device_(device), cfg_(config), rules_{cfg_} {
+  if (cfg_.per_process_memory_fraction < 1.0) {
+    allowed_max_ = static_cast<std::size_t>(cfg_.per_process_memory_fraction *
+                                            static_cast<double>(device_.total_memory()));
+  }
+  stats_.max_split_size =
+      cfg_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(cfg_.max_split_size);
+}
+
+CachingAllocatorBase::~CachingAllocatorBase() {
+  // Give every segment back; live allocations die with the allocator, as
+  // they do when a CUDA context is destroyed.
+  for (auto& [addr, seg] : segments_) {
+    Block* b = seg->head;
+    while (b) {
+      Block* n = b->next;
+      block_pool_.recycle(b);
+      b = n;
+    }
+    try {
+      device_.release(seg->addr, seg->size);
+    } catch (...) {
+    }
+    delete seg;
+  }
+  for (auto& [e, refs] : event_refs_) event_pool_.push_back(e);
+  for (EventId e : event_pool_) {
+    try {
+      device_.destroy_event(e);
+    } catch (...) {
+    }
+  }
+}
+
+EventId CachingAllocatorBase::take_event() {
+  EventId e;
+  if (event_pool_.empty()) {
+    e = device_.create_event();
+  } else {
+    e = event_pool_.back();
+    event_pool_.pop_back();
+  }
+  event_refs_[e] = 1;
+  return e;
+}
+
+void CachingAllocatorBase::release_event(EventId e) {
+  auto it = event_refs_.find(e);
+  if (it == event_refs_.end()) fail_invariant("released an event with no references");
+  if (--it->second == 0) {
+    event_refs_.erase(it);
+    event_pool_.push_back(e);
+  }
+}
+
+Block* CachingAllocatorBase::reserve_segment(std::unique_lock<std::mutex>& lock, std::size_t bytes,
+                                             PoolKind pool, StreamId stream) {
+  if (reserved_total_ + bytes > allowed_max_) return nullptr;
+  // Count the bytes before dropping the lock so that concurrent reservations
+  // cannot overshoot the memory-fraction limit together.
+  reserved_total_ += bytes;
+  std::optional<Addr> addr;
+  lock.unlock();
+  try {
+    addr = device_.reserve(bytes);
+  } catch (...) {
+    lock.lock();
+    reserved_total_ -= bytes;
+    throw;
+  }
+  lock.lock();
+  if (!addr) {
+    reserved_total_ -= bytes;
+    return nullptr;
+  }
+  auto* seg = new Segment{*addr, bytes, pool, stream, nullptr};
+  Block* b = block_pool_.make();
+  b->addr = *addr;
+  b->size = bytes;
+  b->segment = seg;
+  b->stream = stream;
+  seg->head = b;
+  segments_[*addr] = seg;
+  stats_.segment.increase(pool, 1);
+  stats_.reserved_bytes.increase(pool, static_cast<std::int64_t>(bytes));
+  stats_.num_device_alloc++;
+  if (bytes >= cfg_.max_split_size) stats_.oversize_segments.increase(1);
+  stats_.note_reserved_change();
+  return b;
+}
+
+Segment* CachingAllocatorBase::unlink_segment(Block* whole) {
+  Segment* seg = whole->segment;
+  if (whole->prev || whole->next || whole->allocated || whole->set || whole->addr != seg->addr ||
+      whole->size != seg->size) {
+    fail_invariant("unlink_segment called on a block that is not a whole free segment");
+  }
+  segments_.erase(seg->addr);
+  reserved_total_ -= seg->size;
+  stats_.segment.decrease(seg->pool, 1);
+  stats_.reserved_bytes.decrease(seg->pool, static_cast<std::int64_t>(seg->size));
+  stats_.num_device_free++;
+  if (seg->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
+  stats_.note_reserved_change();
+  for (EventId e : whole->events) release_event(e);
+  whole->events.clear();
+  block_pool_.recycle(whole);
+  seg->head = nullptr;
+  return seg;
+}
+
+void CachingAllocatorBase::release_unlinked(const std::vector<Segment*>& segments) {
+  for (Segment* seg : segments) {
+    device_.release(seg->addr, seg->size);
+    delete seg;
+  }
+}
+
+Block* CachingAllocatorBase::split(Block* b, std::size_t size) {
+  Block* r = block_pool_.make();
+  r->addr = b->addr + size;
+  r->size = b->size - size;
+  r->segment = b->segment;
+  r->stream = b->stream;
+  r->free_seq = b->free_seq;
+  r->events = b->events;  // the remainder still depends on the same work
+  for (EventId e : r->events) retain_event(e);
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->size = size;
+  return r;
+}
+
+Block* CachingAllocatorBase::merge(Block* lo, Block* hi) {
+  lo->size += hi->size;
+  lo->next = hi->next;
+  if (hi->next) hi->next->prev = lo;
+  lo->free_seq = std::max(lo->free_seq, hi->free_seq);
+  for (EventId e : hi->events) {
+    if (std::find(lo->events.begin(), lo->events.end(), e) == lo->events.end()) {
+      lo->events.push_back(e);  // the reference moves to lo
+    } else {
+      release_event(e);  // lo already holds one
+    }
+  }
+  hi->events.clear();
+  block_pool_.recycle(hi);
+  return lo;
+}
+
+void CachingAllocatorBase::mark_allocated(Block* b, std::size_t requested, StreamId stream) {
+  b->allocated = true;
+  b->requested = requested;
+  b->stream = stream;
+  live_[b->addr] = b;
+  const PoolKind pool = b->segment->pool;
+  const auto size = static_cast<std::int64_t>(b->size);
+  stats_.allocation.increase(pool, 1);
+  stats_.allocated_bytes.increase(pool, size);
+  stats_.requested_bytes.increase(pool, static_cast<std::int64_t>(requested));
+  stats_.active.increase(pool, 1);
+  stats_.active_bytes.increase(pool, size);
+  if (b->size >= cfg_.max_split_size) stats_.oversize_allocations.increase(1);
+  stats_.note_allocated_change();
+}
+
+void CachingAllocatorBase::account_free_request(Block* b) {
+  const PoolKind pool = b->segment->pool;
+  b->allocated = false;
+  live_.erase(b->addr);
+  stats_.allocation.decrease(pool, 1);
+  stats_.allocated_bytes.decrease(pool, static_cast<std::int64_t>(b->size));
+  if (b->size >= cfg_.max_split_size) stats_.oversize_allocations.decrease(1);
+}
+
+void CachingAllocatorBase::account_free_complete(Block* b) {
+  const PoolKind pool = b->segment->pool;
+  stats_.active.decrease(pool, 1);
+  stats_.active_bytes.decrease(pool, static_cast<std::int64_t>(b->size));
+  stats_.requested_bytes.decrease(pool, static_cast<std::int64_t>(b->requested));
+  b->requested = 0;
+}
+
+void CachingAllocatorBase::on_free_set_insert(const Block* b) {
+  if (b->is_split()) {
+    stats_.inactive_split.increase(b->segment->pool, 1);
+    stats_.inactive_split_bytes.increase(b->segment->pool, static_cast<std::int64_t>(b->size));
+  }
+}
+
+void CachingAllocatorBase::on_free_set_erase(const Block* b) {
+  if (b->is_split()) {
+    stats_.inactive_split.decrease(b->segment->pool, 1);
+    stats_.inactive_split_bytes.decrease(b->segment->pool, static_cast<std::int64_t>(b->size));
+  }
+}
+
+Block* CachingAllocatorBase::live_block(Addr ptr) {
+  auto it = live_.find(ptr);
+  if (it == live_.end()) throw_bad_pointer(ptr, "free");
+  return it->second;
+}
+
+void CachingAllocatorBase::throw_bad_pointer(Addr ptr, const char* action) {
+  const std::string p = format_addr(ptr);
+  auto it = segments_.upper_bound(ptr);
+  if (it != segments_.begin()) {
+    --it;
+    Segment* seg = it->second;
+    if (ptr < seg->addr + seg->size) {
+      for (Block* b = seg->head; b; b = b->next) {
+        if (ptr < b->addr || ptr >= b->end()) continue;
+        if (b->addr == ptr && !b->allocated) {
+          throw PointerError(std::string("double free: cannot ") + action + " pointer " + p +
+                             ": it was already freed (the block is free in the cache). Free each "
+                             "pointer once.");
+        }
+        if (b->allocated) {
+          throw PointerError(std::string("cannot ") + action + " pointer " + p +
+                             ": it points inside the allocation at " + format_addr(b->addr) +
+                             " (offset " + std::to_string(ptr - b->addr) +
+                             "); pass the pointer that allocate returned");
+        }
+        throw PointerError(std::string("cannot ") + action + " pointer " + p +
+                           ": it points into free cached memory and was never returned by "
+                           "allocate (or was freed already)");
+      }
+    }
+  }
+  throw PointerError(std::string("unknown pointer: cannot ") + action + " " + p +
+                     ": it was not allocated by this allocator (policy '" + policy() + "')");
+}
+
+std::size_t CachingAllocatorBase::allocation_size(Addr ptr) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) throw_bad_pointer(ptr, "look up");
+  return it->second->size;
+}
+
+std::vector<SegmentInfo> CachingAllocatorBase::snapshot() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<SegmentInfo> out;
+  out.reserve(segments_.size());
+  for (const auto& [addr, seg] : segments_) {
+    SegmentInfo si{seg->addr, seg->size, seg->pool, seg->stream, {}};
+    for (Block* b = seg->head; b; b = b->next) {
+      std::string state = b->allocated ? "allocated" : free_state(b);
+      si.blocks.push_back({b->addr, b->size, b->requested, b->stream, state});
+    }
+    out.push_back(std::move(si));
+  }
+  return out;
+}
+
+void CachingAllocatorBase::reset_peak_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.reset_peaks();
+}
+
+void CachingAllocatorBase::fail_invariant(const std::string& what) const {
+  throw InvariantError("allocator invariant broken (policy '" + policy() + "'): " + what);
+}
+
+void CachingAllocatorBase::check_common_invariants() {
+  std::unordered_map<const FreeSet*, std::pair<std::size_t, std::size_t>> in_set;  // count, bytes
+  std::size_t reserved = 0, allocated = 0, allocated_count = 0, pending_bytes = 0,
+              pending_count = 0, split_free = 0, split_free_bytes = 0;
+  Addr last_end = 0;
+  for (const auto& [addr, seg] : segments_) {
+    if (seg->addr != addr) fail_invariant("segment map key differs from segment address");
+    if (seg->addr < last_end) fail_invariant("segments overlap at " + format_addr(seg->addr));
+    last_end = seg->addr + seg->size;
+    reserved += seg->size;
+    if (!seg->head || seg->head->prev) fail_invariant("segment head is missing or has a prev");
+    Addr expect = seg->addr;
+    for (Block* b = seg->head; b; b = b->next) {
+      if (b->segment != seg) fail_invariant("block points to another segment");
+      if (b->addr != expect) {
+        fail_invariant("blocks do not tile segment " + format_addr(seg->addr) + " at " +
+                       format_addr(expect) + " (live blocks overlap or leave a gap)");
+      }
+      if (b->size == 0 || b->size % kMinBlockSize != 0) {
+        fail_invariant("block size " + std::to_string(b->size) + " is not a positive multiple of 512");
+      }
+      if (b->next && b->next->prev != b) fail_invariant("prev/next links disagree");
+      expect = b->end();
+      if (b->allocated) {
+        if (b->set) fail_invariant("allocated block is in a free set");
+        auto it = live_.find(b->addr);
+        if (it == live_.end() || it->second != b) fail_invariant("allocated block missing from live map");
+        allocated += b->size;
+        ++allocated_count;
+      } else if (b->set) {
+        auto& e = in_set[b->set];
+        e.first++;
+        e.second += b->size;
+        if (b->is_split()) {
+          ++split_free;
+          split_free_bytes += b->size;
+        }
+      } else if (is_pending(b)) {
+        pending_bytes += b->size;
+        ++pending_count;
+      } else {
+        fail_invariant("free block " + format_addr(b->addr) + " is in no free set");
+      }
+    }
+    if (expect != seg->addr + seg->size) fail_invariant("blocks do not cover their segment");
+  }
+  if (live_.size() != allocated_count) fail_invariant("live map holds blocks that are not allocated");
+  std::size_t sets_seen = 0;
+  for_each_free_set([&](const FreeSet& s) {
+    auto it = in_set.find(&s);
+    std::size_t count = it == in_set.end() ? 0 : it->second.first;
+    std::size_t bytes = it == in_set.end() ? 0 : it->second.second;
+    if (count != s.count() || bytes != s.bytes()) {
+      fail_invariant("a free set holds " + std::to_string(s.count()) + " blocks / " +
+                     std::to_string(s.bytes()) + " bytes but " + std::to_string(count) + " / " +
+                     std::to_string(bytes) + " point to it (a block is in two sets or none)");
+    }
+    for (Block* b : s) {
+      if (b->set != &s || b->allocated) fail_invariant("set member does not point back to its set");
+    }
+    if (it != in_set.end()) ++sets_seen;
+  });
+  if (sets_seen != in_set.size()) fail_invariant("a block points to a set the policy does not own");
+  auto eq = [&](const char* name, std::int64_t got, std::size_t want) {
+    if (got != static_cast<std::int64_t>(want)) {
+      fail_invariant(std::string("statistic ") + name + " = " + std::to_string(got) +
+                     " but the blocks say " + std::to_string(want));
+    }
+  };
+  eq("reserved_bytes", stats_.reserved_bytes.all().current, reserved);
+  if (reserved != reserved_total_) fail_invariant("reserved_total_ drifted");
+  eq("segment", stats_.segment.all().current, segments_.size());
+  eq("allocated_bytes", stats_.allocated_bytes.all().current, allocated);
+  eq("allocation", stats_.allocation.all().current, allocated_count);
+  eq("active_bytes", stats_.active_bytes.all().current, allocated + pending_bytes);
+  eq("active", stats_.active.all().current, allocated_count + pending_count);
+  eq("inactive_split", stats_.inactive_split.all().current, split_free);
+  eq("inactive_split_bytes", stats_.inactive_split_bytes.all().current, split_free_bytes);
+}
+
+std::string CachingAllocatorBase::oom_message(std::size_t requested, std::size_t rounded,
+                                              std::size_t segment_bytes) {
+  std::ostringstream os;
+  const std::size_t total = device_.total_memory();
+  const std::size_t free = device_.free_memory();
+  const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
+  os << "out of memory: tried to allocate " << format_bytes(rounded) << " (requested "
+     << requested << " bytes; needs a new " << format_bytes(segment_bytes) << " segment). "
+     << "The device has a total capacity of " << format_bytes(total) << " of which "
+     << format_bytes(free) << " is free.";
+  if (allowed_max_ != SIZE_MAX) {
+    os << " per_process_memory_fraction allows " << format_bytes(allowed_max_) << ".";
+  }
+  os << " Of the reserved " << format_bytes(reserved_total_) << ", " << format_bytes(allocated)
+     << " is allocated and " << format_bytes(reserved_total_ - allocated)
+     << " is cached but unallocated (policy '" << policy() << "', fragmentation at peak "
+     << static_cast<int>(stats_.fragmentation_at_peak() * 100 + 0.5) << "%). "
+     << "Free tensors you no longer need, reduce the batch size, or set max_split_size_mb to "
+     << "limit fragmentation.";
+  return os.str();
+}
+
+}  // namespace waterwave

@@ -1,0 +1,317 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "errors.h"
+
+namespace waterwave {
+namespace {
+
+const char* kKnownKeys =
+    "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, "
+    "roundup_power2_divisions, garbage_collection_threshold, per_process_memory_fraction, "
+    "expandable_segments, release_lock_on_cudamalloc";
+
+// PyTorch's tokenizer: ',' ':' '[' ']' are tokens, whitespace is dropped, other
+// characters build words.
+std::vector<std::string> tokenize(const std::string& text) {
+  std::vector<std::string> tokens;
+  std::string word;
+  auto flush = [&] {
+    if (!word.empty()) tokens.push_back(word);
+    word.clear();
+  };
+  for (char c : text) {
+    if (c == ',' || c == ':' || c == '[' || c == ']') {
+      flush();
+      tokens.emplace_back(1, c);
+    } else if (!std::isspace(static_cast<unsigned char>(c))) {
+      word.push_back(c);
+    } else {
+      flush();
+    }
+  }
+  flush();
+  return tokens;
+}
+
+bool is_power_of_two(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+std::size_t parse_size(const std::string& key, const std::string& value) {
+  if (value.empty() || !std::all_of(value.begin(), value.end(),
+                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    throw ConfigError("allocator config: " + key + " needs a whole number, got '" + value +
+                      "' (example: " + key + ":256)");
+  }
+  try {
+    return std::stoull(value);
+  } catch (const std::exception&) {
+    throw ConfigError("allocator config: " + key + " value '" + value + "' is too large");
+  }
+}
+
+double parse_double(const std::string& key, const std::string& value) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || !std::isfinite(v)) {
+    throw ConfigError("allocator config: " + key + " needs a number, got '" + value + "'");
+  }
+  return v;
+}
+
+bool parse_bool(const std::string& key, const std::string& value) {
+  if (value == "True") return true;
+  if (value == "False") return false;
+  throw ConfigError("allocator config: " + key + " must be True or False (capitalized, as in "
+                    "PYTORCH_CUDA_ALLOC_CONF), got '" + value + "'");
+}
+
+std::size_t slot_of_mb(std::size_t mb) {
+  std::size_t slot = 0;
+  while ((std::size_t{1} << (slot + 1)) <= mb) ++slot;
+  return slot < kRoundupSlots ? slot : kRoundupSlots - 1;
+}
+
+class Parser {
+ public:
+  Parser(AllocatorConfig& cfg, const std::string& text) : cfg_(cfg), t_(tokenize(text)) {}
+
+  void run() {
+    while (i_ < t_.size()) {
+      const std::string key = word("a key");
+      if (key == "," ) continue;
+      expect(":", "after key '" + key + "' (form key:value)");
+      set(key);
+      if (i_ < t_.size()) expect(",", "between settings (form key:value,key:value)");
+    }
+    validate();
+  }
+
+ private:
+  const std::string& peek() const {
+    static const std::string kEnd;
+    return i_ < t_.size() ? t_[i_] : kEnd;
+  }
+  std::string word(const std::string& what) {
+    if (i_ >= t_.size()) {
+      throw ConfigError("allocator config: expected " + what + " at the end of the string");
+    }
+    const std::string& w = t_[i_++];
+    if (w == ":" || w == "[" || w == "]" || (w == "," && what != "a key")) {
+      throw ConfigError("allocator config: expected " + what + ", got '" + w + "'");
+    }
+    return w;
+  }
+  void expect(const std::string& tok, const std::string& where) {
+    if (peek() != tok) {
+      throw ConfigError("allocator config: expected '" + tok + "' " + where + ", got '" +
+                        (i_ < t_.size() ? t_[i_] : std::string("end of string")) + "'");
+    }
+    ++i_;
+  }
+
+  void set(const std::string& key) {
+    if (key == "max_split_size_mb") {
+      cfg_.max_split_size = parse_size(key, word("a value for " + key)) * kMiB;
+    } else if (key == "max_non_split_rounding_mb") {
+      cfg_.max_non_split_rounding_size = parse_size(key, word("a value for " + key)) * kMiB;
+    } else if (key == "large_segment_size_mb") {
+      std::size_t mb = parse_size(key, word("a value for " + key));
+      if (mb <= 10) {
+        throw ConfigError("allocator config: large_segment_size_mb must be > 10 (MiB), got " +
+                          std::to_string(mb));
+      }
+      cfg_.large_segment_size = mb * kMiB;
+    } else if (key == "roundup_power2_divisions") {
+      roundup(key);
+    } else if (key == "garbage_collection_threshold") {
+      double v = parse_double(key, word("a value for " + key));
+      if (!(v > 0.0 && v < 1.0)) {
+        throw ConfigError("allocator config: garbage_collection_threshold must lie in (0.0, 1.0), got " +
+                          std::to_string(v));
+      }
+      cfg_.garbage_collection_threshold = v;
+    } else if (key == "per_process_memory_fraction") {
+      double v = parse_double(key, word("a value for " + key));
+      if (!(v >= 0.0 && v <= 1.0)) {
+        throw ConfigError("allocator config: per_process_memory_fraction must lie in [0.0, 1.0], got " +
+                          std::to_string(v));
+      }
+      cfg_.per_process_memory_fraction = v;
+    } else if (key == "expandable_segments") {
+      if (parse_bool(key, word("a value for " + key))) {
+        throw ConfigError("allocator config: expandable_segments:True is not supported by "
+                          "waterwave (it needs the driver's virtual memory API); remove it or "
+                          "set expandable_segments:False");
+      }
+      cfg_.expandable_segments = false;
+    } else if (key == "release_lock_on_cudamalloc") {
+      // Accepted for compatibility; waterwave never holds its lock around a
+      // device reservation, so both values behave as True.
+      parse_bool(key, word("a value for " + key));
+    } else {
+      throw ConfigError("allocator config: unrecognized key '" + key + "'. Known keys: " +
+                        kKnownKeys);
+    }
+  }
+
+  void roundup(const std::string& key) {
+    auto& divs = cfg_.roundup_power2_divisions;
+    if (peek() != "[") {
+      std::size_t v = parse_size(key, word("a value for " + key));
+      if (!is_power_of_two(v)) {
+        throw ConfigError("allocator config: roundup_power2_divisions must be a power of 2, got " +
+                          std::to_string(v));
+      }
+      divs.fill(v);
+      return;
+    }
+    ++i_;  // '['
+    bool first = true;
+    std::size_t last_slot = 0;
+    bool any = false;
+    while (true) {
+      std::string bound = word("an interval (MiB, power of 2) or '>'");
+      expect(":", "after roundup interval '" + bound + "'");
+      std::size_t v = parse_size(key, word("a division count"));
+      if (v != 0 && !is_power_of_two(v)) {
+        throw ConfigError("allocator config: roundup_power2_divisions values must be a power of 2 "
+                          "or 0 to disable rounding, got " + std::to_string(v));
+      }
+      if (bound == ">") {
+        std::size_t from = any ? last_slot + 1 : 1;
+        for (std::size_t s = from; s < kRoundupSlots; ++s) divs[s] = v;
+      } else {
+        std::size_t mb = parse_size(key, bound);
+        if (!is_power_of_two(mb)) {
+          throw ConfigError("allocator config: roundup_power2_divisions intervals must be powers "
+                            "of 2 (MiB), got " + bound);
+        }
+        std::size_t slot = slot_of_mb(mb);
+        if (first) {
+          for (std::size_t s = 0; s < slot; ++s) divs[s] = v;
+        }
+        divs[slot] = v;
+        last_slot = slot;
+        any = true;
+      }
+      first = false;
+      if (peek() == "]") {
+        ++i_;
+        return;
+      }
+      expect(",", "between roundup entries (form [64:8,>:4])");
+    }
+  }
+
+  void validate() {
+    const std::size_t seg_mb = cfg_.large_segment_size / kMiB;
+    if (cfg_.max_split_size != SIZE_MAX && cfg_.max_split_size < cfg_.large_segment_size) {
+      throw ConfigError("allocator config: max_split_size_mb too small, must be >= " +
+                        std::to_string(seg_mb) + " (large_segment_size_mb)");
+    }
+    if (cfg_.max_non_split_rounding_size < cfg_.large_segment_size) {
+      throw ConfigError("allocator config: max_non_split_rounding_mb too small, must be >= " +
+                        std::to_string(seg_mb) + " (large_segment_size_mb)");
+    }
+  }
+
+  AllocatorConfig& cfg_;
+  std::vector<std::string> t_;
+  std::size_t i_ = 0;
+};
+
+}  // namespace
+
+AllocatorConfig AllocatorConfig::parse(const std::string& text) {
+  AllocatorConfig cfg;
+  cfg.apply(text);
+  return cfg;
+}
+
+void AllocatorConfig::apply(const std::string& text) {
+  AllocatorConfig copy = *this;  // a bad string changes nothing
+  Parser(copy, text).run();
+  *this = copy;
+}
+
+std::string AllocatorConfig::to_string() const {
+  std::ostringstream os;
+  bool first = true;
+  auto sep = [&] {
+    if (!first) os << ",";
+    first = false;
+  };
+  if (max_split_size != SIZE_MAX) {
+    sep();
+    os << "max_split_size_mb:" << max_split_size / kMiB;
+  }
+  sep();
+  os << "max_non_split_rounding_mb:" << max_non_split_rounding_size / kMiB;
+  sep();
+  os << "large_segment_size_mb:" << large_segment_size / kMiB;
+  sep();
+  os << "roundup_power2_divisions:[";
+  for (int s = 0; s < kRoundupSlots; ++s) {
+    if (s) os << ",";
+    os << (std::size_t{1} << s) << ":" << roundup_power2_divisions[s];
+  }
+  os << "]";
+  if (garbage_collection_threshold > 0) {
+    sep();
+    os << "garbage_collection_threshold:" << garbage_collection_threshold;
+  }
+  sep();
+  os << "per_process_memory_fraction:" << per_process_memory_fraction;
+  return os.str();
+}
+
+std::size_t SizeRules::round_size(std::size_t size) const {
+  if (size < kMinBlockSize) return kMinBlockSize;
+  // slot = clamp(floor(log2 size) - 20, 0, 15)
+  int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(size));
+  int slot = log2 - 20;
+  if (slot < 0) slot = 0;
+  if (slot > kRoundupSlots - 1) slot = kRoundupSlots - 1;
+  const std::size_t divs = cfg.roundup_power2_divisions[slot];
+  if (divs > 1 && size > kMinBlockSize * divs) {
+    const std::size_t floor_pow2 = std::size_t{1} << log2;
+    if (floor_pow2 == size) return size;
+    const int log2_divs = 63 - __builtin_clzll(static_cast<unsigned long long>(divs));
+    const std::size_t step = floor_pow2 >> log2_divs;
+    if (step == 0) return floor_pow2 << 1;
+    return (size + step - 1) / step * step;
+  }
+  return (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+std::size_t SizeRules::segment_size(std::size_t rounded) const {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return cfg.large_segment_size;
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+bool SizeRules::should_split(PoolKind pool, std::size_t block_size, std::size_t request) const {
+  const std::size_t remaining = block_size - request;
+  if (pool == kSmallPool) return remaining >= kMinBlockSize;
+  return request < cfg.max_split_size && remaining > kSmallSize;
+}
+
+bool SizeRules::may_take(std::size_t block_size, std::size_t request) const {
+  if (request < cfg.max_split_size && block_size >= cfg.max_split_size) return false;
+  if (request >= cfg.max_split_size && block_size >= request + cfg.max_non_split_rounding_size) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace waterwave

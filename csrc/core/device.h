@@ -1,0 +1,42 @@
+// The device interface: everything the allocator policies need from a GPU.
+//
+// Implementations: csrc/device/sim (a simulated GPU with a hazard detector) and
+// a CUDA driver backend. The policies never call CUDA directly, so every rule
+// can be exercised and checked on a machine without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include "types.h"
+
+namespace waterwave {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // Reserve a segment of device memory. Returns nullopt when the device is out
+  // of memory; any other failure throws. May block (cudaMalloc does).
+  virtual std::optional<Addr> reserve(std::size_t bytes) = 0;
+  // Give a segment back. May block: cudaFree synchronizes the device.
+  virtual void release(Addr addr, std::size_t bytes) = 0;
+
+  // Events. Create/destroy are cheap and non-blocking; record, query and
+  // stream_wait_event are asynchronous; synchronize_event blocks the host.
+  virtual EventId create_event() = 0;
+  virtual void destroy_event(EventId event) = 0;
+  virtual void record_event(EventId event, StreamId stream) = 0;
+  virtual bool query_event(EventId event) = 0;
+  virtual void synchronize_event(EventId event) = 0;
+  // Work queued on `stream` after this call starts only once `event` (as
+  // recorded at the time of this call) has completed. Does not block the host.
+  virtual void stream_wait_event(StreamId stream, EventId event) = 0;
+  // Block the host until all work on all streams has completed.
+  virtual void synchronize_device() = 0;
+
+  virtual std::size_t total_memory() const = 0;
+  virtual std::size_t free_memory() const = 0;
+};
+
+}  // namespace waterwave

@@ -1,0 +1,399 @@
+// A re-implementation of PyTorch 2.14's native CUDACachingAllocator policy
+// (reference section 2), the baseline every comparison uses.
+//
+// Free blocks are reusable only by the stream that allocated their segment:
+// best fit on (stream, size, address) in a small (<= 1 MiB) or large pool.
+// record_stream makes a free wait for events recorded on the other streams
+// at free time; they are polled only at the start of the next malloc. When
+// no cached block fits: garbage collection (fraction + threshold), a new
+// segment, releasing oversize cached blocks (max_split_size), and finally
+// synchronizing all events, freeing every unsplit cached segment and retrying.
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "allocator.h"
+
+namespace waterwave {
+namespace {
+
+constexpr std::size_t kMaxRequest = std::size_t{1} << 60;
+
+class PytorchAllocator final : public CachingAllocatorBase {
+ public:
+  using CachingAllocatorBase::CachingAllocatorBase;
+
+  ~PytorchAllocator() override {
+    for (auto& [id, s] : streams_) {
+      for (auto& [e, b] : s->events) release_event(e);
+    }
+  }
+
+  std::string policy() const override { return "pytorch"; }
+
+  Addr allocate(std::size_t orig, StreamId stream) override {
+    if (orig == 0) return 0;
+    if (orig >= kMaxRequest) {
+      throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
+                             std::to_string(orig) + " bytes); the size is probably corrupt");
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    process_events();
+    const std::size_t size = rules_.round_size(orig);
+    const PoolKind pool = SizeRules::pool_for(size);
+    const std::size_t alloc_size = rules_.segment_size(size);
+    Served how = Served::kSynced;
+    Block* b = get_free_block(stream, pool, size);
+    if (!b) {
+      if (allowed_max_ != SIZE_MAX && cfg_.garbage_collection_threshold > 0) {
+        garbage_collect(lock);
+      }
+      how = Served::kNewSegment;
+      b = reserve_segment(lock, alloc_size, pool, stream);
+      if (!b && release_available_cached_blocks(lock, stream, pool, size)) {
+        b = reserve_segment(lock, alloc_size, pool, stream);
+      }
+      if (!b) {
+        release_cached_blocks(lock);
+        stats_.num_alloc_retries++;
+        how = Served::kAfterSync;
+        b = reserve_segment(lock, alloc_size, pool, stream);
+      }
+      if (!b) {
+        stats_.num_ooms++;
+        throw OutOfMemoryError(oom_message(orig, size, alloc_size));
+      }
+    }
+    if (b->set) erase_free(b);
+    if (rules_.should_split(pool, b->size, size)) {
+      Block* r = split(b, size);
+      insert_pool(pools(stream)->sets[pool], r);
+    }
+    mark_allocated(b, orig, stream);
+    stats_.served[static_cast<int>(how)]++;
+    return b->addr;
+  }
+
+  void deallocate(Addr ptr) override {
+    if (ptr == 0) return;
+    std::lock_guard<std::mutex> g(mu_);
+    Block* b = live_block(ptr);
+    account_free_request(b);
+    if (!b->stream_uses.empty()) {
+      insert_events(b);
+    } else {
+      free_block(b);
+    }
+  }
+
+  void record_stream(Addr ptr, StreamId stream) override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) throw_bad_pointer(ptr, "record_stream on");
+    Block* b = it->second;
+    if (stream == b->stream) return;
+    if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+      b->stream_uses.push_back(stream);
+    }
+  }
+
+  // PyTorch has no SyncAndCoalesce; the closest operation retires every
+  // pending cross-stream free after synchronizing its events.
+  void sync_and_coalesce() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    synchronize_and_free_events(lock);
+  }
+
+  void empty_cache() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    release_cached_blocks(lock);
+  }
+
+  AllocatorStats stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    AllocatorStats out = stats_;
+    std::size_t largest = 0, cached = 0;
+    for_each_free_set([&](const FreeSet& s) {
+      if (Block* b = s.largest()) largest = std::max(largest, b->size);
+      cached += s.bytes();
+    });
+    out.largest_free_block = static_cast<std::int64_t>(largest);
+    out.synced_free_bytes = static_cast<std::int64_t>(cached);
+    out.pending_free_bytes = static_cast<std::int64_t>(pending_bytes_);
+    return out;
+  }
+
+  void check_invariants() override {
+    std::lock_guard<std::mutex> g(mu_);
+    check_common_invariants();
+    std::unordered_map<const Block*, int> queued;
+    std::size_t pending = 0;
+    for (auto& [id, s] : streams_) {
+      for (auto& [e, b] : s->events) queued[b]++;
+      for (int p = 0; p < 2; ++p) {
+        for (Block* b : s->sets[p]) {
+          if (b->stream != id) fail_invariant("cached block filed under another stream");
+          if (b->segment->pool != p) fail_invariant("cached block in the wrong pool");
+          if (b->next && b->next->set) {
+            fail_invariant("adjacent cached free blocks at " + format_addr(b->addr) +
+                           " were not merged");
+          }
+        }
+      }
+    }
+    for (const auto& [addr, seg] : segments_) {
+      for (Block* b = seg->head; b; b = b->next) {
+        if (b->stream != seg->stream) fail_invariant("block stream differs from its segment's");
+        if (!b->allocated && !b->set) {
+          auto it = queued.find(b);
+          if (it == queued.end() || it->second != b->event_count || b->event_count <= 0) {
+            fail_invariant("pending block's event count disagrees with the event queues");
+          }
+          pending += b->size;
+        }
+      }
+    }
+    if (pending != pending_bytes_) fail_invariant("pending_bytes_ drifted");
+  }
+
+ protected:
+  std::string free_state(const Block* b) const override {
+    return b->set ? "free" : "pending_free";
+  }
+  bool is_pending(const Block* b) const override { return !b->allocated && b->event_count > 0; }
+  void for_each_free_set(const std::function<void(const FreeSet&)>& fn) const override {
+    for (const auto& [id, s] : streams_) {
+      fn(s->sets[0]);
+      fn(s->sets[1]);
+    }
+  }
+
+ private:
+  struct StreamPools {
+    FreeSet sets[2];  // small, large
+    std::deque<std::pair<EventId, Block*>> events;  // events recorded on this stream
+  };
+
+  StreamPools* pools(StreamId id) {
+    if (last_id_valid_ && last_id_ == id) return last_pools_;
+    auto it = streams_.find(id);
+    if (it == streams_.end()) it = streams_.emplace(id, std::make_unique<StreamPools>()).first;
+    last_id_ = id;
+    last_id_valid_ = true;
+    last_pools_ = it->second.get();
+    return last_pools_;
+  }
+
+  void insert_pool(FreeSet& set, Block* b) {
+    b->gc_count_base = gc_calls_[b->segment->pool];
+    insert_free(set, b);
+  }
+
+  Block* get_free_block(StreamId stream, PoolKind pool, std::size_t size) {
+    if (allowed_max_ != SIZE_MAX && cfg_.garbage_collection_threshold > 0) ++gc_calls_[pool];
+    Block* b = pools(stream)->sets[pool].best_fit(size);
+    if (!b || !rules_.may_take(b->size, size)) return nullptr;
+    return b;
+  }
+
+  void free_block(Block* b) {
+    account_free_complete(b);
+    if (b->prev && b->prev->set) {
+      Block* p = b->prev;
+      erase_free(p);
+      b = merge(p, b);
+    }
+    if (b->next && b->next->set) {
+      Block* n = b->next;
+      erase_free(n);
+      b = merge(b, n);
+    }
+    insert_pool(pools(b->stream)->sets[b->segment->pool], b);
+  }
+
+  void insert_events(Block* b) {
+    for (StreamId u : b->stream_uses) {
+      EventId e = take_event();
+      device_.record_event(e, u);
+      stats_.num_events_recorded++;
+      b->event_count++;
+      pools(u)->events.emplace_back(e, b);
+    }
+    b->stream_uses.clear();
+    pending_bytes_ += b->size;
+  }
+
+  void retire_event(Block* b) {
+    if (--b->event_count == 0) {
+      pending_bytes_ -= b->size;
+      free_block(b);
+    }
+  }
+
+  // Pop completed events per stream, stopping at each stream's first pending.
+  void process_events() {
+    for (auto& [id, s] : streams_) {
+      while (!s->events.empty()) {
+        auto [e, b] = s->events.front();
+        stats_.num_event_queries++;
+        if (!device_.query_event(e)) break;
+        s->events.pop_front();
+        release_event(e);
+        retire_event(b);
+      }
+    }
+  }
+
+  // Wait on every outstanding event (host-blocking, outside the lock), then
+  // retire the blocks. The events are retained while we wait, so another
+  // thread retiring one cannot recycle it under us.
+  void synchronize_and_free_events(std::unique_lock<std::mutex>& lock) {
+    std::vector<EventId> waiting;
+    for (auto& [id, s] : streams_) {
+      for (auto& [e, b] : s->events) {
+        retain_event(e);
+        waiting.push_back(e);
+      }
+    }
+    stats_.num_sync_all_streams++;
+    if (waiting.empty()) return;
+    lock.unlock();
+    for (EventId e : waiting) device_.synchronize_event(e);
+    lock.lock();
+    stats_.num_host_event_syncs += static_cast<std::int64_t>(waiting.size());
+    std::unordered_set<EventId> done(waiting.begin(), waiting.end());
+    for (auto& [id, s] : streams_) {
+      while (!s->events.empty() && done.count(s->events.front().first)) {
+        auto [e, b] = s->events.front();
+        s->events.pop_front();
+        release_event(e);
+        retire_event(b);
+      }
+    }
+    for (EventId e : waiting) release_event(e);
+  }
+
+  // Unlink wholly free cached segments chosen by `pick` and give them back.
+  template <typename Pick>
+  std::size_t release_blocks(std::unique_lock<std::mutex>& lock, Pick pick) {
+    std::vector<Segment*> unlinked;
+    std::size_t freed = 0;
+    std::vector<Block*> chosen;
+    pick(chosen);
+    for (Block* b : chosen) {
+      freed += b->size;
+      erase_free(b);
+      unlinked.push_back(unlink_segment(b));
+    }
+    if (!unlinked.empty()) {
+      lock.unlock();
+      release_unlinked(unlinked);
+      lock.lock();
+    }
+    return freed;
+  }
+
+  void release_cached_blocks(std::unique_lock<std::mutex>& lock) {
+    synchronize_and_free_events(lock);
+    release_blocks(lock, [&](std::vector<Block*>& out) {
+      for (auto& [id, s] : streams_) {
+        for (int p = 0; p < 2; ++p) {
+          for (Block* b : s->sets[p]) {
+            if (!b->is_split()) out.push_back(b);
+          }
+        }
+      }
+    });
+  }
+
+  // Only with max_split_size set: free one cached oversize block at least as
+  // large as max(size, max_split_size), or several, largest first.
+  bool release_available_cached_blocks(std::unique_lock<std::mutex>& lock, StreamId stream,
+                                       PoolKind pool, std::size_t size) {
+    if (!cfg_.max_split_size_set()) return false;
+    const std::size_t key = std::max(size, cfg_.max_split_size);
+    FreeSet& set = pools(stream)->sets[pool];
+    auto it = set.lower_bound(key);
+    if (it != set.end()) {
+      Block* b = *it;
+      release_blocks(lock, [&](std::vector<Block*>& out) { out.push_back(b); });
+      return true;
+    }
+    if (it == set.begin()) return false;
+    std::size_t total = 0;
+    std::vector<Block*> chosen;
+    --it;
+    while (total < key && (*it)->size >= cfg_.max_split_size) {
+      chosen.push_back(*it);
+      total += (*it)->size;
+      if (it == set.begin()) break;
+      --it;
+    }
+    release_blocks(lock, [&](std::vector<Block*>& out) { out = chosen; });
+    return total >= key;
+  }
+
+  // Free aged, unsplit blocks of the large pool until reserved memory is back
+  // under garbage_collection_threshold * the allowed maximum.
+  void garbage_collect(std::unique_lock<std::mutex>& lock) {
+    const auto threshold =
+        static_cast<std::size_t>(cfg_.garbage_collection_threshold * static_cast<double>(allowed_max_));
+    if (reserved_total_ <= threshold) return;
+    const std::size_t target = reserved_total_ - threshold;
+    std::size_t reclaimed = 0;
+    while (reclaimed < target) {
+      double total_age = 0;
+      std::size_t freeable = 0;
+      for (auto& [id, s] : streams_) {
+        for (Block* b : s->sets[kLargePool]) {
+          if (!b->is_split()) {
+            total_age += static_cast<double>(gc_calls_[kLargePool] - b->gc_count_base);
+            ++freeable;
+          }
+        }
+      }
+      if (freeable == 0) break;
+      const double mean_age = total_age / static_cast<double>(freeable);
+      std::size_t freed = release_blocks(lock, [&](std::vector<Block*>& out) {
+        // Like PyTorch, a round frees every old-enough block, even past target.
+        for (auto& [id, s] : streams_) {
+          for (Block* b : s->sets[kLargePool]) {
+            if (!b->is_split() &&
+                static_cast<double>(gc_calls_[kLargePool] - b->gc_count_base) >= mean_age) {
+              out.push_back(b);
+            }
+          }
+        }
+      });
+      if (freed == 0) break;
+      reclaimed += freed;
+    }
+  }
+
+  std::unordered_map<StreamId, std::unique_ptr<StreamPools>> streams_;
+  StreamId last_id_ = 0;
+  bool last_id_valid_ = false;
+  StreamPools* last_pools_ = nullptr;
+  std::uint64_t gc_calls_[2] = {0, 0};
+  std::size_t pending_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Allocator> make_pytorch_allocator(Device& device, const AllocatorConfig& config) {
+  return std::make_unique<PytorchAllocator>(device, config);
+}
+
+std::unique_ptr<Allocator> make_waterwave_allocator(Device& device, const AllocatorConfig& config);
+
+std::unique_ptr<Allocator> make_allocator(const std::string& policy, Device& device,
+                                          const AllocatorConfig& config) {
+  if (policy == "waterwave") return make_waterwave_allocator(device, config);
+  if (policy == "pytorch") return make_pytorch_allocator(device, config);
+  throw ConfigError("unknown allocator policy '" + policy +
+                    "': choose 'waterwave' (multi-stream) or 'pytorch' (PyTorch's native policy)");
+}
+
+}  // namespace waterwave

@@ -1,0 +1,30 @@
+// Basic vocabulary shared by every layer of the allocator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace waterwave {
+
+// Opaque handles: a CUDA backend stores cudaStream_t / cudaEvent_t bit patterns,
+// the simulator stores small integers. The core never interprets them.
+using StreamId = std::uint64_t;
+using EventId = std::uint64_t;
+using Addr = std::uintptr_t;
+
+constexpr std::size_t kKiB = 1024;
+constexpr std::size_t kMiB = 1024 * kKiB;
+constexpr std::size_t kGiB = 1024 * kMiB;
+
+// PyTorch 2.14's constants (reference section 2.1): both policies share them so
+// that comparisons measure policy, not rounding.
+constexpr std::size_t kMinBlockSize = 512;         // sizes round to multiples of this
+constexpr std::size_t kSmallSize = 1 * kMiB;       // rounded size <= this: small pool
+constexpr std::size_t kSmallBuffer = 2 * kMiB;     // small-pool segment size
+constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  // below: share a large segment
+constexpr std::size_t kRoundLarge = 2 * kMiB;      // above: round segment to this
+constexpr int kRoundupSlots = 16;
+
+enum PoolKind : int { kSmallPool = 0, kLargePool = 1 };
+
+}  // namespace waterwave

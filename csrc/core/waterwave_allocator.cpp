@@ -1,0 +1,410 @@
+// The Waterwave multi-stream caching allocator (Waterwave paper, section 4.2).
+//
+// Free blocks live in per-stream *unsynced* sets (freed on that stream, its
+// kernels may still be queued) and one *synced* set (no pending work; memory
+// never used is synced). A request on stream S tries, in order:
+//   1. best fit in S's unsynced set: stream order makes reuse safe;
+//   2. best fit in the synced set;
+//   3. promotion: record (lazily) an event per stream covering its frees, query
+//      the events without blocking, move covered blocks to the synced set and
+//      coalesce; then the synced set again;
+//   4. another stream's unsynced block: S waits on that stream's event
+//      asynchronously (no host blocking) and takes the block;
+//   5. a new segment from the device;
+//   6. on device out-of-memory: SyncAndCoalesce, release empty segments, retry;
+//   7. OutOfMemoryError with the statistics.
+// Frees coalesce only with neighbours in the same unsynced set; merging with
+// synced neighbours is deferred until promotion or SyncAndCoalesce, so a free
+// never turns synced memory into unsynced memory.
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+
+#include "allocator.h"
+
+namespace waterwave {
+namespace {
+
+constexpr std::size_t kMaxRequest = std::size_t{1} << 60;  // 1 EiB
+
+class WaterwaveAllocator final : public CachingAllocatorBase {
+ public:
+  using CachingAllocatorBase::CachingAllocatorBase;
+
+  ~WaterwaveAllocator() override {
+    for (auto& [id, s] : streams_) {
+      for (Marker& m : s->markers) release_event(m.event);
+    }
+  }
+
+  std::string policy() const override { return "waterwave"; }
+
+  Addr allocate(std::size_t bytes, StreamId stream) override {
+    if (bytes == 0) return 0;
+    if (bytes >= kMaxRequest) {
+      throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
+                             std::to_string(bytes) + " bytes); the size is probably corrupt");
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::size_t size = rules_.round_size(bytes);
+    const PoolKind pool = SizeRules::pool_for(size);
+    Block* b = nullptr;
+    Served how = Served::kSameStream;
+    for (int attempt = 0;; ++attempt) {
+      StreamState* s = stream_state(stream);  // re-read: the lock may have dropped
+      if ((b = fit(s->unsynced[pool], size))) {
+        how = Served::kSameStream;
+      } else if ((b = fit(synced_[pool], size))) {
+        how = Served::kSynced;
+      } else if (promote_by_query() && (b = fit(synced_[pool], size))) {
+        how = Served::kPromoted;
+      } else if ((b = take_from_other_stream(s, pool, size))) {
+        how = Served::kCrossStreamWait;
+      } else if ((b = reserve_segment(lock, rules_.segment_size(size), pool, stream))) {
+        how = Served::kNewSegment;
+      }
+      if (b) {
+        if (attempt > 0) how = Served::kAfterSync;
+        break;
+      }
+      if (attempt > 0) {
+        stats_.num_ooms++;
+        throw OutOfMemoryError(oom_message(bytes, size, rules_.segment_size(size)));
+      }
+      // Out of device memory: make every free block synced and coalesced,
+      // give wholly free segments back, and try once more.
+      stats_.num_oom_retries++;
+      lock.unlock();
+      sync_and_coalesce();
+      release_free_segments();
+      lock.lock();
+    }
+    hand_out(b, size, pool, stream);
+    mark_allocated(b, bytes, stream);
+    stats_.served[static_cast<int>(how)]++;
+    return b->addr;
+  }
+
+  void deallocate(Addr ptr) override {
+    if (ptr == 0) return;
+    std::lock_guard<std::mutex> g(mu_);
+    Block* b = live_block(ptr);
+    account_free_request(b);
+    account_free_complete(b);
+    StreamState* s = stream_state(b->stream);
+    // Other streams that used the block: record an event on each now, so the
+    // block is reusable once their work queued up to this free has finished.
+    for (StreamId u : b->stream_uses) {
+      EventId e = take_event();
+      device_.record_event(e, u);
+      stats_.num_events_recorded++;
+      b->events.push_back(e);
+    }
+    b->stream_uses.clear();
+    b->free_seq = ++free_counter_;
+    s->latest_free_seq = b->free_seq;
+    FreeSet& set = s->unsynced[b->segment->pool];
+    if (b->prev && b->prev->set == &set) {
+      Block* p = b->prev;
+      erase_free(p);
+      b = merge(p, b);
+    }
+    if (b->next && b->next->set == &set) {
+      Block* n = b->next;
+      erase_free(n);
+      b = merge(b, n);
+    }
+    insert_free(set, b);
+  }
+
+  void record_stream(Addr ptr, StreamId stream) override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) throw_bad_pointer(ptr, "record_stream on");
+    Block* b = it->second;
+    if (stream == b->stream) return;
+    if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+      b->stream_uses.push_back(stream);
+    }
+  }
+
+  void sync_and_coalesce() override {
+    std::uint64_t covered;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      covered = free_counter_;
+    }
+    // The host waits for the device without holding the lock; frees that
+    // arrive meanwhile stay unsynced (their work may be queued after the sync).
+    device_.synchronize_device();
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.num_sync_and_coalesce++;
+    for (StreamState* s : stream_list_) {
+      while (!s->markers.empty() && s->markers.front().covered <= covered) {
+        release_event(s->markers.front().event);
+        s->markers.pop_front();
+      }
+      promote(s, covered, /*events_done=*/true);
+    }
+  }
+
+  void empty_cache() override {
+    sync_and_coalesce();
+    release_free_segments();
+  }
+
+  AllocatorStats stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    AllocatorStats out = stats_;
+    std::size_t largest = 0;
+    for_each_free_set([&](const FreeSet& s) {
+      if (Block* b = s.largest()) largest = std::max(largest, b->size);
+    });
+    out.largest_free_block = static_cast<std::int64_t>(largest);
+    out.synced_free_bytes = static_cast<std::int64_t>(synced_[0].bytes() + synced_[1].bytes());
+    for (StreamState* s : stream_list_) {
+      out.unsynced_free_bytes[s->id] =
+          static_cast<std::int64_t>(s->unsynced[0].bytes() + s->unsynced[1].bytes());
+    }
+    return out;
+  }
+
+  void check_invariants() override {
+    std::lock_guard<std::mutex> g(mu_);
+    check_common_invariants();
+    std::unordered_map<EventId, int> refs;
+    for (int p = 0; p < 2; ++p) {
+      for (Block* b : synced_[p]) {
+        if (!b->events.empty()) fail_invariant("a synced block still waits on events");
+        if (b->segment->pool != p) fail_invariant("block in the synced set of the wrong pool");
+        if ((b->prev && b->prev->set == &synced_[p]) || (b->next && b->next->set == &synced_[p])) {
+          fail_invariant("adjacent synced free blocks at " + format_addr(b->addr) +
+                         " were not coalesced");
+        }
+      }
+    }
+    for (StreamState* s : stream_list_) {
+      std::uint64_t last = 0;
+      for (const Marker& m : s->markers) {
+        if (m.covered < last) fail_invariant("stream markers out of order");
+        last = m.covered;
+        refs[m.event]++;
+      }
+      for (int p = 0; p < 2; ++p) {
+        const FreeSet& set = s->unsynced[p];
+        for (Block* b : set) {
+          if (b->stream != s->id) fail_invariant("unsynced block filed under another stream");
+          if (b->segment->pool != p) fail_invariant("block in the unsynced set of the wrong pool");
+          if (b->free_seq > s->latest_free_seq) fail_invariant("free_seq newer than its stream's");
+          if ((b->prev && b->prev->set == &set) || (b->next && b->next->set == &set)) {
+            fail_invariant("adjacent free blocks in one unsynced set at " + format_addr(b->addr) +
+                           " were not coalesced");
+          }
+          for (EventId e : b->events) refs[e]++;
+        }
+      }
+    }
+    if (refs != event_refs_) fail_invariant("event reference counts disagree with their holders");
+  }
+
+ protected:
+  std::string free_state(const Block* b) const override {
+    return (b->set == &synced_[0] || b->set == &synced_[1]) ? "synced" : "unsynced";
+  }
+  bool is_pending(const Block*) const override { return false; }
+  void for_each_free_set(const std::function<void(const FreeSet&)>& fn) const override {
+    fn(synced_[0]);
+    fn(synced_[1]);
+    for (const StreamState* s : stream_list_) {
+      fn(s->unsynced[0]);
+      fn(s->unsynced[1]);
+    }
+  }
+
+ private:
+  // An event recorded on a stream when the global free counter stood at
+  // `covered`: once it completes, every block that stream freed up to then
+  // is free of pending work on that stream.
+  struct Marker {
+    EventId event;
+    std::uint64_t covered;
+  };
+  struct StreamState {
+    StreamId id = 0;
+    FreeSet unsynced[2];
+    std::uint64_t latest_free_seq = 0;
+    std::deque<Marker> markers;
+  };
+
+  StreamState* stream_state(StreamId id) {
+    if (last_stream_ && last_stream_->id == id) return last_stream_;
+    auto it = streams_.find(id);
+    if (it == streams_.end()) {
+      auto s = std::make_unique<StreamState>();
+      s->id = id;
+      stream_list_.push_back(s.get());
+      it = streams_.emplace(id, std::move(s)).first;
+    }
+    last_stream_ = it->second.get();
+    return last_stream_;
+  }
+
+  Block* fit(const FreeSet& set, std::size_t size) const {
+    Block* b = set.best_fit(size);
+    return (b && rules_.may_take(b->size, size)) ? b : nullptr;
+  }
+
+  // Record a marker on `s` if its newest free is not yet covered by one.
+  void ensure_marker(StreamState* s, std::uint64_t seq) {
+    if (!s->markers.empty() && s->markers.back().covered >= seq) return;
+    EventId e = take_event();
+    device_.record_event(e, s->id);
+    stats_.num_events_recorded++;
+    s->markers.push_back({e, free_counter_});
+  }
+
+  // Step 3: promote every block whose covering events have completed, asking
+  // the device without blocking. Returns whether anything was promoted.
+  bool promote_by_query() {
+    bool any = false;
+    for (StreamState* s : stream_list_) {
+      if (s->unsynced[0].empty() && s->unsynced[1].empty()) continue;
+      ensure_marker(s, s->latest_free_seq);
+      std::uint64_t done = 0;
+      while (!s->markers.empty()) {
+        stats_.num_event_queries++;
+        if (!device_.query_event(s->markers.front().event)) break;
+        done = s->markers.front().covered;
+        release_event(s->markers.front().event);
+        s->markers.pop_front();
+      }
+      if (done > 0) any |= promote(s, done, /*events_done=*/false);
+    }
+    return any;
+  }
+
+  // Move s's unsynced blocks freed at or before `covered` to the synced set,
+  // coalescing with synced neighbours. Blocks that also wait on record_stream
+  // events move only once those have completed (known, or queried now).
+  bool promote(StreamState* s, std::uint64_t covered, bool events_done) {
+    bool any = false;
+    for (int p = 0; p < 2; ++p) {
+      scratch_.clear();
+      for (Block* b : s->unsynced[p]) {
+        if (b->free_seq <= covered) scratch_.push_back(b);
+      }
+      for (Block* b : scratch_) {
+        if (!events_done) {
+          bool complete = true;
+          for (EventId e : b->events) {
+            stats_.num_event_queries++;
+            if (!device_.query_event(e)) {
+              complete = false;
+              break;
+            }
+          }
+          if (!complete) continue;
+        }
+        for (EventId e : b->events) release_event(e);
+        b->events.clear();
+        erase_free(b);
+        insert_synced(b);
+        any = true;
+      }
+    }
+    return any;
+  }
+
+  void insert_synced(Block* b) {
+    FreeSet& syn = synced_[b->segment->pool];
+    if (b->prev && b->prev->set == &syn) {
+      Block* p = b->prev;
+      erase_free(p);
+      b = merge(p, b);
+    }
+    if (b->next && b->next->set == &syn) {
+      Block* n = b->next;
+      erase_free(n);
+      b = merge(b, n);
+    }
+    insert_free(syn, b);
+  }
+
+  // Step 4: best fit among the other streams' unsynced blocks; the requesting
+  // stream waits (asynchronously) on an event covering the block's free.
+  Block* take_from_other_stream(StreamState* s, PoolKind pool, std::size_t size) {
+    Block* best = nullptr;
+    StreamState* owner = nullptr;
+    for (StreamState* v : stream_list_) {
+      if (v == s) continue;
+      Block* b = fit(v->unsynced[pool], size);
+      if (b && (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr))) {
+        best = b;
+        owner = v;
+      }
+    }
+    if (!best) return nullptr;
+    ensure_marker(owner, best->free_seq);
+    for (const Marker& m : owner->markers) {
+      if (m.covered >= best->free_seq) {
+        device_.stream_wait_event(s->id, m.event);
+        stats_.num_stream_waits++;
+        break;
+      }
+    }
+    return best;
+  }
+
+  // Take `b` out of its set (or fresh from a segment), wait on any events it
+  // still carries, and split off a remainder that returns where b came from.
+  void hand_out(Block* b, std::size_t size, PoolKind pool, StreamId stream) {
+    FreeSet* origin = b->set;
+    if (origin) erase_free(b);
+    for (EventId e : b->events) {
+      device_.stream_wait_event(stream, e);
+      stats_.num_stream_waits++;
+    }
+    if (rules_.should_split(pool, b->size, size)) {
+      Block* r = split(b, size);
+      // A new segment's remainder was never used: it is synced.
+      insert_free(origin ? *origin : synced_[pool], r);
+    }
+    for (EventId e : b->events) release_event(e);
+    b->events.clear();
+  }
+
+  // Give wholly free synced segments back to the device.
+  void release_free_segments() {
+    std::vector<Segment*> unlinked;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (int p = 0; p < 2; ++p) {
+        scratch_.clear();
+        for (Block* b : synced_[p]) {
+          if (!b->is_split()) scratch_.push_back(b);
+        }
+        for (Block* b : scratch_) {
+          erase_free(b);
+          unlinked.push_back(unlink_segment(b));
+        }
+      }
+    }
+    release_unlinked(unlinked);
+  }
+
+  std::unordered_map<StreamId, std::unique_ptr<StreamState>> streams_;
+  std::vector<StreamState*> stream_list_;
+  StreamState* last_stream_ = nullptr;
+  FreeSet synced_[2];
+  std::uint64_t free_counter_ = 0;
+  std::vector<Block*> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Allocator> make_waterwave_allocator(Device& device, const AllocatorConfig& config) {
+  return std::make_unique<WaterwaveAllocator>(device, config);
+}
+
+}  // namespace waterwave

@@ -1,0 +1,263 @@
+#include "sim_device.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "../../core/errors.h"
+
+namespace waterwave {
+
+std::string Hazard::describe() const {
+  std::ostringstream os;
+  os << "block " << format_addr(addr) << " (" << size << " bytes) handed to stream " << stream
+     << " at host time " << host_time_us << " us while kernel " << kernel << " on stream "
+     << other_stream << " that touches it is still pending and not ordered before it";
+  return os.str();
+}
+
+SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us)
+    : capacity_(capacity), launch_overhead_us_(launch_overhead_us), base_(0x7f0000000000ULL) {
+  if (capacity == 0) throw std::invalid_argument("SimDevice capacity must be positive");
+  if (launch_overhead_us < 0) throw std::invalid_argument("launch_overhead_us must be >= 0");
+  free_ranges_[base_] = capacity;
+}
+
+std::optional<Addr> SimDevice::reserve(std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (bytes == 0) throw std::invalid_argument("SimDevice::reserve of 0 bytes");
+  for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
+    if (it->second < bytes) continue;
+    Addr addr = it->first;
+    std::size_t left = it->second - bytes;
+    free_ranges_.erase(it);
+    if (left) free_ranges_[addr + bytes] = left;
+    reserved_[addr] = bytes;
+    used_ += bytes;
+    return addr;
+  }
+  return std::nullopt;
+}
+
+void SimDevice::release(Addr addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = reserved_.find(addr);
+  if (it == reserved_.end() || it->second != bytes) {
+    throw std::invalid_argument("SimDevice::release of " + format_addr(addr) + " (" +
+                                std::to_string(bytes) + " bytes): no such reserved segment");
+  }
+  // cudaFree synchronizes the device before giving memory back.
+  sync_all_locked();
+  reserved_.erase(it);
+  used_ -= bytes;
+  auto next = free_ranges_.lower_bound(addr);
+  Addr start = addr;
+  std::size_t size = bytes;
+  if (next != free_ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == addr) {
+      start = prev->first;
+      size += prev->second;
+      free_ranges_.erase(prev);
+    }
+  }
+  if (next != free_ranges_.end() && addr + bytes == next->first) {
+    size += next->second;
+    free_ranges_.erase(next);
+  }
+  free_ranges_[start] = size;
+}
+
+std::size_t SimDevice::free_memory() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return capacity_ - used_;
+}
+
+std::size_t SimDevice::index_of(StreamId id) {
+  auto it = stream_index_.find(id);
+  if (it != stream_index_.end()) return it->second;
+  std::size_t idx = streams_.size();
+  stream_index_[id] = idx;
+  Stream fresh;
+  fresh.id = id;
+  fresh.tail = now_;
+  streams_.push_back(std::move(fresh));
+  host_vc_.resize(streams_.size(), 0);
+  return idx;
+}
+
+SimDevice::Stream& SimDevice::stream(StreamId id) { return streams_[index_of(id)]; }
+
+void SimDevice::join(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (std::size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+}
+
+std::vector<std::uint64_t> SimDevice::frontier(Stream& s) {
+  join(s.vc, host_vc_);
+  std::vector<std::uint64_t> f = s.vc;
+  std::size_t idx = stream_index_[s.id];
+  if (f.size() <= idx) f.resize(idx + 1, 0);
+  f[idx] = s.count;
+  return f;
+}
+
+void SimDevice::host_learns(const std::vector<std::uint64_t>& vc) {
+  join(host_vc_, vc);
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    auto& pending = streams_[i].pending;
+    while (!pending.empty() && pending.front().seq <= host_vc_[i]) pending.pop_front();
+  }
+}
+
+void SimDevice::sync_all_locked() {
+  std::vector<std::uint64_t> all(streams_.size());
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    now_ = std::max(now_, streams_[i].tail);
+    all[i] = streams_[i].count;
+  }
+  host_learns(all);
+}
+
+SimDevice::Event& SimDevice::event(EventId id) {
+  auto it = events_.find(id);
+  if (it == events_.end()) {
+    throw std::invalid_argument("SimDevice: unknown event " + std::to_string(id));
+  }
+  return it->second;
+}
+
+EventId SimDevice::create_event() {
+  std::lock_guard<std::mutex> g(mu_);
+  EventId id = next_event_++;
+  events_[id] = Event{};
+  return id;
+}
+
+void SimDevice::destroy_event(EventId id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!events_.erase(id)) {
+    throw std::invalid_argument("SimDevice: destroy of unknown event " + std::to_string(id));
+  }
+}
+
+void SimDevice::record_event(EventId id, StreamId sid) {
+  std::lock_guard<std::mutex> g(mu_);
+  Event& e = event(id);
+  Stream& s = stream(sid);
+  e.recorded = true;
+  e.vc = frontier(s);
+  e.time = std::max(s.tail, now_);
+}
+
+bool SimDevice::query_event(EventId id) {
+  std::lock_guard<std::mutex> g(mu_);
+  Event& e = event(id);
+  if (!e.recorded) return true;  // as cudaEventQuery on a never-recorded event
+  if (e.time > now_) return false;
+  host_learns(e.vc);  // the host observed completion: later work is ordered after
+  return true;
+}
+
+void SimDevice::synchronize_event(EventId id) {
+  std::lock_guard<std::mutex> g(mu_);
+  Event& e = event(id);
+  if (!e.recorded) return;
+  now_ = std::max(now_, e.time);
+  host_learns(e.vc);
+}
+
+void SimDevice::stream_wait_event(StreamId sid, EventId id) {
+  std::lock_guard<std::mutex> g(mu_);
+  Event& e = event(id);
+  Stream& s = stream(sid);
+  if (!e.recorded) return;
+  join(s.vc, e.vc);
+  s.tail = std::max(s.tail, e.time);
+}
+
+void SimDevice::synchronize_device() {
+  std::lock_guard<std::mutex> g(mu_);
+  sync_all_locked();
+}
+
+std::uint64_t SimDevice::launch(StreamId sid, double duration_us, const std::vector<Range>& uses) {
+  if (duration_us < 0) throw std::invalid_argument("kernel duration must be >= 0");
+  std::lock_guard<std::mutex> g(mu_);
+  Stream& s = stream(sid);
+  join(s.vc, host_vc_);
+  now_ += launch_overhead_us_;
+  const double start = std::max(now_, s.tail);
+  s.tail = start + duration_us;
+  s.count++;
+  const std::uint64_t id = next_kernel_++;
+  s.pending.push_back(Kernel{id, s.count, s.tail, uses});
+  return id;
+}
+
+void SimDevice::note_handout(Addr addr, std::size_t size, StreamId sid) {
+  std::lock_guard<std::mutex> g(mu_);
+  Stream& s = stream(sid);
+  const std::vector<std::uint64_t> f = frontier(s);
+  const Addr end = addr + size;
+  for (std::size_t t = 0; t < streams_.size(); ++t) {
+    if (streams_[t].id == sid) continue;
+    const std::uint64_t known = t < f.size() ? f[t] : 0;
+    const auto& pending = streams_[t].pending;
+    // Kernels after `known` on stream t are not ordered before S's next work.
+    for (auto it = pending.rbegin(); it != pending.rend() && it->seq > known; ++it) {
+      for (const Range& r : it->uses) {
+        if (r.addr < end && addr < r.addr + r.size) {
+          hazards_.push_back(Hazard{addr, size, sid, streams_[t].id, it->id, now_});
+          break;
+        }
+      }
+    }
+  }
+}
+
+void SimDevice::advance_host(double us) {
+  if (us < 0) throw std::invalid_argument("advance_host needs a non-negative time");
+  std::lock_guard<std::mutex> g(mu_);
+  now_ += us;
+}
+
+double SimDevice::now() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return now_;
+}
+
+double SimDevice::stream_completion(StreamId sid) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = stream_index_.find(sid);
+  return it == stream_index_.end() ? now_ : streams_[it->second].tail;
+}
+
+double SimDevice::gpu_busy_until() const {
+  std::lock_guard<std::mutex> g(mu_);
+  double t = now_;
+  for (const Stream& s : streams_) t = std::max(t, s.tail);
+  return t;
+}
+
+std::vector<Hazard> SimDevice::hazards() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return hazards_;
+}
+
+std::uint64_t SimDevice::kernels_launched() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return next_kernel_ - 1;
+}
+
+std::size_t SimDevice::reserved_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return used_;
+}
+
+std::size_t SimDevice::num_segments() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return reserved_.size();
+}
+
+}  // namespace waterwave

@@ -1,0 +1,125 @@
+// A simulated GPU: the test oracle and the simulator.
+//
+// Memory is a virtual address range (no real memory behind it) handed out
+// first fit. Each stream is an ordered queue of kernels on a virtual GPU
+// clock; the host has its own clock, advanced by launch overhead and by
+// blocking waits. Events and stream waits have CUDA's semantics.
+//
+// Hazard detection uses happens-before, not timing: each stream and event
+// carries a vector clock of the kernels known to finish before it. When the
+// allocator hands a block to stream S, every kernel on another stream that
+// touched those bytes must be ordered before S's next work (by an event wait,
+// a host synchronization, or an observed event completion); otherwise the
+// block could be overwritten while that kernel still reads or writes it, and
+// a hazard is reported even if the virtual clock happens not to overlap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../../core/device.h"
+
+namespace waterwave {
+
+struct Range {
+  Addr addr;
+  std::size_t size;
+};
+
+struct Hazard {
+  Addr addr;            // start of the block handed out
+  std::size_t size;
+  StreamId stream;      // the stream it was handed to
+  StreamId other_stream;  // stream of the kernel still pending on it
+  std::uint64_t kernel;   // that kernel's id
+  double host_time_us;
+  std::string describe() const;
+};
+
+class SimDevice final : public Device {
+ public:
+  // capacity: bytes of device memory; launch_overhead_us: host time each
+  // kernel launch costs (the GPU runs behind the host, as in the paper's
+  // Figure 1).
+  explicit SimDevice(std::size_t capacity, double launch_overhead_us = 2.0);
+
+  // Device interface.
+  std::optional<Addr> reserve(std::size_t bytes) override;
+  void release(Addr addr, std::size_t bytes) override;
+  EventId create_event() override;
+  void destroy_event(EventId event) override;
+  void record_event(EventId event, StreamId stream) override;
+  bool query_event(EventId event) override;
+  void synchronize_event(EventId event) override;
+  void stream_wait_event(StreamId stream, EventId event) override;
+  void synchronize_device() override;
+  std::size_t total_memory() const override { return capacity_; }
+  std::size_t free_memory() const override;
+
+  // Simulation.
+  // Queue a kernel of `duration_us` on `stream` touching `uses`; returns its id.
+  std::uint64_t launch(StreamId stream, double duration_us, const std::vector<Range>& uses);
+  // The allocator handed [addr, addr+size) to `stream`: check for hazards.
+  void note_handout(Addr addr, std::size_t size, StreamId stream);
+  void advance_host(double us);  // the host spends time on other work
+  double now() const;            // host clock, microseconds
+  double stream_completion(StreamId stream) const;  // when its queued work ends
+  double gpu_busy_until() const;                    // when all queued work ends
+  std::vector<Hazard> hazards() const;
+  std::uint64_t kernels_launched() const;
+  std::size_t reserved_bytes() const;
+  std::size_t num_segments() const;
+
+ private:
+  struct Kernel {
+    std::uint64_t id;
+    std::uint64_t seq;  // 1-based position in its stream
+    double end;
+    std::vector<Range> uses;
+  };
+  struct Stream {
+    StreamId id;
+    std::uint64_t count = 0;       // kernels launched
+    std::vector<std::uint64_t> vc;  // per stream index: kernels known done before next work
+    double tail = 0;               // GPU time when queued work (incl. waits) completes
+    std::deque<Kernel> pending;    // kernels not yet known done by the host
+  };
+  struct Event {
+    bool recorded = false;
+    std::vector<std::uint64_t> vc;
+    double time = 0;
+  };
+
+  Stream& stream(StreamId id);
+  std::size_t index_of(StreamId id);
+  static void join(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& from);
+  std::vector<std::uint64_t> frontier(Stream& s);  // s.vc joined with host knowledge
+  void host_learns(const std::vector<std::uint64_t>& vc);
+  void sync_all_locked();
+  Event& event(EventId id);
+
+  mutable std::mutex mu_;
+  std::size_t capacity_;
+  double launch_overhead_us_;
+  double now_ = 0;
+  Addr base_;
+  std::map<Addr, std::size_t> free_ranges_;  // addr -> size, coalesced
+  std::map<Addr, std::size_t> reserved_;     // addr -> size
+  std::size_t used_ = 0;
+  std::vector<Stream> streams_;
+  std::unordered_map<StreamId, std::size_t> stream_index_;
+  std::vector<std::uint64_t> host_vc_;
+  std::unordered_map<EventId, Event> events_;
+  EventId next_event_ = 1;
+  std::uint64_t next_kernel_ = 1;
+  std::vector<Hazard> hazards_;
+};
+
+}  // namespace waterwave

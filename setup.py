@@ -1,0 +1,36 @@
+"""Builds waterwave._C, the C++17 allocator core, simulator and benchmarks.
+
+Needs neither torch nor a CUDA toolkit: the core talks to a device interface
+and the only device compiled here is the simulator.
+"""
+import glob
+import os
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from setuptools import setup
+
+ParallelCompile("WATERWAVE_BUILD_JOBS", default=0).install()
+
+sources = sorted(
+    glob.glob("csrc/core/*.cpp")
+    + glob.glob("csrc/device/sim/*.cpp")
+    + glob.glob("csrc/bench/*.cpp")
+    + glob.glob("csrc/bindings/*.cpp")
+)
+
+extra = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]
+if os.environ.get("WATERWAVE_DEBUG"):
+    extra = ["-O0", "-g", "-Wall", "-Wextra"]
+
+setup(
+    ext_modules=[
+        Pybind11Extension(
+            "waterwave._C",
+            sources,
+            cxx_std=17,
+            extra_compile_args=extra,
+            depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
+        )
+    ],
+    cmdclass={"build_ext": build_ext},
+)
