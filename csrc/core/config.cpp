@@ -124,6 +124,7 @@ class Parser {
       cfg_.max_split_size = parse_size(key, word("a value for " + key)) * kMiB;
     } else if (key == "max_non_split_rounding_mb") {
       cfg_.max_non_split_rounding_size = parse_size(key, word("a value for " + key)) * kMiB;
+      non_split_set_ = true;
     } else if (key == "large_segment_size_mb") {
       std::size_t mb = parse_size(key, word("a value for " + key));
       if (mb <= 10) {
@@ -219,7 +220,7 @@ class Parser {
       throw ConfigError("allocator config: max_split_size_mb too small, must be >= " +
                         std::to_string(seg_mb) + " (large_segment_size_mb)");
     }
-    if (cfg_.max_non_split_rounding_size < cfg_.large_segment_size) {
+    if (non_split_set_ && cfg_.max_non_split_rounding_size < cfg_.large_segment_size) {
       throw ConfigError("allocator config: max_non_split_rounding_mb too small, must be >= " +
                         std::to_string(seg_mb) + " (large_segment_size_mb)");
     }
@@ -228,6 +229,7 @@ class Parser {
   AllocatorConfig& cfg_;
   std::vector<std::string> t_;
   std::size_t i_ = 0;
+  bool non_split_set_ = false;  // PyTorch checks the floor only when the key is given
 };
 
 }  // namespace

@@ -97,18 +97,12 @@ std::vector<std::uint64_t> SimDevice::frontier(Stream& s) {
   join(s.vc, host_vc_);
   std::vector<std::uint64_t> f = s.vc;
   std::size_t idx = stream_index_[s.id];
-  if (f.size() <= idx) f.resize(idx + 1, 0);
+  f.resize(std::max(f.size(), streams_.size()), 0);
   f[idx] = s.count;
   return f;
 }
 
-void SimDevice::host_learns(const std::vector<std::uint64_t>& vc) {
-  join(host_vc_, vc);
-  for (std::size_t i = 0; i < streams_.size(); ++i) {
-    auto& pending = streams_[i].pending;
-    while (!pending.empty() && pending.front().seq <= host_vc_[i]) pending.pop_front();
-  }
-}
+void SimDevice::host_learns(const std::vector<std::uint64_t>& vc) { join(host_vc_, vc); }
 
 void SimDevice::sync_all_locked() {
   std::vector<std::uint64_t> all(streams_.size());
@@ -117,6 +111,48 @@ void SimDevice::sync_all_locked() {
     all[i] = streams_[i].count;
   }
   host_learns(all);
+  touches_.clear();  // every kernel is done: no hand-out can race with one
+}
+
+void SimDevice::split_touch_at(Addr x) {
+  auto it = touches_.upper_bound(x);
+  if (it == touches_.begin()) return;
+  --it;
+  if (it->first < x && x < it->second.end) {
+    Touch upper = it->second;
+    it->second.end = x;
+    touches_.emplace(x, std::move(upper));
+  }
+}
+
+void SimDevice::touch(Addr addr, Addr end, std::size_t idx, std::uint64_t seq, std::uint64_t kernel) {
+  if (addr >= end) return;
+  split_touch_at(addr);
+  split_touch_at(end);
+  const std::size_t n = streams_.size();
+  auto set = [&](Touch& t) {
+    if (t.seq.size() < n) {
+      t.seq.resize(n, 0);
+      t.kernel.resize(n, 0);
+    }
+    t.seq[idx] = seq;
+    t.kernel[idx] = kernel;
+  };
+  Addr cursor = addr;
+  auto it = touches_.lower_bound(addr);
+  while (cursor < end) {
+    if (it != touches_.end() && it->first == cursor) {
+      set(it->second);
+      cursor = it->second.end;
+      ++it;
+    } else {
+      const Addr gap_end = (it != touches_.end() && it->first < end) ? it->first : end;
+      Touch t{gap_end, {}, {}};
+      set(t);
+      touches_.emplace_hint(it, cursor, std::move(t));
+      cursor = gap_end;
+    }
+  }
 }
 
 SimDevice::Event& SimDevice::event(EventId id) {
@@ -191,7 +227,9 @@ std::uint64_t SimDevice::launch(StreamId sid, double duration_us, const std::vec
   s.tail = start + duration_us;
   s.count++;
   const std::uint64_t id = next_kernel_++;
-  s.pending.push_back(Kernel{id, s.count, s.tail, uses});
+  const std::size_t idx = stream_index_[sid];
+  const std::uint64_t seq = s.count;
+  for (const Range& r : uses) touch(r.addr, r.addr + r.size, idx, seq, id);
   return id;
 }
 
@@ -199,20 +237,24 @@ void SimDevice::note_handout(Addr addr, std::size_t size, StreamId sid) {
   std::lock_guard<std::mutex> g(mu_);
   Stream& s = stream(sid);
   const std::vector<std::uint64_t> f = frontier(s);
+  const std::size_t self = stream_index_[sid];
   const Addr end = addr + size;
-  for (std::size_t t = 0; t < streams_.size(); ++t) {
-    if (streams_[t].id == sid) continue;
-    const std::uint64_t known = t < f.size() ? f[t] : 0;
-    const auto& pending = streams_[t].pending;
-    // Kernels after `known` on stream t are not ordered before S's next work.
-    for (auto it = pending.rbegin(); it != pending.rend() && it->seq > known; ++it) {
-      for (const Range& r : it->uses) {
-        if (r.addr < end && addr < r.addr + r.size) {
-          hazards_.push_back(Hazard{addr, size, sid, streams_[t].id, it->id, now_});
-          break;
-        }
+  std::vector<bool> reported(streams_.size(), false);
+  auto it = touches_.upper_bound(addr);
+  if (it != touches_.begin() && std::prev(it)->second.end > addr) --it;
+  while (it != touches_.end() && it->first < end) {
+    const Touch& t = it->second;
+    bool all_known_done = true;
+    for (std::size_t k = 0; k < t.seq.size(); ++k) {
+      if (t.seq[k] > host_vc_[k]) all_known_done = false;
+      // A kernel on another stream after what S's next work is ordered after.
+      if (k != self && t.seq[k] > f[k] && !reported[k]) {
+        reported[k] = true;
+        hazards_.push_back(Hazard{addr, size, sid, streams_[k].id, t.kernel[k], now_});
       }
     }
+    // Pieces whose kernels the host knows finished can never race again.
+    it = all_known_done ? touches_.erase(it) : std::next(it);
   }
 }
 

@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -78,19 +77,23 @@ class SimDevice final : public Device {
   std::size_t num_segments() const;
 
  private:
-  struct Kernel {
-    std::uint64_t id;
-    std::uint64_t seq;  // 1-based position in its stream
-    double end;
-    std::vector<Range> uses;
-  };
   struct Stream {
     StreamId id;
     std::uint64_t count = 0;       // kernels launched
     std::vector<std::uint64_t> vc;  // per stream index: kernels known done before next work
     double tail = 0;               // GPU time when queued work (incl. waits) completes
-    std::deque<Kernel> pending;    // kernels not yet known done by the host
   };
+  // A piece of address space and, per stream index, the latest kernel (its
+  // position in that stream, and its id) that touched it. Stream order makes
+  // the latest the only one that matters: if it is ordered before a hand-out,
+  // every earlier kernel of that stream is too.
+  struct Touch {
+    Addr end;
+    std::vector<std::uint64_t> seq;
+    std::vector<std::uint64_t> kernel;
+  };
+  void split_touch_at(Addr x);
+  void touch(Addr addr, Addr end, std::size_t stream_idx, std::uint64_t seq, std::uint64_t kernel);
   struct Event {
     bool recorded = false;
     std::vector<std::uint64_t> vc;
@@ -120,6 +123,7 @@ class SimDevice final : public Device {
   EventId next_event_ = 1;
   std::uint64_t next_kernel_ = 1;
   std::vector<Hazard> hazards_;
+  std::map<Addr, Touch> touches_;  // disjoint pieces, by start address
 };
 
 }  // namespace waterwave

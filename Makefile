@@ -1,0 +1,62 @@
+# Waterwave: `make demo` runs the main job, `make test` the whole suite.
+# Both create .venv on a fresh machine and install what they need.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+CXX ?= g++
+CORE_SRC := $(wildcard csrc/core/*.cpp) $(wildcard csrc/device/sim/*.cpp)
+HEADERS := $(wildcard csrc/*/*.h csrc/device/sim/*.h)
+ALL_SRC := $(CORE_SRC) $(wildcard csrc/bench/*.cpp csrc/bindings/*.cpp)
+EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
+SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
+BIN := tests/cpp/bin
+RANDOM_RUN_OPS ?= 1000000
+
+.PHONY: all build demo test test-python sanitize bench clean
+
+all: build
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "setuptools>=68" wheel "pybind11>=2.12,<4"
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	touch $@
+
+$(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+build: $(EXT)
+
+demo: build
+	$(PY) -m waterwave.cli demo --out out
+
+$(BIN)/random_run: tests/cpp/random_run.cpp $(CORE_SRC) $(HEADERS)
+	mkdir -p $(BIN)
+	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $< -o $@
+
+$(BIN)/stress_threads: tests/cpp/stress_threads.cpp $(CORE_SRC) $(HEADERS)
+	mkdir -p $(BIN)
+	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $< -o $@
+
+# The allocator under AddressSanitizer and UndefinedBehaviorSanitizer: a long
+# random run of each policy (invariants after every step) and a thread stress.
+sanitize: $(BIN)/random_run $(BIN)/stress_threads
+	$(BIN)/random_run waterwave $(RANDOM_RUN_OPS) 1
+	$(BIN)/random_run pytorch $(RANDOM_RUN_OPS) 1
+	$(BIN)/stress_threads waterwave 4 100000 1
+	$(BIN)/stress_threads pytorch 4 100000 1
+
+test-python: build
+	$(PY) -m pytest -q
+
+test: build sanitize test-python
+
+bench: build
+	$(PY) -m waterwave.cli bench alloc --json --out bench/results/alloc.json
+	$(PY) bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
+
+clean:
+	rm -rf build $(BIN) waterwave/_C*.so out

@@ -1,0 +1,117 @@
+// Threads on different streams allocate, free, hand pointers to each other
+// and trigger SyncAndCoalesce/empty_cache concurrently. Built with ASan and
+// UBSan (and runnable under TSan). Checks invariants and hazards at the end.
+//
+//   stress_threads POLICY THREADS OPS_PER_THREAD SEED
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../csrc/core/allocator.h"
+#include "../../csrc/device/sim/sim_device.h"
+
+using namespace waterwave;
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s POLICY THREADS OPS_PER_THREAD SEED\n", argv[0]);
+    return 2;
+  }
+  const std::string policy = argv[1];
+  const int threads = std::atoi(argv[2]);
+  const std::uint64_t ops = std::strtoull(argv[3], nullptr, 10);
+  const std::uint64_t seed = std::strtoull(argv[4], nullptr, 10);
+  SimDevice device(512 * kMiB, 0.5);
+  auto a = make_allocator(policy, device, AllocatorConfig{});
+  std::mutex handoff_mu;
+  std::vector<Addr> handoff;  // pointers freed by a thread other than their allocator
+  std::atomic<std::uint64_t> ooms{0}, total{0};
+  std::atomic<bool> failed{false};
+
+  auto worker = [&](int tid) {
+    std::mt19937_64 rng(seed * 7919 + tid);
+    std::vector<Addr> mine;
+    const StreamId stream = static_cast<StreamId>(tid);
+    try {
+      for (std::uint64_t i = 0; i < ops && !failed; ++i) {
+        const std::uint64_t r = rng() % 1000;
+        if (r < 450 && mine.size() < 64) {
+          const std::size_t size = 1 + rng() % ((rng() % 10 == 0) ? 12 * kMiB : 256 * kKiB);
+          try {
+            Addr p = a->allocate(size, stream);
+            device.note_handout(p, a->allocation_size(p), stream);
+            device.launch(stream, static_cast<double>(rng() % 20), {{p, size}});
+            mine.push_back(p);
+          } catch (const OutOfMemoryError&) {
+            ++ooms;
+          }
+        } else if (r < 850 && !mine.empty()) {
+          const std::size_t k = rng() % mine.size();
+          Addr p = mine[k];
+          mine[k] = mine.back();
+          mine.pop_back();
+          if (rng() % 4 == 0) {
+            std::lock_guard<std::mutex> g(handoff_mu);
+            handoff.push_back(p);  // another thread frees it
+          } else {
+            a->deallocate(p);
+          }
+        } else if (r < 900) {
+          Addr p = 0;
+          {
+            std::lock_guard<std::mutex> g(handoff_mu);
+            if (!handoff.empty()) {
+              p = handoff.back();
+              handoff.pop_back();
+            }
+          }
+          if (p) a->deallocate(p);
+        } else if (r < 905) {
+          a->sync_and_coalesce();
+        } else if (r < 907) {
+          a->empty_cache();
+        } else if (r < 910) {
+          (void)a->stats();
+        }
+        ++total;
+      }
+      for (Addr p : mine) a->deallocate(p);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "thread %d: unexpected exception: %s\n", tid, e.what());
+      failed = true;
+    }
+  };
+
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+  for (auto& t : pool) t.join();
+  if (failed) return 1;
+  for (Addr p : handoff) a->deallocate(p);
+  try {
+    a->check_invariants();
+    a->sync_and_coalesce();
+    a->empty_cache();
+    a->check_invariants();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAILED: %s\n", e.what());
+    return 1;
+  }
+  const auto hz = device.hazards();
+  if (!hz.empty()) {
+    std::fprintf(stderr, "FAILED: %zu hazards, first: %s\n", hz.size(), hz.front().describe().c_str());
+    return 1;
+  }
+  if (a->stats().reserved_bytes.all().current != 0) {
+    std::fprintf(stderr, "FAILED: memory still reserved after freeing everything and empty_cache\n");
+    return 1;
+  }
+  std::printf("stress_threads %s: %d threads, %llu ops, %llu OOMs, 0 hazards, invariants held\n",
+              policy.c_str(), threads, static_cast<unsigned long long>(total.load()),
+              static_cast<unsigned long long>(ooms.load()));
+  return 0;
+}
