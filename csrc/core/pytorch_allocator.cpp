@@ -103,6 +103,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
   // pending cross-stream free after synchronizing its events.
   void sync_and_coalesce() override {
     std::unique_lock<std::mutex> lock(mu_);
+    stats_.num_sync_and_coalesce++;  // counts calls of this API under both policies
     synchronize_and_free_events(lock);
   }
 
