@@ -12,10 +12,11 @@ def _bench_alloc(args) -> int:
     from . import _C
 
     t0 = time.time()
-    cases = _C.bench_alloc(args.pairs, args.seed)
+    cases = _C.bench_alloc(args.pairs, args.seed, args.repeats)
     result = {
         "cases": cases,
         "pairs_per_case": args.pairs,
+        "repeats": args.repeats,
         "where": {
             "machine": platform.machine(),
             "processor": _cpu_name(),
@@ -32,9 +33,10 @@ def _bench_alloc(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{'case':<18} {'policy':<10} {'ns/pair':>9}")
+        print(f"{'case':<18} {'policy':<10} {'ns/pair':>9} {'min':>8} {'max':>8}")
         for c in cases:
-            print(f"{c['name']:<18} {c['policy']:<10} {c['ns_per_pair']:>9.1f}")
+            print(f"{c['name']:<18} {c['policy']:<10} {c['ns_per_pair']:>9.1f} "
+                  f"{c['min_ns']:>8.1f} {c['max_ns']:>8.1f}")
         print(f"measured on {result['where']['processor']} ({result['where']['note']})")
     return 0
 
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_sub = bench.add_subparsers(dest="what", required=True)
     alloc = bench_sub.add_parser("alloc", help="ns per alloc+free pair, both policies and glibc")
     alloc.add_argument("--json", action="store_true", help="print JSON")
-    alloc.add_argument("--pairs", type=int, default=1_000_000, help="pairs per case")
+    alloc.add_argument("--pairs", type=int, default=200_000, help="pairs per case and repetition")
+    alloc.add_argument("--repeats", type=int, default=5, help="repetitions; the median is reported")
     alloc.add_argument("--seed", type=int, default=1)
     alloc.add_argument("--out", help="also write the JSON here")
     alloc.set_defaults(func=_bench_alloc)
@@ -89,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)
-    if getattr(args, "pairs", 1) <= 0:
-        parser.error("--pairs must be positive")
+    if getattr(args, "pairs", 1) <= 0 or getattr(args, "repeats", 1) <= 0:
+        parser.error("--pairs and --repeats must be positive")
     return args.func(args)
 
 

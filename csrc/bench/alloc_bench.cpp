@@ -1,6 +1,9 @@
 #include "alloc_bench.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -107,19 +110,22 @@ BenchCase synced_path(const std::string& policy, std::uint64_t pairs,
   return c;
 }
 
-// Cross stream: two streams in turn, each with a kernel that never finishes,
-// so a block freed on one stream can serve the other only through an
-// asynchronous stream wait on an event.
+// Cross stream: two streams in turn, each with a kernel that never finishes.
+// Every request is 12 MiB, which fills a 12 MiB segment exactly, so the only
+// free block is always the one the other stream just freed: the waterwave
+// policy must take it through an asynchronous stream wait on an event (the
+// pytorch policy keeps one segment per stream instead).
 BenchCase cross_stream(const std::string& policy, std::uint64_t pairs,
-                       const std::vector<std::size_t>& sizes) {
+                       const std::vector<std::size_t>&) {
   auto t = make_target(policy);
   if (auto* pt = dynamic_cast<PolicyTarget*>(t.get())) {
     pt->device.launch(0, 1e18, {});
     pt->device.launch(1, 1e18, {});
   }
+  const std::size_t size = 12 * kMiB;
   BenchCase c{"cross_stream", policy, 0, pairs, 0, {}};
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
-    std::uintptr_t p = t->alloc(sizes[i % sizes.size()], i & 1);
+    std::uintptr_t p = t->alloc(size, i & 1);
     t->free(p);
   });
   t->served(c.served);
@@ -147,17 +153,36 @@ BenchCase with_free_blocks(const std::string& policy, std::uint64_t pairs,
 
 }  // namespace
 
-std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed) {
+std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed,
+                                            int repeats) {
   const std::vector<std::size_t> sizes = size_sequence(4096, seed);
-  std::vector<BenchCase> out;
   const char* policies[] = {"waterwave", "pytorch", "glibc"};
-  for (const char* p : policies) out.push_back(same_stream(p, pairs, sizes));
-  for (const char* p : policies) out.push_back(synced_path(p, pairs, sizes));
-  for (const char* p : policies) out.push_back(cross_stream(p, pairs, sizes));
-  const std::pair<std::size_t, const char*> hole_cases[] = {
-      {1024, "free_blocks_1k"}, {16384, "free_blocks_16k"}, {65536, "free_blocks_64k"}};
-  for (auto [holes, name] : hole_cases) {
-    for (const char* p : policies) out.push_back(with_free_blocks(p, pairs, sizes, holes, name));
+  using Runner = std::function<BenchCase(const std::string&)>;
+  std::vector<Runner> runners = {
+      [&](const std::string& p) { return same_stream(p, pairs, sizes); },
+      [&](const std::string& p) { return synced_path(p, pairs, sizes); },
+      [&](const std::string& p) { return cross_stream(p, pairs, sizes); },
+      [&](const std::string& p) { return with_free_blocks(p, pairs, sizes, 1024, "free_blocks_1k"); },
+      [&](const std::string& p) { return with_free_blocks(p, pairs, sizes, 16384, "free_blocks_16k"); },
+      [&](const std::string& p) { return with_free_blocks(p, pairs, sizes, 65536, "free_blocks_64k"); },
+  };
+  // Policies interleaved within each repetition, so that drift on a shared
+  // machine affects all of them alike; the median repetition is reported.
+  std::vector<BenchCase> out;
+  for (const Runner& run : runners) {
+    std::vector<std::vector<BenchCase>> reps(3);
+    for (int r = 0; r < repeats; ++r) {
+      for (int p = 0; p < 3; ++p) reps[p].push_back(run(policies[p]));
+    }
+    for (auto& runs : reps) {
+      std::sort(runs.begin(), runs.end(),
+                [](const BenchCase& a, const BenchCase& b) { return a.ns_per_pair < b.ns_per_pair; });
+      BenchCase median = runs[runs.size() / 2];
+      median.min_ns = runs.front().ns_per_pair;
+      median.max_ns = runs.back().ns_per_pair;
+      median.repeats = repeats;
+      out.push_back(median);
+    }
   }
   return out;
 }

@@ -15,9 +15,11 @@ struct BenchCase {
   double ns_per_pair = 0;
   std::uint64_t pairs = 0;
   std::uint64_t free_blocks = 0;  // free blocks present while measuring
+  double min_ns = 0, max_ns = 0;  // over the repetitions; ns_per_pair is the median
+  int repeats = 1;
   std::map<std::string, std::int64_t> served;  // how the allocator served them
 };
 
-std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed);
+std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed, int repeats);
 
 }  // namespace waterwave

@@ -192,11 +192,11 @@ PYBIND11_MODULE(_C, m) {
         return SizeRules{cfg}.segment_size(rounded);
       }, py::arg("rounded"), py::arg("config") = "");
 
-  m.def("bench_alloc", [](std::size_t pairs, std::uint64_t seed) {
+  m.def("bench_alloc", [](std::size_t pairs, std::uint64_t seed, int repeats) {
         std::vector<BenchCase> cases;
         {
           py::gil_scoped_release release;
-          cases = run_alloc_benchmarks(pairs, seed);
+          cases = run_alloc_benchmarks(pairs, seed, repeats);
         }
         py::list out;
         for (const BenchCase& c : cases) {
@@ -206,11 +206,14 @@ PYBIND11_MODULE(_C, m) {
           d["ns_per_pair"] = c.ns_per_pair;
           d["pairs"] = c.pairs;
           d["free_blocks"] = c.free_blocks;
+          d["min_ns"] = c.min_ns;
+          d["max_ns"] = c.max_ns;
+          d["repeats"] = c.repeats;
           py::dict served;
           for (const auto& [k, v] : c.served) served[py::str(k)] = v;
           d["served"] = served;
           out.append(d);
         }
         return out;
-      }, py::arg("pairs") = 200000, py::arg("seed") = 1);
+      }, py::arg("pairs") = 200000, py::arg("seed") = 1, py::arg("repeats") = 5);
 }

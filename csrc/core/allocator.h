@@ -17,6 +17,7 @@
 #include "device.h"
 #include "errors.h"
 #include "free_set.h"
+#include "ptr_map.h"
 #include "stats.h"
 
 namespace waterwave {
@@ -135,7 +136,7 @@ class CachingAllocatorBase : public Allocator {
   std::mutex mu_;
   AllocatorStats stats_;
   BlockPool block_pool_;
-  std::unordered_map<Addr, Block*> live_;  // allocated blocks by address
+  PtrMap live_;  // allocated blocks by address
   std::map<Addr, Segment*> segments_;
   std::size_t reserved_total_ = 0;  // == stats_.reserved_bytes.all().current
   std::size_t allowed_max_ = SIZE_MAX;  // from per_process_memory_fraction

@@ -184,7 +184,7 @@ void CachingAllocatorBase::mark_allocated(Block* b, std::size_t requested, Strea
   b->allocated = true;
   b->requested = requested;
   b->stream = stream;
-  live_[b->addr] = b;
+  live_.insert(b->addr, b);
   const PoolKind pool = b->segment->pool;
   const auto size = static_cast<std::int64_t>(b->size);
   stats_.allocation.increase(pool, 1);
@@ -228,9 +228,9 @@ void CachingAllocatorBase::on_free_set_erase(const Block* b) {
 }
 
 Block* CachingAllocatorBase::live_block(Addr ptr) {
-  auto it = live_.find(ptr);
-  if (it == live_.end()) throw_bad_pointer(ptr, "free");
-  return it->second;
+  Block* b = live_.find(ptr);
+  if (!b) throw_bad_pointer(ptr, "free");
+  return b;
 }
 
 void CachingAllocatorBase::throw_bad_pointer(Addr ptr, const char* action) {
@@ -265,9 +265,9 @@ void CachingAllocatorBase::throw_bad_pointer(Addr ptr, const char* action) {
 
 std::size_t CachingAllocatorBase::allocation_size(Addr ptr) {
   std::lock_guard<std::mutex> g(mu_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) throw_bad_pointer(ptr, "look up");
-  return it->second->size;
+  Block* b = live_.find(ptr);
+  if (!b) throw_bad_pointer(ptr, "look up");
+  return b->size;
 }
 
 std::vector<SegmentInfo> CachingAllocatorBase::snapshot() {
@@ -319,8 +319,7 @@ void CachingAllocatorBase::check_common_invariants() {
       expect = b->end();
       if (b->allocated) {
         if (b->set) fail_invariant("allocated block is in a free set");
-        auto it = live_.find(b->addr);
-        if (it == live_.end() || it->second != b) fail_invariant("allocated block missing from live map");
+        if (live_.find(b->addr) != b) fail_invariant("allocated block missing from live map");
         allocated += b->size;
         ++allocated_count;
       } else if (b->set) {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "types.h"
@@ -11,6 +12,61 @@ namespace waterwave {
 
 class FreeSet;
 struct Segment;
+struct Block;
+
+// A minimal node-recycling allocator for std::set. Each FreeSet owns its
+// arena, so there is no shared state between sets or threads.
+class NodeArena {
+ public:
+  NodeArena() = default;
+  NodeArena(const NodeArena&) = delete;
+  NodeArena& operator=(const NodeArena&) = delete;
+  ~NodeArena() {
+    for (void* p : free_) ::operator delete(p);
+  }
+  void* take(std::size_t bytes) {
+    if (bytes != node_bytes_ || free_.empty()) {
+      if (node_bytes_ == 0) node_bytes_ = bytes;
+      return ::operator new(bytes);
+    }
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void give(void* p, std::size_t bytes) {
+    if (bytes == node_bytes_) {
+      free_.push_back(p);
+    } else {
+      ::operator delete(p);
+    }
+  }
+
+ private:
+  std::size_t node_bytes_ = 0;
+  std::vector<void*> free_;
+};
+
+template <typename T>
+struct ArenaAllocator {
+  using value_type = T;
+  NodeArena* arena;
+  explicit ArenaAllocator(NodeArena* a) noexcept : arena(a) {}
+  template <typename U>
+  ArenaAllocator(const ArenaAllocator<U>& o) noexcept : arena(o.arena) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(arena->take(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { arena->give(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const ArenaAllocator<U>& o) const noexcept { return arena == o.arena; }
+  template <typename U>
+  bool operator!=(const ArenaAllocator<U>& o) const noexcept { return arena != o.arena; }
+};
+
+
+// Free sets order blocks by (size, address): best fit is a lower_bound.
+struct BySizeThenAddr {
+  inline bool operator()(const Block* a, const Block* b) const;
+};
+using FreeTree = std::set<Block*, BySizeThenAddr, ArenaAllocator<Block*>>;
 
 struct Block {
   Addr addr = 0;
@@ -21,6 +77,7 @@ struct Block {
   Block* prev = nullptr;  // address neighbours inside the same segment
   Block* next = nullptr;
   FreeSet* set = nullptr;  // the free set holding this block, if any
+  FreeTree::iterator pos;  // its node in that set: erase without a search
   bool allocated = false;
   // Global order of the free that put this block in an unsynced set; a merged
   // block keeps the newest, so an event covering it covers every part.
@@ -36,6 +93,11 @@ struct Block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
   Addr end() const { return addr + size; }
 };
+
+bool BySizeThenAddr::operator()(const Block* a, const Block* b) const {
+  if (a->size != b->size) return a->size < b->size;
+  return a->addr < b->addr;
+}
 
 struct Segment {
   Addr addr = 0;

@@ -90,9 +90,8 @@ class PytorchAllocator final : public CachingAllocatorBase {
 
   void record_stream(Addr ptr, StreamId stream) override {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) throw_bad_pointer(ptr, "record_stream on");
-    Block* b = it->second;
+    Block* b = live_.find(ptr);
+    if (!b) throw_bad_pointer(ptr, "record_stream on");
     if (stream == b->stream) return;
     if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
       b->stream_uses.push_back(stream);

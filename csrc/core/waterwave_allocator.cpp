@@ -27,6 +27,7 @@ namespace waterwave {
 namespace {
 
 constexpr std::size_t kMaxRequest = std::size_t{1} << 60;  // 1 EiB
+constexpr std::size_t kMaxMarkers = 16;  // pending markers kept per stream
 
 class WaterwaveAllocator final : public CachingAllocatorBase {
  public:
@@ -120,9 +121,8 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
 
   void record_stream(Addr ptr, StreamId stream) override {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) throw_bad_pointer(ptr, "record_stream on");
-    Block* b = it->second;
+    Block* b = live_.find(ptr);
+    if (!b) throw_bad_pointer(ptr, "record_stream on");
     if (stream == b->stream) return;
     if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
       b->stream_uses.push_back(stream);
@@ -256,12 +256,28 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
   }
 
   // Record a marker on `s` if its newest free is not yet covered by one.
+  // Markers that never complete must not pile up: keep the oldest (they
+  // complete first and drive promotion) and the newest. Dropping one in
+  // between is safe, since a newer marker covers every earlier free; a taker
+  // may merely wait a little longer than it had to.
   void ensure_marker(StreamState* s, std::uint64_t seq) {
     if (!s->markers.empty() && s->markers.back().covered >= seq) return;
     EventId e = take_event();
     device_.record_event(e, s->id);
     stats_.num_events_recorded++;
     s->markers.push_back({e, free_counter_});
+    if (s->markers.size() > kMaxMarkers) {
+      auto victim = s->markers.end() - 2;
+      release_event(victim->event);
+      s->markers.erase(victim);
+    }
+  }
+
+  // The oldest marker covering a free of sequence `seq` (markers are sorted).
+  const Marker& covering_marker(const StreamState* s, std::uint64_t seq) const {
+    auto it = std::lower_bound(s->markers.begin(), s->markers.end(), seq,
+                               [](const Marker& m, std::uint64_t v) { return m.covered < v; });
+    return *it;
   }
 
   // Step 3: promote every block whose covering events have completed, asking
@@ -346,13 +362,8 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     }
     if (!best) return nullptr;
     ensure_marker(owner, best->free_seq);
-    for (const Marker& m : owner->markers) {
-      if (m.covered >= best->free_seq) {
-        device_.stream_wait_event(s->id, m.event);
-        stats_.num_stream_waits++;
-        break;
-      }
-    }
+    device_.stream_wait_event(s->id, covering_marker(owner, best->free_seq).event);
+    stats_.num_stream_waits++;
     return best;
   }
 
