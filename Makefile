@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=68" wheel "pybind11>=2.12,<4"
-	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test,planner]'
 	touch $@
 
 $(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py

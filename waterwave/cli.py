@@ -71,6 +71,123 @@ def _demo(args) -> int:
     return 0
 
 
+def _load_or_capture(model: str, batch_size: int, optimizer: str, progress):
+    from .graph import Graph
+
+    if model.endswith(".json"):
+        return Graph.load(model)
+    import torch
+
+    from . import models
+    from .capture import capture
+
+    net, inputs, loss = models.build(model, batch_size)
+    opt = (torch.optim.Adam(net.parameters(), lr=1e-3) if optimizer == "adam"
+           else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    task = progress.add_task(f"capturing {model} (batch {batch_size}) with fake tensors", total=None)
+    g = capture(net, inputs, loss, opt, name=f"{model}-bs{batch_size}")
+    progress.remove_task(task)
+    return g
+
+
+def _plan(args) -> int:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .planner import check_plan, plan
+    from .planner.baseline import replay
+
+    console = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True, disable=args.json) as progress:
+        g = _load_or_capture(args.model, args.batch_size, args.optimizer, progress)
+        if args.save_graph:
+            g.save(args.save_graph)
+        task = progress.add_task("replaying program order through the pytorch policy", total=None)
+        base = replay(g)
+        progress.remove_task(task)
+        task = progress.add_task(f"planning ({args.strategy}, up to {args.time_limit:g} s)", total=None)
+        p = plan(g, args.strategy, time_limit=args.time_limit)
+        progress.remove_task(task)
+    check_plan(g, p)
+    if args.out:
+        p.save(args.out)
+    if args.plot:
+        from .plots import plan_memory
+        plan_memory(g, p, base.peak_reserved, args.plot)
+    result = {
+        "model": g.name, "nodes": len(g.nodes), "tensors": len(g.tensors),
+        "strategy": p.strategy, "status": p.status,
+        "baseline_peak_bytes": base.peak_reserved,
+        "baseline_allocated_peak_bytes": base.peak_allocated,
+        "baseline_fragmentation": base.fragmentation,
+        "program_order_ideal_bytes": base.ideal_peak,
+        "plan_peak_bytes": p.arena_size,
+        "lower_bound_bytes": p.stats.get("proven_lower_bound", p.lower_bound),
+        "order_lower_bound_bytes": p.lower_bound,
+        "plan_fragmentation": p.fragmentation,
+        "saving": 1 - p.arena_size / base.peak_reserved if base.peak_reserved else 0.0,
+        "solve_seconds": p.solve_seconds,
+        "persistent_bytes": g.persistent_bytes(),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    mib = lambda b: f"{b / 2**20:,.1f} MiB"
+    t = Table(title=f"{g.name}: {len(g.nodes)} operators, {len(g.tensors)} tensors")
+    t.add_column("")
+    t.add_column("value", justify="right")
+    t.add_row("baseline peak (PyTorch policy, program order)", mib(base.peak_reserved))
+    t.add_row("baseline fragmentation at peak", f"{base.fragmentation:.1%}")
+    t.add_row(f"plan peak ({p.strategy}, {p.status})", mib(p.arena_size))
+    t.add_row("saving", f"{result['saving']:.1%}")
+    t.add_row("plan fragmentation (vs its order's bound)", f"{p.fragmentation:.1%}")
+    t.add_row("lower bound", mib(result["lower_bound_bytes"]))
+    t.add_row("solve time", f"{p.solve_seconds:.2f} s")
+    Console().print(t)
+    if args.out:
+        print(f"plan written to {args.out}")
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _pack(args) -> int:
+    import csv
+
+    from .planner import Buffer, pack
+
+    try:
+        with open(args.file, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        print(f"waterwave pack: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return 2
+    need = {"id", "lower", "upper", "size"}
+    if not rows or not need <= set(rows[0]):
+        print(f"waterwave pack: {args.file} needs a header with columns id,lower,upper,size "
+              "(half-open lifetimes [lower, upper))", file=sys.stderr)
+        return 2
+    try:
+        bufs = [Buffer(r["id"], int(r["lower"]), int(r["upper"]), int(r["size"])) for r in rows]
+    except ValueError as e:
+        print(f"waterwave pack: {args.file}: lower, upper and size must be integers ({e})",
+              file=sys.stderr)
+        return 2
+    try:
+        offs, arena, lb, status = pack(bufs, time_limit=args.time_limit)
+    except ValueError as e:
+        print(f"waterwave pack: {e}", file=sys.stderr)
+        return 2
+    w = csv.writer(sys.stdout, lineterminator="\n")
+    w.writerow(["id", "lower", "upper", "size", "offset"])
+    for b in bufs:
+        w.writerow([b.id, b.lower, b.upper, b.size, offs[b.id]])
+    print(f"arena {arena} bytes, lower bound {lb}, {status}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="waterwave", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +207,25 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--iterations", type=int, default=3)
     demo.add_argument("--no-plot", action="store_true")
     demo.set_defaults(func=_demo)
+
+    plan = sub.add_parser("plan", help="capture a model's training step and plan its memory")
+    plan.add_argument("model", help="a torchvision or transformers model name, or a saved graph .json")
+    plan.add_argument("--batch-size", type=int, default=1)
+    plan.add_argument("--strategy", default="model",
+                      choices=["pytorch", "mxnet", "paddle", "greedy", "model"])
+    plan.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
+    plan.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
+                      help="optimizer in the captured step (SGD with momentum, or Adam)")
+    plan.add_argument("--out", help="write the plan JSON here")
+    plan.add_argument("--save-graph", help="write the captured graph JSON here")
+    plan.add_argument("--plot", help="draw memory over time to this PNG")
+    plan.add_argument("--json", action="store_true", help="print the figures as JSON")
+    plan.set_defaults(func=_plan)
+
+    pk = sub.add_parser("pack", help="offsets for buffers with fixed lifetimes (id,lower,upper,size CSV)")
+    pk.add_argument("file")
+    pk.add_argument("--time-limit", type=float, default=10.0)
+    pk.set_defaults(func=_pack)
 
     args = parser.parse_args(argv)
     if getattr(args, "pairs", 1) <= 0 or getattr(args, "repeats", 1) <= 0:

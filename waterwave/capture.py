@@ -1,0 +1,270 @@
+"""Capture one full training step (forward, backward, optimizer update) of an
+``nn.Module`` on the CPU with fake tensors: no GPU, no tensor memory.
+
+The step is written as a pure function of (parameters, buffers, optimizer
+state, inputs): ``torch.func.functional_call`` for the forward pass,
+``torch.autograd.grad`` for the backward pass, and the optimizer's update
+as in-place operations on the parameter and state tensors (the way
+``torch.optim``'s single-tensor implementations write it). ``make_fx`` traces
+it with ``tracing_mode="fake"``.
+
+The FX graph becomes a ``waterwave.graph.Graph``:
+
+- tensors are storages (``StorageWeakRef``), so views and aliases add no
+  tensor and extend their base's lifetime;
+- in-place writes come from each operator's schema (``alias_info.is_write``),
+  and add the ordering edges they need;
+- ``inplace_ok`` comes from the ``pointwise`` tag;
+- multi-output operators create all their outputs at once;
+- parameters, buffers and optimizer state are persistent; gradients are
+  tensors of kind ``grad`` made by the backward pass and consumed by the update;
+- sizes are storage bytes rounded to 512, as PyTorch's CUDA caching
+  allocator rounds them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from .graph import Graph, round_size
+
+SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
+
+
+class CaptureError(RuntimeError):
+    pass
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - a dependency
+        raise CaptureError("capture needs torch: pip install torch==2.14.1") from e
+    return torch
+
+
+def _default_loss(output):
+    torch = _torch()
+    if isinstance(output, torch.Tensor):
+        return output.float().sum()
+    if hasattr(output, "logits"):
+        return output.logits.float().sum()
+    if hasattr(output, "last_hidden_state"):
+        return output.last_hidden_state.float().sum()
+    if isinstance(output, (tuple, list)):
+        return _default_loss(output[0])
+    raise CaptureError(f"cannot derive a loss from a {type(output).__name__}; pass loss_fn")
+
+
+def _optimizer_update(optimizer, params, grads, states):
+    """Apply the optimizer's update in place, as torch.optim's single-tensor
+    implementations do. ``states[i]`` is a dict of this parameter's state."""
+    torch = _torch()
+    name = type(optimizer).__name__
+    group = optimizer.param_groups[0]
+    with torch.no_grad():
+        for p, g, st in zip(params, grads, states):
+            if name == "SGD":
+                lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+                damp, nesterov = group["dampening"], group["nesterov"]
+                if wd:
+                    g = g.add(p, alpha=wd)
+                if mom:
+                    buf = st["momentum_buffer"]
+                    buf.mul_(mom).add_(g, alpha=1 - damp)
+                    g = g.add(buf, alpha=mom) if nesterov else buf
+                p.add_(g, alpha=-lr)
+            elif name in ("Adam", "AdamW"):
+                lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+                step = st["step_value"]
+                if wd and name == "AdamW":
+                    p.mul_(1 - lr * wd)
+                elif wd:
+                    g = g.add(p, alpha=wd)
+                st["exp_avg"].lerp_(g, 1 - b1)
+                st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+                bc1 = 1 - b1 ** step
+                bc2 = 1 - b2 ** step
+                denom = (st["exp_avg_sq"].sqrt() / math.sqrt(bc2)).add_(eps)
+                p.addcdiv_(st["exp_avg"], denom, value=-lr / bc1)
+            else:  # pragma: no cover - checked before tracing
+                raise CaptureError(name)
+
+
+def _state_names(optimizer) -> list[str]:
+    name = type(optimizer).__name__
+    if name not in SUPPORTED_OPTIMIZERS:
+        raise CaptureError(f"capture supports the optimizers {', '.join(SUPPORTED_OPTIMIZERS)}; "
+                           f"got {name}")
+    if len(optimizer.param_groups) != 1:
+        raise CaptureError("capture supports optimizers with one parameter group")
+    if name == "SGD":
+        return ["momentum_buffer"] if optimizer.param_groups[0]["momentum"] else []
+    if optimizer.param_groups[0].get("amsgrad"):
+        raise CaptureError("capture does not support Adam(amsgrad=True) yet")
+    return ["exp_avg", "exp_avg_sq"]
+
+
+def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer):
+    """Trace one training step; returns (fx GraphModule, placeholder roles,
+    grad storages, output storages)."""
+    torch = _torch()
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.func import functional_call
+
+    state_names = _state_names(optimizer)
+    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt_params = {id(p) for p in optimizer.param_groups[0]["params"]}
+    named_params = [(n, p) for n, p in named_params if id(p) in opt_params]
+    if not named_params:
+        raise CaptureError("the optimizer updates none of the model's parameters")
+    named_buffers = list(model.named_buffers())
+    param_names = [n for n, _ in named_params]
+    buffer_names = [n for n, _ in named_buffers]
+    loss_fn = loss_fn or _default_loss
+    n_p, n_b, n_s = len(param_names), len(buffer_names), len(state_names)
+    step_value = 1 + int(optimizer.state[named_params[0][1]].get("step", 0)) \
+        if named_params[0][1] in optimizer.state else 1
+    grads_seen: list = []
+
+    def step(*flat):
+        params = list(flat[:n_p])
+        buffers = list(flat[n_p:n_p + n_b])
+        state_flat = flat[n_p + n_b:n_p + n_b + n_p * n_s]
+        inputs = flat[n_p + n_b + n_p * n_s:]
+        tensors = dict(zip(param_names, params))
+        tensors.update(zip(buffer_names, buffers))
+        out = functional_call(model, tensors, tuple(inputs))
+        loss = loss_fn(out)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
+        grads_seen.extend(grads)
+        states = []
+        for i in range(n_p):
+            st = {name: state_flat[i * n_s + k] for k, name in enumerate(state_names)}
+            st["step_value"] = step_value
+            states.append(st)
+        _optimizer_update(optimizer, [p.detach() for p in params], grads, states)
+        return loss
+
+    with torch.no_grad():
+        flat = [p.detach().clone().requires_grad_(True) for _, p in named_params]
+        flat += [b.detach().clone() for _, b in named_buffers]
+        for _, p in named_params:
+            for name in state_names:
+                flat.append(torch.zeros_like(p))
+        flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    for x in flat[:n_p]:
+        x.requires_grad_(True)
+    try:
+        gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+    except Exception as e:
+        raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
+    roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_p * n_s)
+             + ["input"] * len(example_inputs))
+    names = param_names + buffer_names + [f"{p}.{s}" for p in param_names for s in state_names]
+    names += [f"input{i}" for i in range(len(example_inputs))]
+    return gm, roles, names, grads_seen
+
+
+def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None,
+            optimizer=None, name: str | None = None) -> Graph:
+    """Record one training step of ``model`` as a Graph, with fake tensors."""
+    torch = _torch()
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer)
+    g = Graph(name or type(model).__name__, {"optimizer": type(optimizer).__name__,
+                                             "input_shapes": [list(x.shape) for x in example_inputs
+                                                              if isinstance(x, torch.Tensor)]})
+    storage_tensor: dict = {}  # StorageWeakRef -> tensor id
+    keep_alive = []  # hold storages so that weak refs are not reused
+
+    def storages_of(val):
+        out = []
+        if isinstance(val, torch.Tensor):
+            st = val.untyped_storage()
+            keep_alive.append(st)
+            out.append((StorageWeakRef(st), st.nbytes()))
+        elif isinstance(val, (list, tuple)):
+            for v in val:
+                out.extend(storages_of(v))
+        return out
+
+    grad_refs = {StorageWeakRef(t.untyped_storage()) for t in grads_seen
+                 if isinstance(t, torch.Tensor)}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, role, nm in zip(placeholders, roles, names):
+        for ref, nbytes in storages_of(node.meta.get("val")):
+            if ref not in storage_tensor:
+                storage_tensor[ref] = g.add_tensor(nm, round_size(nbytes), role,
+                                                   persistent=role != "input")
+    last_writer: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+
+    def arg_storages(arg):
+        out = []
+        if isinstance(arg, torch.fx.Node):
+            out.extend(storages_of(arg.meta.get("val")))
+        elif isinstance(arg, (list, tuple)):
+            for a in arg:
+                out.extend(arg_storages(a))
+        elif isinstance(arg, dict):
+            for a in arg.values():
+                out.extend(arg_storages(a))
+        return out
+
+    outputs = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            outputs = [storage_tensor[r] for r, _ in arg_storages(node.args) if r in storage_tensor]
+            continue
+        if node.op != "call_function":
+            continue
+        ins = []
+        for r, _ in arg_storages(list(node.args) + list(node.kwargs.values())):
+            if r in storage_tensor and storage_tensor[r] not in ins:
+                ins.append(storage_tensor[r])
+        mutated = []
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    val = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+                    for r, _ in arg_storages(val):
+                        if r in storage_tensor:
+                            mutated.append(storage_tensor[r])
+        outs = []
+        for r, nbytes in storages_of(node.meta.get("val")):
+            if r in storage_tensor or nbytes == 0:
+                continue  # a view, an alias, or the result of an in-place write
+            kind = "grad" if r in grad_refs else "activation"
+            storage_tensor[r] = g.add_tensor(node.name, round_size(nbytes), kind)
+            outs.append(storage_tensor[r])
+        if not outs and not mutated:
+            continue  # pure views and metadata ops move no memory
+        pointwise = torch.Tag.pointwise in getattr(node.target, "tags", ())
+        inplace_ok = [t for t in ins if pointwise and len(outs) == 1
+                      and g.tensors[t].size == g.tensors[outs[0]].size
+                      and not g.tensors[t].persistent]
+        v = len(g.nodes)
+        deps = set()
+        for t in ins:
+            if t in last_writer:
+                deps.add(last_writer[t])  # read after write
+        for t in mutated:
+            deps.update(readers.get(t, []))  # write after read
+        deps.discard(v)
+        g.add_node(node.name, str(node.target), ins, outs, mutated, sorted(deps), inplace_ok)
+        for t in ins:
+            readers.setdefault(t, []).append(v)
+        for t in mutated:
+            last_writer[t] = v
+            readers[t] = []
+    g.meta["outputs"] = sorted(set(outputs))
+    g.validate()
+    return g

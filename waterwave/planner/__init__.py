@@ -1,0 +1,123 @@
+"""Offline memory planning (the MODeL paper) and its baselines.
+
+``plan(graph, strategy=..., time_limit=...)`` returns a ``Plan`` (operator
+order plus the offset of every tensor). Strategies:
+
+- ``pytorch``: program order, tensors placed online in allocation order (the baseline);
+- ``mxnet``: reference-count simulation with in-place reuse and size-matched sharing;
+- ``paddle``: liveness analysis with in-place reuse and a reuse pool;
+- ``greedy``: the best of several memory-aware orders, each with best-fit
+  offsets in spatial and temporal visiting orders;
+- ``model``: the MODeL problem solved jointly with CP-SAT (exact sequential
+  peak), warm-started from ``greedy``, with the proven lower bound and gap.
+
+``pack(buffers)`` solves offsets alone for fixed lifetimes.
+"""
+from __future__ import annotations
+
+import time
+
+from ..graph import Graph
+from .check import check_plan
+from .lifetimes import lifetimes, node_lower_bound, order_peak
+from .offsets import Buffer, greedy_pack, max_live, validate_buffers
+from .plan import Plan, PlanError
+
+STRATEGIES = ("pytorch", "mxnet", "paddle", "greedy", "model")
+
+__all__ = ["plan", "pack", "Plan", "PlanError", "Buffer", "check_plan", "STRATEGIES",
+           "order_peak", "lifetimes"]
+
+
+def _buffers(g: Graph, order: list[int]) -> list[Buffer]:
+    return [Buffer(t.id, s, e + 1, t.size)
+            for t, (s, e) in zip(g.tensors, lifetimes(g, order))
+            if not t.persistent and t.size > 0]
+
+
+def _assemble(g: Graph, strategy: str, order, arena_offsets: dict[int, int], t0: float,
+              status: str, inplace=(), stats=None) -> Plan:
+    """Persistent tensors first, then the planned arena."""
+    offsets, sizes, cursor = {}, {}, 0
+    for t in g.tensors:
+        if t.persistent and t.size:
+            offsets[t.id] = cursor
+            sizes[t.id] = t.size
+            cursor += t.size
+    for t in g.tensors:
+        if not t.persistent and t.size:
+            offsets[t.id] = cursor + arena_offsets[t.id]
+            sizes[t.id] = t.size
+    arena = max((offsets[i] + sizes[i] for i in offsets), default=0)
+    return Plan(g.name, strategy, list(order), offsets, sizes, arena, order_peak(g, order),
+                round(time.time() - t0, 4), status, list(inplace), dict(stats or {}))
+
+
+def _layout(g: Graph, order: list[int]):
+    bufs = _buffers(g, order)
+    offs, arena, how = greedy_pack(bufs)
+    return {b.id: offs[i] for i, b in enumerate(bufs)}, arena, how
+
+
+def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: int = 2) -> Plan:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    g.validate()
+    t0 = time.time()
+    if strategy == "pytorch":
+        order = list(range(len(g.nodes)))
+        if not g.is_topological(order):
+            raise PlanError("program order is not topological in this graph")
+        bufs = _buffers(g, order)
+        from .offsets import best_fit
+        visit = sorted(range(len(bufs)), key=lambda i: (bufs[i].lower, i))
+        offs = best_fit(bufs, visit)
+        arena_offsets = {b.id: offs[i] for i, b in enumerate(bufs)}
+        return _assemble(g, strategy, order, arena_offsets, t0, "heuristic")
+    if strategy in ("mxnet", "paddle"):
+        from .classic import mxnet_plan, paddle_plan
+        order, offsets, arena, inplace = (mxnet_plan if strategy == "mxnet" else paddle_plan)(g)
+        sizes = {t.id: t.size for t in g.tensors if t.size}
+        return Plan(g.name, strategy, order, offsets, sizes, arena, order_peak(g, order, inplace),
+                    round(time.time() - t0, 4), "heuristic", inplace, {})
+    from .orders import candidate_orders
+    best = None
+    for name, order in candidate_orders(g).items():
+        arena_offsets, arena, how = _layout(g, order)
+        if best is None or arena < best[2]:
+            best = (order, arena_offsets, arena, f"{name}+{how}")
+    order, arena_offsets, arena, how = best
+    if strategy == "greedy":
+        return _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
+    from .cpsat import solve_joint
+    result = solve_joint(g, order, arena_offsets, time_limit=time_limit, workers=workers)
+    stats = {"warm_start": how, "warm_start_arena": arena + g.persistent_bytes()}
+    status = "heuristic"
+    if result is not None:
+        j_order, j_offsets, j_arena, bound, status = result
+        stats["proven_lower_bound"] = bound + g.persistent_bytes()
+        if j_arena <= arena:
+            order, arena_offsets, arena = j_order, j_offsets, j_arena
+    else:
+        stats["proven_lower_bound"] = node_lower_bound(g)
+    p = _assemble(g, strategy, order, arena_offsets, t0, status, stats=stats)
+    lb = max(p.stats["proven_lower_bound"], node_lower_bound(g))
+    p.stats["proven_lower_bound"] = min(lb, p.arena_size)
+    p.stats["gap"] = 0.0 if p.arena_size == 0 else 1 - p.stats["proven_lower_bound"] / p.arena_size
+    return p
+
+
+def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True, workers: int = 2):
+    """Offsets for buffers with fixed half-open lifetimes [lower, upper).
+
+    Returns (offsets by buffer id, arena size, lower bound, status)."""
+    validate_buffers(buffers)
+    if exact:
+        from .cpsat import exact_pack
+        offs, arena, lb, status = exact_pack(buffers, time_limit=time_limit, workers=workers)
+    else:
+        offs, arena, _ = greedy_pack(buffers)
+        lb, status = max_live(buffers), "heuristic"
+        if arena == lb:
+            status = "optimal"
+    return {b.id: offs[i] for i, b in enumerate(buffers)}, arena, lb, status

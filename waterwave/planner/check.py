@@ -1,0 +1,116 @@
+"""An independent plan checker.
+
+It recomputes lifetimes itself (it shares no code with the planners) and
+checks that the order is a topological order of the graph, every tensor has
+its size and an offset inside the arena, no two tensors live at the same time
+overlap in memory (except declared in-place pairs that are legal), and the
+arena size is exactly the highest byte used.
+"""
+from __future__ import annotations
+
+import bisect
+
+from ..graph import Graph
+from .plan import Plan, PlanError
+
+
+def check_plan(g: Graph, plan: Plan) -> None:
+    """Raise PlanError naming the first problem; return None when the plan is valid."""
+    n = len(g.nodes)
+    order = plan.order
+    if sorted(order) != list(range(n)):
+        raise PlanError(f"order is not a permutation of the graph's {n} nodes")
+    pos = [0] * n
+    for i, v in enumerate(order):
+        pos[v] = i
+    made_by = {}
+    for node in g.nodes:
+        for t in node.outputs:
+            made_by[t] = node.id
+    for node in g.nodes:
+        preds = set(node.deps)
+        preds.update(made_by[t] for t in node.inputs if t in made_by)
+        for p in preds:
+            if p != node.id and pos[p] >= pos[node.id]:
+                raise PlanError(f"order runs {g.nodes[node.id].name!r} before its predecessor "
+                                f"{g.nodes[p].name!r}")
+    # Lifetimes, recomputed here.
+    produced_at = {}
+    last_use = {}
+    for node in g.nodes:
+        for t in node.outputs:
+            produced_at[t] = pos[node.id]
+        for t in node.inputs:
+            last_use[t] = max(last_use.get(t, -1), pos[node.id])
+    keep = set(g.meta.get("outputs", []))
+    spans = {}
+    for t in g.tensors:
+        if t.size == 0:
+            continue
+        if t.persistent:
+            spans[t.id] = (0, n - 1)
+        else:
+            s = produced_at.get(t.id, 0)
+            e = n - 1 if t.id in keep else max(last_use.get(t.id, s), s)
+            spans[t.id] = (s, e)
+    # Sizes and offsets.
+    top = 0
+    for tid in spans:
+        size = g.tensors[tid].size
+        if plan.sizes.get(tid) != size:
+            raise PlanError(f"tensor {g.tensors[tid].name!r} has size {size} but the plan says "
+                            f"{plan.sizes.get(tid)}")
+        off = plan.offsets.get(tid)
+        if off is None or off < 0:
+            raise PlanError(f"tensor {g.tensors[tid].name!r} has no valid offset")
+        top = max(top, off + size)
+    if top != plan.arena_size:
+        raise PlanError(f"arena size {plan.arena_size} is not exact: the highest byte used is {top}")
+    # Legal in-place pairs: out is made by the node that last uses `inp`, and
+    # that node allows overwriting `inp`.
+    partner = {}
+    for out, inp in plan.inplace:
+        p = g.nodes[made_by[out]] if out in made_by else None
+        if p is None or inp not in p.inplace_ok or last_use.get(inp) != pos[p.id] or inp in keep:
+            raise PlanError(f"in-place pair ({out}, {inp}) is not legal: the producer of "
+                            f"{out} must be the last user of {inp} and allow overwriting it")
+        if g.tensors[inp].persistent:
+            raise PlanError(f"in-place pair ({out}, {inp}) overwrites a persistent tensor")
+        partner.setdefault(out, set()).add(inp)
+    # Sweep time; the live set is kept sorted by offset, so a new tensor
+    # conflicts with some live one iff it overlaps a neighbour in that order.
+    starts: dict[int, list[int]] = {}
+    for tid, (s, e) in spans.items():
+        starts.setdefault(s, []).append(tid)
+    by_end: dict[int, list[int]] = {}
+    for tid, (s, e) in spans.items():
+        by_end.setdefault(e, []).append(tid)
+    live: list[tuple[int, int, int]] = []  # (offset, end_offset, tid) sorted
+
+    def conflicts(tid, pool):
+        a0 = plan.offsets[tid]
+        a1 = a0 + g.tensors[tid].size
+        i = bisect.bisect_left(pool, (a0, -1, -1))
+        for j in (i - 1, i):
+            if 0 <= j < len(pool):
+                b0, b1, other = pool[j]
+                if b0 < a1 and a0 < b1:
+                    return other
+        # a wide interval further left may still reach us
+        for b0, b1, other in pool[:max(i - 1, 0)]:
+            if b1 > a0:
+                return other
+        return None
+
+    for step in range(n):
+        new = starts.get(step, [])
+        for tid in new:
+            excused = partner.get(tid, set())
+            pool = [x for x in live if x[2] not in excused]
+            other = conflicts(tid, pool)
+            if other is not None:
+                raise PlanError(f"tensors {g.tensors[tid].name!r} and {g.tensors[other].name!r} are "
+                                f"live together at step {step} but overlap in memory")
+            bisect.insort(live, (plan.offsets[tid], plan.offsets[tid] + g.tensors[tid].size, tid))
+        for tid in by_end.get(step, []):
+            live.remove((plan.offsets[tid], plan.offsets[tid] + g.tensors[tid].size, tid))

@@ -1,0 +1,163 @@
+"""The classic planners, as baselines (seeds 001, 002, 003; reference 6.4).
+
+Both keep program order and assign *storages* rather than offsets; a storage
+is then a contiguous block, so the arena is the sum of storage sizes.
+
+``mxnet``: reference-count simulation. An operator whose output may
+overwrite an input (pointwise, same size) takes that input's storage when
+this is the input's last use (in-place). Otherwise a freed storage is reused
+if its size lies in [size, size * match_range), else one in
+[size / match_range, size) that grows to the request; else a new storage.
+
+``paddle``: liveness by dataflow analysis over the linear op list (live_in /
+live_out), in-place as above, and a reuse pool: a dead variable's storage
+serves a new output if it is at least as large (best fit).
+"""
+from __future__ import annotations
+
+import bisect
+
+from ..graph import Graph
+from .lifetimes import lifetimes
+
+
+def _result(g: Graph, storage_of: dict[int, int], storage_size: dict[int, int]):
+    """Lay storages out back to back after the persistent block."""
+    base = g.persistent_bytes()
+    offsets = {}
+    cursor = 0
+    for t in g.tensors:
+        if t.persistent and t.size:
+            offsets[t.id] = cursor
+            cursor += t.size
+    start = {}
+    for sid in sorted(storage_size):
+        start[sid] = cursor
+        cursor += storage_size[sid]
+    for tid, sid in storage_of.items():
+        offsets[tid] = start[sid]
+    assert cursor == base + sum(storage_size.values())
+    return offsets, cursor
+
+
+def mxnet_plan(g: Graph, match_range: int = 16):
+    order = list(range(len(g.nodes)))
+    keep = set(g.meta.get("outputs", []))
+    remaining = [len(g.consumers(t.id)) for t in g.tensors]
+    storage_of: dict[int, int] = {}
+    storage_size: dict[int, int] = {}
+    users_of_storage: dict[int, int] = {}  # live tensors on a storage
+    free: list[tuple[int, int]] = []  # (size, storage id), sorted
+    inplace = []
+
+    def release(sid):
+        bisect.insort(free, (storage_size[sid], sid))
+
+    for t in g.tensors:  # graph inputs occupy storages from the start
+        if t.kind == "input" and t.size:
+            sid = len(storage_size)
+            storage_size[sid] = t.size
+            storage_of[t.id] = sid
+            users_of_storage[sid] = 1
+    for v in order:
+        node = g.nodes[v]
+        for out in node.outputs:
+            size = g.tensors[out].size
+            if size == 0:
+                continue
+            sid = None
+            for inp in node.inplace_ok:
+                if (inp in storage_of and remaining[inp] == 1 and inp not in keep
+                        and g.tensors[inp].size == size and users_of_storage[storage_of[inp]] == 1
+                        and not g.tensors[inp].persistent):
+                    sid = storage_of[inp]
+                    inplace.append((out, inp))
+                    break
+            if sid is None:
+                i = bisect.bisect_left(free, (size, -1))
+                if i < len(free) and free[i][0] < size * match_range:
+                    sid = free.pop(i)[1]
+                elif i > 0 and free[i - 1][0] * match_range > size:
+                    sid = free.pop(i - 1)[1]
+                    storage_size[sid] = size  # grows to the largest request served
+                else:
+                    sid = len(storage_size)
+                    storage_size[sid] = size
+                users_of_storage[sid] = 0
+            storage_of[out] = sid
+            users_of_storage[sid] += 1
+        dying = []
+        for inp in node.inputs:
+            remaining[inp] -= 1
+            if remaining[inp] == 0 and inp in storage_of and inp not in keep:
+                dying.append(inp)
+        for out in node.outputs:
+            if remaining[out] == 0 and out in storage_of and out not in keep:
+                dying.append(out)
+        for t in dying:
+            sid = storage_of[t]
+            users_of_storage[sid] -= 1
+            if users_of_storage[sid] == 0:
+                release(sid)
+    offsets, arena = _result(g, storage_of, storage_size)
+    return order, offsets, arena, inplace
+
+
+def paddle_plan(g: Graph):
+    order = list(range(len(g.nodes)))
+    n = len(order)
+    keep = set(g.meta.get("outputs", []))
+    # Liveness: live_out[i] = union of live_in of successors in the linear
+    # order; live_in[i] = uses[i] | (live_out[i] - defs[i]). One backward
+    # pass suffices for a straight-line program.
+    uses = [set(t for t in g.nodes[v].inputs if not g.tensors[t].persistent) for v in order]
+    defs = [set(g.nodes[v].outputs) for v in order]
+    live_out = [set() for _ in range(n)]
+    live_in = [set() for _ in range(n)]
+    for i in reversed(range(n)):
+        live_out[i] = set(live_in[i + 1]) if i + 1 < n else set(keep)
+        live_in[i] = uses[i] | (live_out[i] - defs[i])
+    storage_of: dict[int, int] = {}
+    storage_size: dict[int, int] = {}
+    holders: dict[int, set[int]] = {}
+    pool: list[tuple[int, int]] = []  # (size, storage id) of dead storages
+    inplace = []
+    for t in g.tensors:
+        if t.kind == "input" and t.size:
+            sid = len(storage_size)
+            storage_size[sid] = t.size
+            storage_of[t.id] = sid
+            holders[sid] = {t.id}
+    for i, v in enumerate(order):
+        node = g.nodes[v]
+        for out in node.outputs:
+            size = g.tensors[out].size
+            if size == 0:
+                continue
+            sid = None
+            for inp in node.inplace_ok:
+                if (inp in storage_of and inp not in live_out[i] and not g.tensors[inp].persistent
+                        and g.tensors[inp].size == size and holders[storage_of[inp]] == {inp}):
+                    sid = storage_of[inp]
+                    inplace.append((out, inp))
+                    break
+            if sid is None:
+                j = bisect.bisect_left(pool, (size, -1))
+                if j < len(pool):
+                    sid = pool.pop(j)[1]
+                else:
+                    sid = len(storage_size)
+                    storage_size[sid] = size
+                holders[sid] = set()
+            storage_of[out] = sid
+            holders[sid].add(out)
+        # Variables dead after this op return their storage to the pool.
+        for t in (uses[i] | defs[i]) - live_out[i]:
+            if t in storage_of and t not in keep:
+                sid = storage_of[t]
+                holders[sid].discard(t)
+                if not holders[sid]:
+                    bisect.insort(pool, (storage_size[sid], sid))
+                    holders[sid] = {-1}  # pooled; replaced when reused
+    offsets, arena = _result(g, storage_of, storage_size)
+    return order, offsets, arena, inplace

@@ -1,0 +1,202 @@
+"""Exact solving with OR-Tools CP-SAT.
+
+``exact_pack``: offsets for fixed lifetimes, minimizing the arena. First a
+decision at capacity = max live bytes (zero slack: any solution is optimal),
+then, if that fails within its share of time, minimization from the greedy
+layout.
+
+``solve_joint``: the MODeL problem (operator order and offsets together) with
+an exact sequential peak. Every node gets a distinct position within its
+ASAP/ALAP span (MODeL's span reduction); a tensor is live from its
+producer's position to the last of its users' (AddMaxEquality); live tensors
+must not overlap in (time x address) (AddNoOverlap2D). Persistent tensors
+are constants below the arena. Sizes are divided by their GCD. The search is
+warm-started from the best heuristic plan, so it never returns worse.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from ..graph import Graph
+from .lifetimes import lifetimes
+from .offsets import Buffer, greedy_pack, max_live
+
+
+def _cp():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:  # pragma: no cover - a dependency
+        raise RuntimeError("the exact planners need OR-Tools: pip install 'ortools>=9.10'") from e
+    return cp_model
+
+
+def _gcd(sizes) -> int:
+    g = 0
+    for s in sizes:
+        g = math.gcd(g, s)
+    return g or 1
+
+
+def _solver(time_limit: float, workers: int):
+    cp_model = _cp()
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
+    solver.parameters.num_workers = workers
+    return solver
+
+
+def exact_pack(buffers: list[Buffer], time_limit: float = 10.0, workers: int = 2):
+    """Returns (offsets by index, arena, lower bound, status)."""
+    cp_model = _cp()
+    offs, arena, _ = greedy_pack(buffers)
+    lb = max_live(buffers)
+    if arena == lb:
+        return offs, arena, lb, "optimal"
+    live = [i for i, b in enumerate(buffers) if b.size > 0]
+    g = _gcd(buffers[i].size for i in live)
+    t0 = time.time()
+
+    def build(capacity_u: int, minimize: bool):
+        m = cp_model.CpModel()
+        x_iv, y_iv, off = [], [], {}
+        peak = m.NewIntVar(lb // g, capacity_u, "peak") if minimize else None
+        for i in live:
+            b = buffers[i]
+            s = b.size // g
+            o = m.NewIntVar(0, capacity_u - s, f"o{i}")
+            off[i] = o
+            x_iv.append(m.NewFixedSizeIntervalVar(b.lower, b.upper - b.lower, f"t{i}"))
+            y_iv.append(m.NewFixedSizeIntervalVar(o, s, f"a{i}"))
+            m.AddHint(o, offs[i] // g)
+            if minimize:
+                m.Add(o + s <= peak)
+        m.AddNoOverlap2D(x_iv, y_iv)
+        if minimize:
+            m.Minimize(peak)
+        return m, off, peak
+
+    # Zero-slack decision first: at capacity == lower bound any layout is optimal.
+    m, off, _ = build(lb // g, minimize=False)
+    solver = _solver(time_limit * 0.5, workers)
+    st = solver.Solve(m)
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        out = {i: 0 for i in range(len(buffers))}
+        out.update({i: solver.Value(off[i]) * g for i in live})
+        return out, lb, lb, "optimal"
+    if st == cp_model.INFEASIBLE:
+        lb += g  # proven: the bound itself is unreachable
+    left = time_limit - (time.time() - t0)
+    m, off, peak = build(arena // g, minimize=True)
+    solver = _solver(left, workers)
+    st = solver.Solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return offs, arena, lb, "heuristic"
+    value = solver.Value(peak) * g
+    bound = max(lb, int(solver.BestObjectiveBound()) * g)
+    if value >= arena:
+        return offs, arena, bound, "optimal" if bound >= arena else "heuristic"
+    out = {i: 0 for i in range(len(buffers))}
+    out.update({i: solver.Value(off[i]) * g for i in live})
+    return out, value, bound, "optimal" if st == cp_model.OPTIMAL else "feasible"
+
+
+def spans(g: Graph) -> tuple[list[int], list[int]]:
+    """ASAP and ALAP positions of each node in a sequential order of n steps."""
+    n = len(g.nodes)
+    order = g.topological_order()
+    depth = [0] * n
+    for v in order:
+        for p in g.preds(v):
+            depth[v] = max(depth[v], depth[p] + 1)
+    height = [0] * n
+    for v in reversed(order):
+        for s in g.succs(v):
+            height[v] = max(height[v], height[s] + 1)
+    # In a sequential order, v runs after all its ancestors: count them.
+    ancestors = [0] * n
+    descendants = [0] * n
+    anc_sets: list[int] = [0] * n  # bitsets
+    for v in order:
+        bits = 0
+        for p in g.preds(v):
+            bits |= anc_sets[p] | (1 << p)
+        anc_sets[v] = bits
+        ancestors[v] = bin(bits).count("1")
+    desc_sets: list[int] = [0] * n
+    for v in reversed(order):
+        bits = 0
+        for s in g.succs(v):
+            bits |= desc_sets[s] | (1 << s)
+        desc_sets[v] = bits
+        descendants[v] = bin(bits).count("1")
+    asap = [max(depth[v], ancestors[v]) for v in range(n)]
+    alap = [n - 1 - max(height[v], descendants[v]) for v in range(n)]
+    return asap, alap
+
+
+def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
+                time_limit: float = 10.0, workers: int = 2):
+    """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
+    non-persistent arena, proven lower bound of that arena, status)."""
+    cp_model = _cp()
+    n = len(g.nodes)
+    asap, alap = spans(g)
+    keep = set(g.meta.get("outputs", []))
+    tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
+    unit = _gcd(t.size for t in tensors)
+    hint_life = lifetimes(g, hint_order)
+    hint_arena = max((hint_offsets[t.id] + t.size for t in tensors), default=0)
+    m = cp_model.CpModel()
+    pos = [m.NewIntVar(asap[v], alap[v], f"p{v}") for v in range(n)]
+    m.AddAllDifferent(pos)
+    for v in range(n):
+        for p in g.preds(v):
+            m.Add(pos[p] < pos[v])
+    hpos = [0] * n
+    for i, v in enumerate(hint_order):
+        hpos[v] = i
+    for v in range(n):
+        m.AddHint(pos[v], hpos[v])
+    cap = max(hint_arena // unit, 1)
+    peak = m.NewIntVar(0, cap, "peak")
+    x_iv, y_iv, off = [], [], {}
+    for t in tensors:
+        prod = g.producer(t.id)
+        users = g.consumers(t.id)
+        start = pos[prod] if prod is not None else 0
+        if t.id in keep:
+            end = n - 1
+        elif not users:
+            end = start
+        elif len(users) == 1:
+            end = pos[users[0]]
+        else:
+            lo = max(asap[u] for u in users)
+            end = m.NewIntVar(lo, n - 1, f"e{t.id}")
+            m.AddMaxEquality(end, [pos[u] for u in users])
+            m.AddHint(end, hint_life[t.id][1])
+        s = t.size // unit
+        dur = m.NewIntVar(1, n, f"d{t.id}")
+        m.Add(dur == end - start + 1)
+        m.AddHint(dur, hint_life[t.id][1] - hint_life[t.id][0] + 1)
+        x_iv.append(m.NewIntervalVar(start, dur, end + 1, f"t{t.id}"))
+        o = m.NewIntVar(0, cap - s, f"o{t.id}")
+        m.AddHint(o, hint_offsets[t.id] // unit)
+        off[t.id] = o
+        y_iv.append(m.NewFixedSizeIntervalVar(o, s, f"a{t.id}"))
+        m.Add(o + s <= peak)
+    m.AddNoOverlap2D(x_iv, y_iv)
+    # Redundant but strong: the live bytes at any time fit under the peak.
+    m.AddCumulative(x_iv, [t.size // unit for t in tensors], peak)
+    m.AddHint(peak, hint_arena // unit)
+    m.Minimize(peak)
+    solver = _solver(time_limit, workers)
+    st = solver.Solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    order = sorted(range(n), key=lambda v: solver.Value(pos[v]))
+    offsets = {t.id: solver.Value(off[t.id]) * unit for t in tensors}
+    bound = int(math.ceil(solver.BestObjectiveBound())) * unit
+    status = "optimal" if st == cp_model.OPTIMAL else "feasible"
+    return order, offsets, solver.Value(peak) * unit, bound, status

@@ -1,0 +1,68 @@
+"""Tensor lifetimes under an operator order, and the peak they imply.
+
+A tensor is live from the step its producer runs (step 0 for graph inputs,
+the whole step for persistent tensors) through the step of its last user,
+inclusive: a node's inputs and outputs coexist while it runs. Tensors nobody
+uses die at the step they are made, unless the graph lists them as outputs
+(``meta["outputs"]``: kept to the end, like the loss).
+"""
+from __future__ import annotations
+
+from ..graph import Graph
+
+
+def lifetimes(g: Graph, order: list[int]) -> list[tuple[int, int]]:
+    n = len(order)
+    pos = [0] * len(g.nodes)
+    for i, v in enumerate(order):
+        pos[v] = i
+    keep = set(g.meta.get("outputs", []))
+    out = []
+    for t in g.tensors:
+        if t.persistent:
+            out.append((0, max(n - 1, 0)))
+            continue
+        p = g.producer(t.id)
+        start = 0 if p is None else pos[p]
+        users = g.consumers(t.id)
+        end = max((pos[c] for c in users), default=start)
+        if t.id in keep:
+            end = max(n - 1, start)
+        out.append((start, end))
+    return out
+
+
+def live_profile(g: Graph, order: list[int], inplace=()) -> list[int]:
+    """Bytes live at each step of ``order``. An in-place pair (out, inp)
+    shares memory at the step where out is made from inp: counted once."""
+    n = max(len(order), 1)
+    diff = [0] * (n + 1)
+    spans = lifetimes(g, order)
+    for t, (s, e) in zip(g.tensors, spans):
+        diff[s] += t.size
+        diff[e + 1] -= t.size
+    for out, inp in inplace:
+        s = spans[out][0]
+        diff[s] -= g.tensors[inp].size
+        diff[s + 1] += g.tensors[inp].size
+    prof, acc = [], 0
+    for i in range(n):
+        acc += diff[i]
+        prof.append(acc)
+    return prof
+
+
+def order_peak(g: Graph, order: list[int], inplace=()) -> int:
+    """The peak of ``order`` with no fragmentation: its lower bound on any layout."""
+    return max(live_profile(g, order, inplace), default=0)
+
+
+def node_lower_bound(g: Graph) -> int:
+    """A bound no order can beat: persistent memory plus, for some node, the
+    non-persistent tensors it touches (they coexist while it runs)."""
+    persistent = g.persistent_bytes()
+    best = 0
+    for n in g.nodes:
+        ts = set(n.inputs) | set(n.outputs)
+        best = max(best, sum(g.tensors[t].size for t in ts if not g.tensors[t].persistent))
+    return persistent + best

@@ -1,0 +1,92 @@
+"""Offsets for tensors with fixed lifetimes (dynamic storage allocation).
+
+Greedy best fit in two visiting orders, as TFLite and XLA do:
+``by size`` (largest first, the spatial order) and ``by time`` (earliest
+first, the temporal order). Each tensor goes into the smallest gap between
+already placed, time-overlapping tensors that fits it, else on top.
+``pack`` keeps the better of the two, and ``exact_pack`` (cpsat.py) improves
+on it.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer live on the half-open step range [lower, upper)."""
+    id: int | str
+    lower: int
+    upper: int
+    size: int
+
+
+def max_live(buffers: list[Buffer]) -> int:
+    """The most bytes live at once: no layout can use less."""
+    events = []
+    for b in buffers:
+        events.append((b.lower, b.size))
+        events.append((b.upper, -b.size))
+    events.sort(key=lambda e: (e[0], e[1]))  # frees before allocations at a step
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def best_fit(buffers: list[Buffer], visit: list[int]) -> dict[int, int]:
+    """Place buffers (indices into ``buffers``) in the visiting order given."""
+    offsets: dict[int, int] = {}
+    placed: list[int] = []
+    # Buckets by time let us find placed buffers overlapping in time quickly.
+    for i in visit:
+        b = buffers[i]
+        if b.size == 0:
+            offsets[i] = 0
+            continue
+        busy = sorted((offsets[j], offsets[j] + buffers[j].size) for j in placed
+                      if buffers[j].lower < b.upper and b.lower < buffers[j].upper)
+        best_gap, best_off, cursor = None, None, 0
+        for lo, hi in busy:
+            gap = lo - cursor
+            if gap >= b.size and (best_gap is None or gap < best_gap):
+                best_gap, best_off = gap, cursor
+            cursor = max(cursor, hi)
+        offsets[i] = best_off if best_off is not None else cursor
+        placed.append(i)
+    return offsets
+
+
+def greedy_pack(buffers: list[Buffer]) -> tuple[dict[int, int], int, str]:
+    """The better of best fit by size and by time: (offsets by index, arena, order name)."""
+    orders = {
+        "by_size": sorted(range(len(buffers)),
+                          key=lambda i: (-buffers[i].size, -(buffers[i].upper - buffers[i].lower),
+                                         buffers[i].lower)),
+        "by_time": sorted(range(len(buffers)),
+                          key=lambda i: (buffers[i].lower, -buffers[i].size)),
+        "by_length": sorted(range(len(buffers)),
+                            key=lambda i: (-(buffers[i].upper - buffers[i].lower), -buffers[i].size)),
+    }
+    best = None
+    for name, visit in orders.items():
+        offs = best_fit(buffers, visit)
+        arena = max((offs[i] + buffers[i].size for i in range(len(buffers))), default=0)
+        if best is None or arena < best[1]:
+            best = (offs, arena, name)
+    return best
+
+
+def validate_buffers(buffers: list[Buffer]) -> None:
+    seen = set()
+    for b in buffers:
+        if b.id in seen:
+            raise ValueError(f"buffer id {b.id!r} appears twice")
+        seen.add(b.id)
+        if b.size < 0:
+            raise ValueError(f"buffer {b.id!r} has a negative size ({b.size})")
+        if b.upper <= b.lower:
+            raise ValueError(f"buffer {b.id!r} has an empty lifetime [{b.lower}, {b.upper}): "
+                             "upper must be greater than lower (ranges are half-open)")

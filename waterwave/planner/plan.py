@@ -1,0 +1,86 @@
+"""A memory plan: operator order plus the byte offset of every tensor.
+
+JSON format (``format: "waterwave-plan"``, ``version: 1``)::
+
+    {"format": "waterwave-plan", "version": 1, "graph": "resnet18", "strategy": "model",
+     "order": [node ids], "offsets": {tensor id: offset}, "sizes": {tensor id: bytes},
+     "arena_size": bytes, "lower_bound": bytes, "solve_seconds": s, "status": "optimal",
+     "inplace": [[output tensor, input tensor], ...], "stats": {...}}
+
+``lower_bound`` is the peak of the plan's order with no fragmentation;
+``stats`` may carry the solver's proven bound over all orders and its gap.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+FORMAT = "waterwave-plan"
+VERSION = 1
+
+
+class PlanError(ValueError):
+    """A plan that is invalid for its graph, or a plan file that cannot be read."""
+
+
+@dataclass
+class Plan:
+    graph: str
+    strategy: str
+    order: list[int]
+    offsets: dict[int, int]
+    sizes: dict[int, int]
+    arena_size: int
+    lower_bound: int
+    solve_seconds: float = 0.0
+    status: str = "heuristic"
+    inplace: list[tuple[int, int]] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def peak(self) -> int:
+        return self.arena_size
+
+    @property
+    def fragmentation(self) -> float:
+        """Bytes the layout wastes against its order's bound, as a fraction of the arena."""
+        return 0.0 if self.arena_size == 0 else 1 - self.lower_bound / self.arena_size
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "graph": self.graph,
+                "strategy": self.strategy, "order": self.order,
+                "offsets": {str(k): v for k, v in self.offsets.items()},
+                "sizes": {str(k): v for k, v in self.sizes.items()},
+                "arena_size": self.arena_size, "lower_bound": self.lower_bound,
+                "solve_seconds": self.solve_seconds, "status": self.status,
+                "inplace": [list(p) for p in self.inplace], "stats": self.stats}
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise PlanError(f"not a waterwave plan (expected \"format\": \"{FORMAT}\")")
+        if d.get("version") != VERSION:
+            raise PlanError(f"plan format version {d.get('version')!r} is not supported "
+                            f"(this waterwave reads version {VERSION}); plan the graph again")
+        try:
+            return cls(str(d["graph"]), str(d["strategy"]), [int(v) for v in d["order"]],
+                       {int(k): int(v) for k, v in d["offsets"].items()},
+                       {int(k): int(v) for k, v in d["sizes"].items()},
+                       int(d["arena_size"]), int(d["lower_bound"]),
+                       float(d.get("solve_seconds", 0.0)), str(d.get("status", "heuristic")),
+                       [(int(a), int(b)) for a, b in d.get("inplace", [])], dict(d.get("stats", {})))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"plan file is corrupt: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def load(cls, path: str) -> "Plan":
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{path}: not valid JSON ({e}); the plan file is corrupt") from None
+        return cls.from_dict(d)
