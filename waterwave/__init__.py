@@ -12,10 +12,15 @@ from ._C import (  # noqa: F401  (re-exported API)
     PointerError,
     SimDevice,
 )
-from .allocator import Allocator, config_string, parse_config  # noqa: F401
+from .allocator import Allocator, PlanAllocator, config_string, parse_config  # noqa: F401
+from .capture import capture  # noqa: F401  (imports torch only when called)
+from .graph import Graph  # noqa: F401
+from .planner import Plan, pack, plan  # noqa: F401
+from .runtime import optimize  # noqa: F401
 
 __all__ = [
     "Allocator",
+    "PlanAllocator",
     "SimDevice",
     "OutOfMemoryError",
     "PointerError",
@@ -23,5 +28,11 @@ __all__ = [
     "InvariantError",
     "config_string",
     "parse_config",
+    "capture",
+    "Graph",
+    "Plan",
+    "plan",
+    "pack",
+    "optimize",
 ]
 __version__ = "0.1.0"

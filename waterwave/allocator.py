@@ -141,3 +141,62 @@ class Allocator:
         s = self.stats()
         return (f"Allocator(policy={self.policy!r}, allocated={s['allocated_bytes.all.current']}, "
                 f"reserved={s['reserved_bytes.all.current']})")
+
+
+class PlanAllocator(Allocator):
+    """Replays an offline plan: the k-th allocation of a step gets the k-th
+    planned offset inside one arena; frees are no-ops for planned blocks.
+    Any deviation sends the rest of the step to the ``fallback`` policy and
+    is counted in ``plan_stats()``; memory is never handed out twice.
+
+    ``plan``: a ``waterwave.planner.Plan`` (its allocation sequence is the
+    order's outputs, in order) or a list of ``(size, offset)`` slots with
+    ``arena`` given.
+    """
+
+    def __init__(self, plan, device: _C.SimDevice | None = None, fallback: str = "waterwave",
+                 stream: int = 0, config: str | None = None, arena: int | None = None,
+                 graph=None, **kwargs: Any) -> None:
+        if fallback not in POLICIES:
+            raise _C.ConfigError(f"unknown fallback policy {fallback!r}: choose one of "
+                                 f"{', '.join(POLICIES)}")
+        if device is None:
+            device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
+        if config is None:
+            config = os.environ.get(ENV_VAR, "")
+        if isinstance(plan, (list, tuple)):
+            slots = [(int(s), int(o)) for s, o in plan]
+            if arena is None:
+                arena = max((s + o for s, o in slots), default=0)
+        else:
+            if graph is None:
+                raise ValueError("PlanAllocator needs the graph the plan was made for "
+                                 "(graph=...) to know the allocation sequence")
+            slots, arena = plan_slots(graph, plan)
+        self._a = _C._Allocator(device, slots, int(arena), stream, fallback,
+                                config_string(config, **kwargs))
+        self.device = device
+        self.slots = slots
+
+    def begin_step(self) -> None:
+        """The next allocation is the first of a training step."""
+        self._a.begin_step()
+
+    def plan_stats(self) -> dict:
+        return self._a.plan_stats()
+
+
+def plan_slots(graph, plan) -> tuple[list[tuple[int, int]], int]:
+    """The allocation sequence a step makes under ``plan``: the outputs of
+    each node in the plan's order, with their planned offsets (relative to
+    the arena of non-persistent tensors, which starts after the persistent
+    block)."""
+    base = min((plan.offsets[t.id] for t in graph.tensors if not t.persistent and t.size),
+               default=0)
+    slots = []
+    for v in plan.order:
+        for t in graph.nodes[v].outputs:
+            if graph.tensors[t].size:
+                slots.append((graph.tensors[t].size, plan.offsets[t] - base))
+    arena = max((o + s for s, o in slots), default=0)
+    return slots, arena

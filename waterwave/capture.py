@@ -76,17 +76,16 @@ def _optimizer_update(optimizer, params, grads, states):
                 p.add_(g, alpha=-lr)
             elif name in ("Adam", "AdamW"):
                 lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-                step = st["step_value"]
                 if wd and name == "AdamW":
                     p.mul_(1 - lr * wd)
                 elif wd:
                     g = g.add(p, alpha=wd)
                 st["exp_avg"].lerp_(g, 1 - b1)
                 st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
-                bc1 = 1 - b1 ** step
-                bc2 = 1 - b2 ** step
-                denom = (st["exp_avg_sq"].sqrt() / math.sqrt(bc2)).add_(eps)
-                p.addcdiv_(st["exp_avg"], denom, value=-lr / bc1)
+                # Bias corrections change every step: 0-d tensor inputs
+                # (lr / (1 - b1^t) and sqrt(1 - b2^t)), not constants.
+                denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(eps)
+                p.sub_(st["exp_avg"] / denom * st["step_size"])
             else:  # pragma: no cover - checked before tracing
                 raise CaptureError(name)
 
@@ -105,9 +104,18 @@ def _state_names(optimizer) -> list[str]:
     return ["exp_avg", "exp_avg_sq"]
 
 
+def adam_scalars(optimizer, step: int):
+    """The host-side scalars of Adam's update at step ``step`` (1-based)."""
+    group = optimizer.param_groups[0]
+    b1, b2 = group["betas"]
+    return group["lr"] / (1 - b1 ** step), math.sqrt(1 - b2 ** step)
+
+
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer):
-    """Trace one training step; returns (fx GraphModule, placeholder roles,
-    grad storages, output storages)."""
+    """Trace one training step. Returns (fx GraphModule, placeholder roles,
+    placeholder names, gradient tensors seen while tracing). The module's
+    inputs are: parameters, buffers, optimizer state (per parameter, in
+    ``state_names`` order), [Adam: step_size, bc2_sqrt], then the inputs."""
     torch = _torch()
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functional_call
@@ -123,15 +131,15 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     buffer_names = [n for n, _ in named_buffers]
     loss_fn = loss_fn or _default_loss
     n_p, n_b, n_s = len(param_names), len(buffer_names), len(state_names)
-    step_value = 1 + int(optimizer.state[named_params[0][1]].get("step", 0)) \
-        if named_params[0][1] in optimizer.state else 1
+    n_scalar = 2 if type(optimizer).__name__ in ("Adam", "AdamW") else 0
     grads_seen: list = []
 
     def step(*flat):
         params = list(flat[:n_p])
         buffers = list(flat[n_p:n_p + n_b])
         state_flat = flat[n_p + n_b:n_p + n_b + n_p * n_s]
-        inputs = flat[n_p + n_b + n_p * n_s:]
+        scalars = flat[n_p + n_b + n_p * n_s:n_p + n_b + n_p * n_s + n_scalar]
+        inputs = flat[n_p + n_b + n_p * n_s + n_scalar:]
         tensors = dict(zip(param_names, params))
         tensors.update(zip(buffer_names, buffers))
         out = functional_call(model, tensors, tuple(inputs))
@@ -142,7 +150,8 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         states = []
         for i in range(n_p):
             st = {name: state_flat[i * n_s + k] for k, name in enumerate(state_names)}
-            st["step_value"] = step_value
+            if n_scalar:
+                st["step_size"], st["bc2_sqrt"] = scalars
             states.append(st)
         _optimizer_update(optimizer, [p.detach() for p in params], grads, states)
         return loss
@@ -153,6 +162,8 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         for _, p in named_params:
             for name in state_names:
                 flat.append(torch.zeros_like(p))
+        if n_scalar:
+            flat += [torch.tensor(v) for v in adam_scalars(optimizer, 1)]
         flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
     for x in flat[:n_p]:
         x.requires_grad_(True)
@@ -160,9 +171,10 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
     except Exception as e:
         raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
-    roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_p * n_s)
+    roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_p * n_s + n_scalar)
              + ["input"] * len(example_inputs))
     names = param_names + buffer_names + [f"{p}.{s}" for p in param_names for s in state_names]
+    names += ["adam.step_size", "adam.bc2_sqrt"][:n_scalar]
     names += [f"input{i}" for i in range(len(example_inputs))]
     return gm, roles, names, grads_seen
 
@@ -171,16 +183,23 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
             optimizer=None, name: str | None = None) -> Graph:
     """Record one training step of ``model`` as a Graph, with fake tensors."""
     torch = _torch()
-    from torch.multiprocessing.reductions import StorageWeakRef
 
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer)
-    g = Graph(name or type(model).__name__, {"optimizer": type(optimizer).__name__,
-                                             "input_shapes": [list(x.shape) for x in example_inputs
-                                                              if isinstance(x, torch.Tensor)]})
+    meta = {"optimizer": type(optimizer).__name__,
+            "input_shapes": [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]}
+    return graph_from_trace(gm, roles, names, grads_seen, name or type(model).__name__, meta)
+
+
+def graph_from_trace(gm, roles, names, grads_seen, name: str, meta: dict) -> Graph:
+    """Turn a traced step into a Graph; node names are the FX node names."""
+    torch = _torch()
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    g = Graph(name, meta)
     storage_tensor: dict = {}  # StorageWeakRef -> tensor id
     keep_alive = []  # hold storages so that weak refs are not reused
 

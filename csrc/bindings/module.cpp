@@ -7,6 +7,7 @@
 
 #include "../bench/alloc_bench.h"
 #include "../core/allocator.h"
+#include "../core/plan_allocator.h"
 #include "../device/sim/sim_device.h"
 
 namespace py = pybind11;
@@ -22,6 +23,25 @@ class BoundAllocator {
                  const std::string& config)
       : device_(std::move(device)),
         allocator_(make_allocator(policy, *device_, AllocatorConfig::parse(config))) {}
+
+  // A plan allocator over an online fallback policy.
+  BoundAllocator(std::shared_ptr<SimDevice> device, const std::vector<std::pair<std::size_t, std::size_t>>& slots,
+                 std::size_t arena, StreamId stream, const std::string& fallback,
+                 const std::string& config)
+      : device_(std::move(device)) {
+    std::vector<PlanSlot> ps;
+    ps.reserve(slots.size());
+    for (auto& [size, offset] : slots) ps.push_back({size, offset});
+    auto plan = std::make_unique<PlanAllocator>(
+        *device_, std::move(ps), arena, stream,
+        make_allocator(fallback, *device_, AllocatorConfig::parse(config)));
+    plan_ = plan.get();
+    allocator_ = std::move(plan);
+  }
+  PlanAllocator* plan() {
+    if (!plan_) throw ConfigError("this allocator does not replay a plan");
+    return plan_;
+  }
 
   Addr alloc(std::size_t nbytes, StreamId stream) {
     Addr p = allocator_->allocate(nbytes, stream);
@@ -44,6 +64,7 @@ class BoundAllocator {
  private:
   std::shared_ptr<SimDevice> device_;
   std::unique_ptr<Allocator> allocator_;
+  PlanAllocator* plan_ = nullptr;
 };
 
 py::dict stats_dict(const AllocatorStats& s, bool with_pools) {
@@ -136,6 +157,25 @@ PYBIND11_MODULE(_C, m) {
   py::class_<BoundAllocator>(m, "_Allocator")
       .def(py::init<const std::string&, std::shared_ptr<SimDevice>, const std::string&>(),
            py::arg("policy"), py::arg("device"), py::arg("config") = "")
+      .def(py::init<std::shared_ptr<SimDevice>, const std::vector<std::pair<std::size_t, std::size_t>>&,
+                    std::size_t, StreamId, const std::string&, const std::string&>(),
+           py::arg("device"), py::arg("slots"), py::arg("arena"), py::arg("stream"),
+           py::arg("fallback"), py::arg("config") = "")
+      .def("begin_step", [](BoundAllocator& a) { a.plan()->begin_step(); })
+      .def("plan_stats", [](BoundAllocator& a) {
+        PlanStats s = a.plan()->plan_stats();
+        py::dict d;
+        d["steps"] = s.steps;
+        d["planned"] = s.planned;
+        d["deviations"] = s.deviations;
+        d["fallback"] = s.fallback;
+        d["arena_bytes"] = s.arena_bytes;
+        d["planned_live_bytes"] = s.planned_live_bytes;
+        d["last_deviation_index"] = s.last_deviation_index;
+        d["last_deviation"] = s.last_deviation;
+        d["arena"] = a.plan()->arena();
+        return d;
+      })
       .def("alloc", &BoundAllocator::alloc, py::arg("nbytes"), py::arg("stream") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def("free", &BoundAllocator::free, py::arg("ptr"), py::call_guard<py::gil_scoped_release>())

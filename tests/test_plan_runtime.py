@@ -1,0 +1,123 @@
+"""The plan allocator: planned offsets, deviations, and never corrupting memory."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import waterwave as ww
+from planner_graphs import random_graphs
+from waterwave.allocator import plan_slots
+from waterwave.planner import plan
+
+MiB = 1024**2
+
+
+def run_step(pa, g, p):
+    """Allocate and free as the plan's order does; returns the pointers seen."""
+    keep = set(g.meta.get("outputs", []))
+    remaining = [len(g.consumers(t.id)) for t in g.tensors]
+    ptr, seen = {}, []
+    for v in p.order:
+        node = g.nodes[v]
+        for t in node.outputs:
+            if g.tensors[t].size:
+                ptr[t] = pa.alloc(g.tensors[t].size)
+                seen.append(ptr[t])
+        dead = []
+        for t in node.inputs:
+            remaining[t] -= 1
+            if remaining[t] == 0:
+                dead.append(t)
+        dead += [t for t in node.outputs if remaining[t] == 0]
+        for t in dead:
+            if t in ptr and t not in keep:
+                pa.free(ptr.pop(t))
+    for t in list(ptr):
+        pa.free(ptr.pop(t))
+    return seen
+
+
+@given(random_graphs())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_matching_program_is_served_entirely_from_the_plan(g):
+    p = plan(g, "greedy")
+    slots, arena = plan_slots(g, p)
+    pa = ww.PlanAllocator(p, graph=g, device=ww.SimDevice(64 * MiB, 0.0))
+    for step in range(3):
+        pa.begin_step()
+        seen = run_step(pa, g, p)
+        base = pa.plan_stats()["arena"]
+        assert [s - base for s in seen] == [o for _, o in slots]
+    stats = pa.plan_stats()
+    assert stats["deviations"] == 0 and stats["fallback"] == 0
+    assert stats["planned"] == 3 * len(slots)
+    assert pa.stats()["reserved_bytes.all.current"] == arena  # nothing beyond the arena
+    pa.check_invariants()
+
+
+def test_deviations_fall_back_and_are_counted():
+    pa = ww.PlanAllocator([(1024, 0), (2048, 1024)], device=ww.SimDevice(64 * MiB, 0.0))
+    a = pa.alloc(1000)
+    b = pa.alloc(5000)  # the plan says 2048: deviation
+    c = pa.alloc(100)   # the rest of the step stays off-plan
+    s = pa.plan_stats()
+    assert s["planned"] == 1 and s["fallback"] == 2 and s["deviations"] == 1
+    assert "asks for 5120 bytes, the plan has 2048" in s["last_deviation"]
+    arena = s["arena"]
+    assert arena <= a < arena + 3072 and not (arena <= b < arena + 3072)
+    for p in (a, b, c):
+        pa.free(p)
+    pa.begin_step()
+    assert pa.alloc(1024) == arena  # a new step is back on plan
+    pa.check_invariants()
+
+
+def test_other_stream_and_extra_allocations_leave_the_plan():
+    pa = ww.PlanAllocator([(512, 0)], device=ww.SimDevice(64 * MiB, 0.0), stream=0)
+    x = pa.alloc(512, 1)
+    assert "stream 1" in pa.plan_stats()["last_deviation"]
+    pa.free(x)
+    pa.begin_step()
+    y = pa.alloc(512, 0)
+    z = pa.alloc(512, 0)  # the plan is used up and y is still live: slot occupied
+    assert y != z
+    assert pa.plan_stats()["deviations"] == 2
+
+
+def test_bad_plans_and_pointers_are_clear_errors():
+    with pytest.raises(ww.ConfigError, match="plan is corrupt"):
+        ww.PlanAllocator([(1024, 4096)], arena=2048)
+    with pytest.raises(ww.OutOfMemoryError, match="arena"):
+        ww.PlanAllocator([(1024, 0)], arena=1 << 40, device=ww.SimDevice(64 * MiB))
+    pa = ww.PlanAllocator([(1024, 0)], device=ww.SimDevice(64 * MiB))
+    p = pa.alloc(1024)
+    pa.free(p)
+    with pytest.raises(ww.PointerError, match="plan's arena"):
+        pa.free(p)
+    with pytest.raises(ValueError, match="graph"):
+        ww.PlanAllocator(plan(__import__("test_planner").chain(), "greedy"))
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 16)), min_size=1, max_size=12),
+       st.lists(st.tuples(st.booleans(), st.integers(1, 8 * 512), st.integers(0, 1)), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_a_wrong_plan_never_hands_out_overlapping_memory(slots, program):
+    """Slots overlap each other arbitrarily and the program ignores them:
+    whatever happens, no two live blocks overlap and there are no hazards."""
+    slots = [(512 * s, 512 * o) for s, o in slots]
+    pa = ww.PlanAllocator(slots, device=ww.SimDevice(64 * MiB, 0.0))
+    live = {}
+    for i, (is_alloc, size, stream) in enumerate(program):
+        if is_alloc or not live:
+            p = pa.alloc(size, stream)
+            n = pa.allocation_size(p)
+            for q, m in live.items():
+                assert p + n <= q or q + m <= p, "two live blocks overlap"
+            live[p] = n
+        else:
+            q = sorted(live)[size % len(live)]
+            pa.free(q)
+            del live[q]
+        if i % 7 == 6:
+            pa.begin_step()
+        pa.check_invariants()
+    assert pa.hazards() == []

@@ -1,0 +1,108 @@
+"""Run training steps in a planned order: ``waterwave.optimize``.
+
+The captured step (an FX graph of forward, backward and the optimizer's
+in-place update) is reordered into the plan's operator order and run with
+the model's real tensors: parameters and buffers are updated in place, and
+the optimizer state lives in the trainer. On a GPU with the Waterwave
+allocator installed, the step's allocations follow the plan's offsets (see
+``PlanAllocator``); on the CPU the order is applied and results are
+bit-for-bit those of the same math in program order.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from .capture import _state_names, adam_scalars, graph_from_trace, trace_step
+from .planner import Plan, check_plan, plan as make_plan
+
+
+def _reorder(gm, order_names: list[str]):
+    """A copy of ``gm`` whose call nodes run in ``order_names`` order; nodes
+    the graph dropped (views, metadata) go right before their first need."""
+    import torch.fx as fx
+
+    old = gm.graph
+    by_name = {n.name: n for n in old.nodes}
+    new = fx.Graph()
+    env: dict = {}
+    for n in old.nodes:
+        if n.op == "placeholder":
+            env[n] = new.node_copy(n, lambda x: env[x])
+
+    def emit(n):
+        if n in env:
+            return
+        for a in n.all_input_nodes:
+            emit(a)
+        env[n] = new.node_copy(n, lambda x: env[x])
+
+    # In-place writes must keep their place relative to readers: the plan's
+    # order respects those edges, and dropped nodes only read.
+    for name in order_names:
+        emit(by_name[name])
+    for n in old.nodes:
+        if n.op not in ("placeholder", "output"):
+            emit(n)
+        elif n.op == "output":
+            new.output(fx.map_arg(n.args[0], lambda x: env[x]))
+    new.lint()
+    return fx.GraphModule(gm, new)
+
+
+class Trainer:
+    """Runs training steps of ``model`` in the plan's operator order."""
+
+    def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+                 strategy: str = "greedy", time_limit: float = 10.0):
+        import torch
+
+        if isinstance(example_inputs, torch.Tensor):
+            example_inputs = (example_inputs,)
+        self.model = model
+        self.optimizer = optimizer
+        gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer)
+        self.graph = graph_from_trace(gm, roles, names, grads, type(model).__name__,
+                                      {"optimizer": type(optimizer).__name__})
+        self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
+        check_plan(self.graph, self.plan)
+        order_names = [self.graph.nodes[v].name for v in self.plan.order]
+        self.module = _reorder(gm, order_names)
+        self._params = [p for _, p in model.named_parameters()
+                        if p.requires_grad and any(p is q for q in optimizer.param_groups[0]["params"])]
+        self._buffers = [b for _, b in model.named_buffers()]
+        self._state_names = _state_names(optimizer)
+        # Optimizer state continues from the optimizer's, if it has any.
+        self._state = []
+        for p in self._params:
+            st = optimizer.state.get(p, {})
+            for name in self._state_names:
+                self._state.append(st[name].detach() if name in st else torch.zeros_like(p))
+        first = optimizer.state.get(self._params[0], {}).get("step", 0) if self._params else 0
+        self._step = int(first)
+        self._adam = type(optimizer).__name__ in ("Adam", "AdamW")
+
+    def step(self, *inputs):
+        """One training step on ``inputs``; returns the loss."""
+        import torch
+
+        self._step += 1
+        scalars = [torch.tensor(v) for v in adam_scalars(self.optimizer, self._step)] if self._adam else []
+        flat = ([p.detach() for p in self._params] + [b.detach() for b in self._buffers]
+                + self._state + scalars + list(inputs))
+        with torch.no_grad():
+            return self.module(*flat)
+
+    @property
+    def order(self) -> list[str]:
+        return [self.graph.nodes[v].name for v in self.plan.order]
+
+
+def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None, optimizer=None,
+             strategy: str = "greedy", time_limit: float = 10.0) -> Trainer:
+    """Capture ``model``'s training step, plan it, and return a Trainer that
+    runs each step in the planned order."""
+    import torch
+
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit)
