@@ -30,14 +30,17 @@ def graph_for(name, bs, cache):
     from waterwave.capture import capture
 
     path = os.path.join(cache, f"{name}-bs{bs}.json")
-    if os.path.exists(path):
-        return Graph.load(path), 0.0
+    timing = path + ".seconds"
+    if os.path.exists(path) and os.path.exists(timing):
+        return Graph.load(path), float(open(timing).read())
     net, inputs, loss = models.build(name, bs)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     t = time.time()
     g = capture(net, inputs, loss, opt, name=f"{name}-bs{bs}")
     took = time.time() - t
     g.save(path)
+    with open(timing, "w") as f:
+        f.write(f"{took:.2f}")
     return g, took
 
 

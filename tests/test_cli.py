@@ -49,3 +49,58 @@ def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "waterwave.cli", "--help"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "bench" in r.stdout and "demo" in r.stdout
+
+
+def test_plan_a_saved_graph_as_json(tmp_path, capsys):
+    from test_planner import chain
+
+    chain().save(tmp_path / "g.json")
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", str(tmp_path / "g.json"), "--strategy", "model", "--time-limit", "5",
+                     "--json", "--out", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("baseline_peak_bytes", "plan_peak_bytes", "lower_bound_bytes", "solve_seconds"):
+        assert key in data
+    assert data["lower_bound_bytes"] <= data["plan_peak_bytes"] <= data["baseline_peak_bytes"]
+    from waterwave.planner import Plan
+    assert Plan.load(out).arena_size == data["plan_peak_bytes"]
+
+
+def test_plan_a_torchvision_model_with_table_and_plot(tmp_path, capsys):
+    pytest.importorskip("torchvision")
+    png = tmp_path / "m.png"
+    assert cli.main(["plan", "resnet18", "--batch-size", "1", "--strategy", "greedy",
+                     "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "baseline peak" in out and "saving" in out
+    assert png.stat().st_size > 10_000
+
+
+def test_plan_unknown_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model 'resnet1000'"):
+        cli.main(["plan", "resnet1000", "--json"])
+
+
+def test_pack_csv(tmp_path, capsys):
+    f = tmp_path / "b.csv"
+    f.write_text("id,lower,upper,size\na,0,2,1024\nb,1,3,512\nc,2,4,1024\n")
+    assert cli.main(["pack", str(f), "--time-limit", "5"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert lines[0] == "id,lower,upper,size,offset"
+    rows = {r.split(",")[0]: int(r.split(",")[4]) for r in lines[1:]}
+    # a and b overlap in time, as do b and c: b must sit apart from both.
+    assert rows["b"] >= 1024 or rows["b"] + 512 <= min(rows["a"], rows["c"])
+    assert "arena 1536 bytes" in captured.err and "optimal" in captured.err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x,y\n1,2\n", "columns id,lower,upper,size"),
+    ("id,lower,upper,size\na,0,x,5\n", "must be integers"),
+    ("id,lower,upper,size\na,3,3,512\n", "empty lifetime"),
+])
+def test_pack_bad_csv(tmp_path, capsys, text, message):
+    f = tmp_path / "b.csv"
+    f.write_text(text)
+    assert cli.main(["pack", str(f)]) == 2
+    assert message in capsys.readouterr().err

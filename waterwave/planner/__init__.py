@@ -89,19 +89,51 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
     order, arena_offsets, arena, how = best
     if strategy == "greedy":
         return _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
-    from .cpsat import solve_joint
-    result = solve_joint(g, order, arena_offsets, time_limit=time_limit, workers=workers)
-    stats = {"warm_start": how, "warm_start_arena": arena + g.persistent_bytes()}
+    p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0)
+    return p
+
+
+# Above this many operators the joint (time x address) model is too large for
+# CP-SAT to improve on its warm start in seconds; the ordering model alone
+# (cumulative peak), followed by packing, is used instead.
+JOINT_MAX_NODES = 300
+
+
+def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) -> Plan:
+    from .cpsat import exact_pack, solve_joint, solve_order
+
+    persistent = g.persistent_bytes()
+    stats = {"warm_start": how, "warm_start_arena": arena + persistent}
     status = "heuristic"
-    if result is not None:
-        j_order, j_offsets, j_arena, bound, status = result
-        stats["proven_lower_bound"] = bound + g.persistent_bytes()
-        if j_arena <= arena:
-            order, arena_offsets, arena = j_order, j_offsets, j_arena
+    bound = 0
+    if len(g.nodes) <= JOINT_MAX_NODES:
+        stats["formulation"] = "joint"
+        result = solve_joint(g, order, arena_offsets, time_limit=time_limit, workers=workers)
+        if result is not None:
+            j_order, j_offsets, j_arena, bound, status = result
+            if j_arena <= arena:
+                order, arena_offsets, arena = j_order, j_offsets, j_arena
     else:
-        stats["proven_lower_bound"] = node_lower_bound(g)
-    p = _assemble(g, strategy, order, arena_offsets, t0, status, stats=stats)
-    lb = max(p.stats["proven_lower_bound"], node_lower_bound(g))
+        stats["formulation"] = "order+pack"
+        result = solve_order(g, order, time_limit=time_limit * 0.6, workers=workers)
+        if result is not None:
+            o_order, o_peak, bound, status = result
+            if o_peak < order_peak(g, order) - persistent:
+                o_offsets, o_arena, _ = _layout(g, o_order)
+                if o_arena < arena:
+                    order, arena_offsets, arena = o_order, o_offsets, o_arena
+        # Offsets for the chosen order: exact packing if the layout wastes any.
+        ideal = order_peak(g, order) - persistent
+        if arena > ideal:
+            left = max(0.5, time_limit - (time.time() - t0))
+            bufs = _buffers(g, order)
+            offs, packed, _, _ = exact_pack(bufs, time_limit=left, workers=workers)
+            if packed < arena:
+                arena_offsets, arena = {b.id: offs[i] for i, b in enumerate(bufs)}, packed
+        if status == "optimal" and arena > bound:
+            status = "feasible"  # the order is optimal; its layout is not proven so
+    p = _assemble(g, "model", order, arena_offsets, t0, status, stats=stats)
+    lb = max(bound + persistent, node_lower_bound(g))
     p.stats["proven_lower_bound"] = min(lb, p.arena_size)
     p.stats["gap"] = 0.0 if p.arena_size == 0 else 1 - p.stats["proven_lower_bound"] / p.arena_size
     return p

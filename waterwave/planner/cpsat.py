@@ -200,3 +200,69 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     bound = int(math.ceil(solver.BestObjectiveBound())) * unit
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
     return order, offsets, solver.Value(peak) * unit, bound, status
+
+
+def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2):
+    """The ordering half of MODeL alone: minimize the exact sequential peak of
+    live bytes (AddCumulative) over topological orders, without offsets.
+    Much lighter than the joint model; offsets are packed afterwards.
+    Returns (order, peak of non-persistent bytes, proven bound, status)."""
+    cp_model = _cp()
+    n = len(g.nodes)
+    asap, alap = spans(g)
+    keep = set(g.meta.get("outputs", []))
+    tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
+    unit = _gcd(t.size for t in tensors)
+    hint_life = lifetimes(g, hint_order)
+    hint_peak = 0
+    diff = [0] * (n + 2)
+    for t in tensors:
+        s, e = hint_life[t.id]
+        diff[s] += t.size // unit
+        diff[e + 1] -= t.size // unit
+    acc = 0
+    for i in range(n):
+        acc += diff[i]
+        hint_peak = max(hint_peak, acc)
+    m = cp_model.CpModel()
+    pos = [m.NewIntVar(asap[v], alap[v], f"p{v}") for v in range(n)]
+    m.AddAllDifferent(pos)
+    for v in range(n):
+        for p in g.preds(v):
+            m.Add(pos[p] < pos[v])
+    hpos = [0] * n
+    for i, v in enumerate(hint_order):
+        hpos[v] = i
+    for v in range(n):
+        m.AddHint(pos[v], hpos[v])
+    peak = m.NewIntVar(0, hint_peak, "peak")
+    ivs, demands = [], []
+    for t in tensors:
+        prod = g.producer(t.id)
+        users = g.consumers(t.id)
+        start = pos[prod] if prod is not None else 0
+        if t.id in keep:
+            end = n - 1
+        elif not users:
+            end = start
+        elif len(users) == 1:
+            end = pos[users[0]]
+        else:
+            end = m.NewIntVar(max(asap[u] for u in users), n - 1, f"e{t.id}")
+            m.AddMaxEquality(end, [pos[u] for u in users])
+            m.AddHint(end, hint_life[t.id][1])
+        dur = m.NewIntVar(1, n, f"d{t.id}")
+        m.Add(dur == end - start + 1)
+        m.AddHint(dur, hint_life[t.id][1] - hint_life[t.id][0] + 1)
+        ivs.append(m.NewIntervalVar(start, dur, end + 1, f"t{t.id}"))
+        demands.append(t.size // unit)
+    m.AddCumulative(ivs, demands, peak)
+    m.AddHint(peak, hint_peak)
+    m.Minimize(peak)
+    solver = _solver(time_limit, workers)
+    st = solver.Solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    order = sorted(range(n), key=lambda v: solver.Value(pos[v]))
+    bound = int(math.ceil(solver.BestObjectiveBound())) * unit
+    return order, solver.Value(peak) * unit, bound, "optimal" if st == cp_model.OPTIMAL else "feasible"
