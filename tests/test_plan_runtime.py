@@ -7,30 +7,20 @@ import waterwave as ww
 from planner_graphs import random_graphs
 from waterwave.allocator import plan_slots
 from waterwave.planner import plan
+from waterwave.planner.lifetimes import allocation_events
 
 MiB = 1024**2
 
 
 def run_step(pa, g, p):
     """Allocate and free as the plan's order does; returns the pointers seen."""
-    keep = set(g.meta.get("outputs", []))
-    remaining = [len(g.consumers(t.id)) for t in g.tensors]
     ptr, seen = {}, []
-    for v in p.order:
-        node = g.nodes[v]
-        for t in node.outputs:
-            if g.tensors[t].size:
-                ptr[t] = pa.alloc(g.tensors[t].size)
-                seen.append(ptr[t])
-        dead = []
-        for t in node.inputs:
-            remaining[t] -= 1
-            if remaining[t] == 0:
-                dead.append(t)
-        dead += [t for t in node.outputs if remaining[t] == 0]
-        for t in dead:
-            if t in ptr and t not in keep:
-                pa.free(ptr.pop(t))
+    for kind, t in allocation_events(g, p.order):
+        if kind == "alloc":
+            ptr[t] = pa.alloc(g.tensors[t].size)
+            seen.append(ptr[t])
+        else:
+            pa.free(ptr.pop(t))
     for t in list(ptr):
         pa.free(ptr.pop(t))
     return seen

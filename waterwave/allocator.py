@@ -191,12 +191,11 @@ def plan_slots(graph, plan) -> tuple[list[tuple[int, int]], int]:
     each node in the plan's order, with their planned offsets (relative to
     the arena of non-persistent tensors, which starts after the persistent
     block)."""
+    from .planner.lifetimes import allocation_events
+
     base = min((plan.offsets[t.id] for t in graph.tensors if not t.persistent and t.size),
                default=0)
-    slots = []
-    for v in plan.order:
-        for t in graph.nodes[v].outputs:
-            if graph.tensors[t].size:
-                slots.append((graph.tensors[t].size, plan.offsets[t] - base))
+    slots = [(graph.tensors[t].size, plan.offsets[t] - base)
+             for kind, t in allocation_events(graph, plan.order) if kind == "alloc"]
     arena = max((o + s for s, o in slots), default=0)
     return slots, arena

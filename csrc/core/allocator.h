@@ -77,6 +77,9 @@ class CachingAllocatorBase : public Allocator {
   ~CachingAllocatorBase() override;
 
   std::size_t allocation_size(Addr ptr) override;
+  // Both policies note other streams' uses the same way; they differ in
+  // what a free then does with them.
+  void record_stream(Addr ptr, StreamId stream) override;
   std::vector<SegmentInfo> snapshot() override;
   void reset_peak_stats() override;
   const AllocatorConfig& config() const override { return cfg_; }

@@ -270,6 +270,16 @@ std::size_t CachingAllocatorBase::allocation_size(Addr ptr) {
   return b->size;
 }
 
+void CachingAllocatorBase::record_stream(Addr ptr, StreamId stream) {
+  std::lock_guard<std::mutex> g(mu_);
+  Block* b = live_.find(ptr);
+  if (!b) throw_bad_pointer(ptr, "record_stream on");
+  if (stream == b->stream) return;
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
+  }
+}
+
 std::vector<SegmentInfo> CachingAllocatorBase::snapshot() {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<SegmentInfo> out;

@@ -119,16 +119,6 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     insert_free(set, b);
   }
 
-  void record_stream(Addr ptr, StreamId stream) override {
-    std::lock_guard<std::mutex> g(mu_);
-    Block* b = live_.find(ptr);
-    if (!b) throw_bad_pointer(ptr, "record_stream on");
-    if (stream == b->stream) return;
-    if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
-      b->stream_uses.push_back(stream);
-    }
-  }
-
   void sync_and_coalesce() override {
     std::uint64_t covered;
     {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..allocator import Allocator
 from ..graph import Graph
 from .. import _C
-from .lifetimes import order_peak
+from .lifetimes import allocation_events, order_peak
 
 
 @dataclass
@@ -30,26 +30,15 @@ def replay(g: Graph, order: list[int] | None = None, policy: str = "pytorch",
            config: str = "", capacity: int = 1 << 50) -> Replay:
     order = list(range(len(g.nodes))) if order is None else order
     a = Allocator(policy, _C.SimDevice(capacity, 0.0), config)
-    keep = set(g.meta.get("outputs", []))
-    remaining = [len(g.consumers(t.id)) for t in g.tensors]
     ptr = {}
     for t in g.tensors:
         if (t.persistent or t.kind == "input") and t.size:
             ptr[t.id] = a.alloc(t.size, 0)
-    for v in order:
-        node = g.nodes[v]
-        for t in node.outputs:
-            if g.tensors[t].size:
-                ptr[t] = a.alloc(g.tensors[t].size, 0)
-        dead = []
-        for t in node.inputs:
-            remaining[t] -= 1
-            if remaining[t] == 0:
-                dead.append(t)
-        dead += [t for t in node.outputs if remaining[t] == 0]
-        for t in dead:
-            if t in ptr and t not in keep and not g.tensors[t].persistent:
-                a.free(ptr.pop(t))
+    for kind, t in allocation_events(g, order):
+        if kind == "alloc":
+            ptr[t] = a.alloc(g.tensors[t].size, 0)
+        else:
+            a.free(ptr.pop(t))
     s = a.stats()
     return Replay(s["reserved_bytes.all.peak"], s["allocated_bytes.all.peak"],
                   s["fragmentation.at_peak_reserved"], order_peak(g, order), policy)

@@ -19,7 +19,7 @@ import math
 import time
 
 from ..graph import Graph
-from .lifetimes import lifetimes
+from .lifetimes import lifetimes, live_profile
 from .offsets import Buffer, greedy_pack, max_live
 
 
@@ -135,19 +135,14 @@ def spans(g: Graph) -> tuple[list[int], list[int]]:
     return asap, alap
 
 
-def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
-                time_limit: float = 10.0, workers: int = 2):
-    """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
-    non-persistent arena, proven lower bound of that arena, status)."""
-    cp_model = _cp()
+def _ordering_model(m, g: Graph, hint_order: list[int], tensors):
+    """Variables shared by the joint and the ordering models: a distinct
+    position per node within its ASAP/ALAP span, precedence, and per tensor a
+    time interval from its producer to its last user. Hints come from
+    ``hint_order``. Returns (positions, time intervals in ``tensors`` order)."""
     n = len(g.nodes)
     asap, alap = spans(g)
     keep = set(g.meta.get("outputs", []))
-    tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
-    unit = _gcd(t.size for t in tensors)
-    hint_life = lifetimes(g, hint_order)
-    hint_arena = max((hint_offsets[t.id] + t.size for t in tensors), default=0)
-    m = cp_model.CpModel()
     pos = [m.NewIntVar(asap[v], alap[v], f"p{v}") for v in range(n)]
     m.AddAllDifferent(pos)
     for v in range(n):
@@ -158,9 +153,8 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
         hpos[v] = i
     for v in range(n):
         m.AddHint(pos[v], hpos[v])
-    cap = max(hint_arena // unit, 1)
-    peak = m.NewIntVar(0, cap, "peak")
-    x_iv, y_iv, off = [], [], {}
+    hint_life = lifetimes(g, hint_order)
+    intervals = []
     for t in tensors:
         prod = g.producer(t.id)
         users = g.consumers(t.id)
@@ -172,15 +166,32 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
         elif len(users) == 1:
             end = pos[users[0]]
         else:
-            lo = max(asap[u] for u in users)
-            end = m.NewIntVar(lo, n - 1, f"e{t.id}")
+            end = m.NewIntVar(max(asap[u] for u in users), n - 1, f"e{t.id}")
             m.AddMaxEquality(end, [pos[u] for u in users])
             m.AddHint(end, hint_life[t.id][1])
-        s = t.size // unit
         dur = m.NewIntVar(1, n, f"d{t.id}")
         m.Add(dur == end - start + 1)
         m.AddHint(dur, hint_life[t.id][1] - hint_life[t.id][0] + 1)
-        x_iv.append(m.NewIntervalVar(start, dur, end + 1, f"t{t.id}"))
+        intervals.append(m.NewIntervalVar(start, dur, end + 1, f"t{t.id}"))
+    return pos, intervals
+
+
+def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
+                time_limit: float = 10.0, workers: int = 2):
+    """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
+    non-persistent arena, proven lower bound of that arena, status)."""
+    cp_model = _cp()
+    n = len(g.nodes)
+    tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
+    unit = _gcd(t.size for t in tensors)
+    hint_arena = max((hint_offsets[t.id] + t.size for t in tensors), default=0)
+    m = cp_model.CpModel()
+    pos, x_iv = _ordering_model(m, g, hint_order, tensors)
+    cap = max(hint_arena // unit, 1)
+    peak = m.NewIntVar(0, cap, "peak")
+    y_iv, off = [], {}
+    for t in tensors:
+        s = t.size // unit
         o = m.NewIntVar(0, cap - s, f"o{t.id}")
         m.AddHint(o, hint_offsets[t.id] // unit)
         off[t.id] = o
@@ -209,55 +220,15 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
     Returns (order, peak of non-persistent bytes, proven bound, status)."""
     cp_model = _cp()
     n = len(g.nodes)
-    asap, alap = spans(g)
-    keep = set(g.meta.get("outputs", []))
     tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
     unit = _gcd(t.size for t in tensors)
-    hint_life = lifetimes(g, hint_order)
-    hint_peak = 0
-    diff = [0] * (n + 2)
-    for t in tensors:
-        s, e = hint_life[t.id]
-        diff[s] += t.size // unit
-        diff[e + 1] -= t.size // unit
-    acc = 0
-    for i in range(n):
-        acc += diff[i]
-        hint_peak = max(hint_peak, acc)
     m = cp_model.CpModel()
-    pos = [m.NewIntVar(asap[v], alap[v], f"p{v}") for v in range(n)]
-    m.AddAllDifferent(pos)
-    for v in range(n):
-        for p in g.preds(v):
-            m.Add(pos[p] < pos[v])
-    hpos = [0] * n
-    for i, v in enumerate(hint_order):
-        hpos[v] = i
-    for v in range(n):
-        m.AddHint(pos[v], hpos[v])
-    peak = m.NewIntVar(0, hint_peak, "peak")
-    ivs, demands = [], []
-    for t in tensors:
-        prod = g.producer(t.id)
-        users = g.consumers(t.id)
-        start = pos[prod] if prod is not None else 0
-        if t.id in keep:
-            end = n - 1
-        elif not users:
-            end = start
-        elif len(users) == 1:
-            end = pos[users[0]]
-        else:
-            end = m.NewIntVar(max(asap[u] for u in users), n - 1, f"e{t.id}")
-            m.AddMaxEquality(end, [pos[u] for u in users])
-            m.AddHint(end, hint_life[t.id][1])
-        dur = m.NewIntVar(1, n, f"d{t.id}")
-        m.Add(dur == end - start + 1)
-        m.AddHint(dur, hint_life[t.id][1] - hint_life[t.id][0] + 1)
-        ivs.append(m.NewIntervalVar(start, dur, end + 1, f"t{t.id}"))
-        demands.append(t.size // unit)
+    pos, ivs = _ordering_model(m, g, hint_order, tensors)
+    demands = [t.size // unit for t in tensors]
+    hint_peak = max(live_profile(g, hint_order), default=0) - g.persistent_bytes()
+    peak = m.NewIntVar(0, max(hint_peak // unit, 1), "peak")
     m.AddCumulative(ivs, demands, peak)
-    m.AddHint(peak, hint_peak)
+    m.AddHint(peak, hint_peak // unit)
     m.Minimize(peak)
     solver = _solver(time_limit, workers)
     st = solver.Solve(m)

@@ -66,3 +66,28 @@ def node_lower_bound(g: Graph) -> int:
         ts = set(n.inputs) | set(n.outputs)
         best = max(best, sum(g.tensors[t].size for t in ts if not g.tensors[t].persistent))
     return persistent + best
+
+
+def allocation_events(g: Graph, order: list[int]):
+    """The allocations and frees one step makes under ``order``, as an eager
+    framework makes them: ("alloc", t) for each output when its node runs,
+    then ("free", t) for every tensor whose last user just ran (unused
+    outputs at once). Graph outputs, inputs and persistent tensors are not
+    allocated or freed here."""
+    keep = set(g.meta.get("outputs", []))
+    remaining = [len(g.consumers(t.id)) for t in g.tensors]
+    for v in order:
+        node = g.nodes[v]
+        for t in node.outputs:
+            if g.tensors[t].size:
+                yield "alloc", t
+        dead = []
+        for t in node.inputs:
+            remaining[t] -= 1
+            if remaining[t] == 0:
+                dead.append(t)
+        dead += [t for t in node.outputs if remaining[t] == 0]
+        for t in dead:
+            tensor = g.tensors[t]
+            if tensor.size and t not in keep and not tensor.persistent and tensor.kind != "input":
+                yield "free", t
