@@ -75,6 +75,7 @@ def main():
                     check_plan(g, p)
                     row["plans"][strategy] = {"peak": p.arena_size, "seconds": p.solve_seconds,
                                      "status": p.status, "order_bound": p.lower_bound,
+                                     "inplace_pairs": len(p.inplace),
                                      "proven_bound": p.stats.get("proven_lower_bound"),
                                      "gap": p.stats.get("gap")}
             except Exception as e:  # record and go on: the report shows failures

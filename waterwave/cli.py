@@ -124,7 +124,7 @@ def _plan(args) -> int:
         "baseline_fragmentation": base.fragmentation,
         "program_order_ideal_bytes": base.ideal_peak,
         "plan_peak_bytes": p.arena_size,
-        "lower_bound_bytes": p.stats.get("proven_lower_bound", p.lower_bound),
+        "lower_bound_bytes": p.stats.get("proven_lower_bound") or p.lower_bound,
         "order_lower_bound_bytes": p.lower_bound,
         "plan_fragmentation": p.fragmentation,
         "saving": 1 - p.arena_size / base.peak_reserved if base.peak_reserved else 0.0,

@@ -88,8 +88,28 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
             best = (order, arena_offsets, arena, f"{name}+{how}")
     order, arena_offsets, arena, how = best
     if strategy == "greedy":
-        return _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
-    p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0)
+        p = _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
+    else:
+        p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0)
+    return _best_with_inplace(g, p, t0)
+
+
+def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
+    """The order x offset models cannot share an input's memory with an
+    operator's output (in-place). When a classic planner that can does
+    better, keep its plan: `greedy` and `model` never lose to a baseline."""
+    from .classic import mxnet_plan, paddle_plan
+
+    for name, fn in (("mxnet", mxnet_plan), ("paddle", paddle_plan)):
+        order, offsets, arena, inplace = fn(g)
+        if arena < p.arena_size:
+            sizes = {t.id: t.size for t in g.tensors if t.size}
+            stats = dict(p.stats, heuristic=f"{name} (in-place sharing)", beaten_arena=p.arena_size)
+            stats.pop("proven_lower_bound", None)
+            stats.pop("gap", None)
+            p = Plan(g.name, p.strategy, order, offsets, sizes, arena,
+                     order_peak(g, order, inplace), round(time.time() - t0, 4), "heuristic",
+                     inplace, stats)
     return p
 
 
@@ -108,7 +128,7 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) 
     bound = 0
     if len(g.nodes) <= JOINT_MAX_NODES:
         stats["formulation"] = "joint"
-        result = solve_joint(g, order, arena_offsets, time_limit=time_limit, workers=workers)
+        result = solve_joint(g, order, arena_offsets, time_limit=time_limit * 0.8, workers=workers)
         if result is not None:
             j_order, j_offsets, j_arena, bound, status = result
             if j_arena <= arena:
@@ -122,16 +142,16 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) 
                 o_offsets, o_arena, _ = _layout(g, o_order)
                 if o_arena < arena:
                     order, arena_offsets, arena = o_order, o_offsets, o_arena
-        # Offsets for the chosen order: exact packing if the layout wastes any.
-        ideal = order_peak(g, order) - persistent
-        if arena > ideal:
-            left = max(0.5, time_limit - (time.time() - t0))
-            bufs = _buffers(g, order)
-            offs, packed, _, _ = exact_pack(bufs, time_limit=left, workers=workers)
-            if packed < arena:
-                arena_offsets, arena = {b.id: offs[i] for i, b in enumerate(bufs)}, packed
-        if status == "optimal" and arena > bound:
-            status = "feasible"  # the order is optimal; its layout is not proven so
+    # Offsets for the chosen order: exact packing if the layout wastes any.
+    ideal = order_peak(g, order) - persistent
+    if arena > ideal:
+        left = max(0.5, time_limit - (time.time() - t0))
+        bufs = _buffers(g, order)
+        offs, packed, _, _ = exact_pack(bufs, time_limit=left, workers=workers)
+        if packed < arena:
+            arena_offsets, arena = {b.id: offs[i] for i, b in enumerate(bufs)}, packed
+    if status == "optimal" and arena > bound:
+        status = "feasible"  # the order is optimal; its layout is not proven so
     p = _assemble(g, "model", order, arena_offsets, t0, status, stats=stats)
     lb = max(bound + persistent, node_lower_bound(g))
     p.stats["proven_lower_bound"] = min(lb, p.arena_size)
