@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from waterwave import cli, _C
+from waterwave import cli
 
 
 def test_bench_alloc_json(capsys):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 
 from ..graph import Graph
-from .lifetimes import lifetimes
 
 
 def _result(g: Graph, storage_of: dict[int, int], storage_size: dict[int, int]):

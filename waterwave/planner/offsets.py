@@ -9,7 +9,6 @@ on it.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 
