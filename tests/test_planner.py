@@ -283,3 +283,28 @@ def test_paper_ilp_agrees_with_cp_sat(g):
     p = Plan(g.name, "ilp", order, full, {e: g.tensors[e].size for e in offsets}, arena,
              order_peak(g, order), 0.0, status)
     check_plan(g, p)
+
+
+@given(buffer_sets(), st.integers(0, 8))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_skyline_layouts_are_valid(bufs, extra):
+    """Whatever capacity it is given, a layout the skyline search returns fits
+    it and never overlaps (it may find none: that proves nothing)."""
+    from waterwave.planner.skyline import skyline_pack
+
+    cap = max_live(bufs) + 512 * extra
+    offs = skyline_pack(bufs, cap, node_limit=20000)
+    if offs is not None:
+        ids = {i: b.id for i, b in enumerate(bufs)}
+        assert not overlaps(bufs, {ids[i]: o for i, o in offs.items()})
+        assert max(offs[i] + b.size for i, b in enumerate(bufs)) <= cap
+
+
+def test_skyline_solves_large_zero_slack_instances():
+    from waterwave.planner.skyline import skyline_pack
+
+    bufs = zero_slack(2, 450)
+    offs = skyline_pack(bufs, max_live(bufs), seconds=20)
+    assert offs is not None
+    ids = {i: b.id for i, b in enumerate(bufs)}
+    assert not overlaps(bufs, {ids[i]: o for i, o in offs.items()})

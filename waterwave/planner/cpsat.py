@@ -56,6 +56,15 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0, workers: int = 2
     live = [i for i, b in enumerate(buffers) if b.size > 0]
     g = _gcd(buffers[i].size for i in live)
     t0 = time.time()
+    # The skyline search often finds a layout at the bound at once; when it
+    # does not, that proves nothing, and CP-SAT takes over.
+    from .skyline import skyline_pack
+    try:
+        found = skyline_pack(buffers, lb, seconds=time_limit * 0.25)
+        if found is not None:
+            return found, lb, lb, "optimal"
+    except TimeoutError:
+        pass
 
     def build(capacity_u: int, minimize: bool):
         m = cp_model.CpModel()
@@ -78,7 +87,7 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0, workers: int = 2
 
     # Zero-slack decision first: at capacity == lower bound any layout is optimal.
     m, off, _ = build(lb // g, minimize=False)
-    solver = _solver(time_limit * 0.5, workers)
+    solver = _solver(max(0.05, time_limit * 0.5 - (time.time() - t0)), workers)
     st = solver.Solve(m)
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         out = {i: 0 for i in range(len(buffers))}
