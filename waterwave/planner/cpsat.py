@@ -190,7 +190,6 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
     non-persistent arena, proven lower bound of that arena, status)."""
     cp_model = _cp()
-    n = len(g.nodes)
     tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
     unit = _gcd(t.size for t in tensors)
     hint_arena = max((hint_offsets[t.id] + t.size for t in tensors), default=0)
@@ -210,16 +209,12 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     # Redundant but strong: the live bytes at any time fit under the peak.
     m.AddCumulative(x_iv, [t.size // unit for t in tensors], peak)
     m.AddHint(peak, hint_arena // unit)
-    m.Minimize(peak)
-    solver = _solver(time_limit, workers)
-    st = solver.Solve(m)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
+    if result is None:
         return None
-    order = sorted(range(n), key=lambda v: solver.Value(pos[v]))
+    solver, order, value, bound, status = result
     offsets = {t.id: solver.Value(off[t.id]) * unit for t in tensors}
-    bound = int(math.ceil(solver.BestObjectiveBound())) * unit
-    status = "optimal" if st == cp_model.OPTIMAL else "feasible"
-    return order, offsets, solver.Value(peak) * unit, bound, status
+    return order, offsets, value, bound, status
 
 
 def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2):
@@ -228,7 +223,6 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
     Much lighter than the joint model; offsets are packed afterwards.
     Returns (order, peak of non-persistent bytes, proven bound, status)."""
     cp_model = _cp()
-    n = len(g.nodes)
     tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
     unit = _gcd(t.size for t in tensors)
     m = cp_model.CpModel()
@@ -238,11 +232,23 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
     peak = m.NewIntVar(0, max(hint_peak // unit, 1), "peak")
     m.AddCumulative(ivs, demands, peak)
     m.AddHint(peak, hint_peak // unit)
+    result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
+    if result is None:
+        return None
+    _, order, value, bound, status = result
+    return order, value, bound, status
+
+
+def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int):
+    """Solve; returns (solver, order by position, peak bytes, proven bound
+    bytes, status), or None when no solution was found in time."""
+    cp_model = _cp()
     m.Minimize(peak)
     solver = _solver(time_limit, workers)
     st = solver.Solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    order = sorted(range(n), key=lambda v: solver.Value(pos[v]))
+    order = sorted(range(len(pos)), key=lambda v: solver.Value(pos[v]))
     bound = int(math.ceil(solver.BestObjectiveBound())) * unit
-    return order, solver.Value(peak) * unit, bound, "optimal" if st == cp_model.OPTIMAL else "feasible"
+    return (solver, order, solver.Value(peak) * unit, bound,
+            "optimal" if st == cp_model.OPTIMAL else "feasible")
