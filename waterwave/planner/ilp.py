@@ -35,7 +35,9 @@ def solve_paper_ilp(g: Graph, time_limit: float = 60.0):
                        input=json.dumps(g.to_dict()), capture_output=True, text=True,
                        timeout=time_limit + 60)
     if r.returncode != 0:
-        raise RuntimeError(f"the HiGHS ILP solve failed: {r.stderr.strip()[-2000:]}")
+        # The head of stderr holds the error (or a fatal error's stack).
+        raise RuntimeError(f"the HiGHS ILP solve failed (exit {r.returncode}): "
+                           f"{r.stderr.strip()[:3000]}")
     out = json.loads(r.stdout)
     if out is None:
         return None
@@ -101,23 +103,27 @@ def _solve_here(g: Graph, time_limit: float):
             h.addConstr(A[ei] - A[ej] - S[ej] >= (b - 1) * M)                     # (7b)
     h.minimize(peak)                                                              # (9)
     status = h.getModelStatus()
-    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+    # Read values only when HiGHS holds a feasible solution: after a time
+    # limit without one, reading them is undefined (it crashed the process).
+    if h.getInfo().primal_solution_status != int(highspy.SolutionStatus.kSolutionStatusFeasible):
         return None
-    try:
-        created = {}
-        for e in S:
-            for s in steps:
-                if h.val(C[e, s]) > 0.5:
-                    created[e] = s
-    except Exception:  # no incumbent within the time limit
-        return None
+    values = list(h.getSolution().col_value)
+
+    def val(var):
+        return values[var.index]
+
+    created = {}
+    for e in S:
+        for s in steps:
+            if val(C[e, s]) > 0.5:
+                created[e] = s
     # Function 1 of the paper: the sequence of sources in creation order.
     when = {}
     for e, s in created.items():
         v = producer[e]
         when[v] = min(when.get(v, s), s)
     order = sorted(range(n), key=lambda v: (when.get(v, n + 1), v))
-    offsets = {e: int(round(h.val(A[e]))) * gcd for e in S}
+    offsets = {e: int(round(val(A[e]))) * gcd for e in S}
     arena = max((offsets[e] + S[e] * gcd for e in S), default=0)
     return order, offsets, arena, "optimal" if status == highspy.HighsModelStatus.kOptimal else "feasible"
 
