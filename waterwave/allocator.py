@@ -47,6 +47,17 @@ def parse_config(config: str) -> str:
     return _C.parse_config(config)
 
 
+def _prepare(policy: str, device, config, role: str = "allocator policy"):
+    """Check the policy name; default the device and the config (from the env)."""
+    if policy not in POLICIES:
+        raise _C.ConfigError(f"unknown {role} {policy!r}: choose one of {', '.join(POLICIES)}")
+    if device is None:
+        device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
+    if config is None:
+        config = os.environ.get(ENV_VAR, "")
+    return device, config
+
+
 class Allocator:
     """A caching allocator policy over a device.
 
@@ -60,13 +71,7 @@ class Allocator:
 
     def __init__(self, policy: str = "waterwave", device: _C.SimDevice | None = None,
                  config: str | None = None, **kwargs: Any) -> None:
-        if policy not in POLICIES:
-            raise _C.ConfigError(
-                f"unknown allocator policy {policy!r}: choose one of {', '.join(POLICIES)}")
-        if device is None:
-            device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
-        if config is None:
-            config = os.environ.get(ENV_VAR, "")
+        device, config = _prepare(policy, device, config)
         self._a = _C._Allocator(policy, device, config_string(config, **kwargs))
         self.device = device
 
@@ -157,13 +162,7 @@ class PlanAllocator(Allocator):
     def __init__(self, plan, device: _C.SimDevice | None = None, fallback: str = "waterwave",
                  stream: int = 0, config: str | None = None, arena: int | None = None,
                  graph=None, **kwargs: Any) -> None:
-        if fallback not in POLICIES:
-            raise _C.ConfigError(f"unknown fallback policy {fallback!r}: choose one of "
-                                 f"{', '.join(POLICIES)}")
-        if device is None:
-            device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
-        if config is None:
-            config = os.environ.get(ENV_VAR, "")
+        device, config = _prepare(fallback, device, config, role="fallback policy")
         if isinstance(plan, (list, tuple)):
             slots = [(int(s), int(o)) for s, o in plan]
             if arena is None:

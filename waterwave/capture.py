@@ -111,6 +111,13 @@ def adam_scalars(optimizer, step: int):
     return group["lr"] / (1 - b1 ** step), math.sqrt(1 - b2 ** step)
 
 
+def trained_parameters(model, optimizer) -> list[tuple[str, Any]]:
+    """(name, parameter) the optimizer updates, in the model's order: the
+    order of the traced step's first inputs."""
+    updated = {id(p) for p in optimizer.param_groups[0]["params"]}
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) in updated]
+
+
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
     placeholder names, gradient tensors seen while tracing). The module's
@@ -121,9 +128,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     from torch.func import functional_call
 
     state_names = _state_names(optimizer)
-    named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    opt_params = {id(p) for p in optimizer.param_groups[0]["params"]}
-    named_params = [(n, p) for n, p in named_params if id(p) in opt_params]
+    named_params = trained_parameters(model, optimizer)
     if not named_params:
         raise CaptureError("the optimizer updates none of the model's parameters")
     named_buffers = list(model.named_buffers())

@@ -44,6 +44,24 @@ class GraphError(ValueError):
     """A graph that is malformed or a graph file that cannot be read."""
 
 
+def read_json(path: str, error: type[ValueError]) -> object:
+    """Parse a JSON file; a parse failure raises ``error`` saying the file is corrupt."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e}); the file is corrupt") from None
+
+
+def check_header(d: object, fmt: str, version: int, error: type[ValueError], redo: str) -> None:
+    """Check a versioned file's ``format`` and ``version``; ``redo`` says how to get a new one."""
+    if not isinstance(d, dict) or d.get("format") != fmt:
+        raise error(f"not a waterwave {fmt.split('-')[-1]} (expected \"format\": \"{fmt}\")")
+    if d.get("version") != version:
+        raise error(f"{fmt} format version {d.get('version')!r} is not supported "
+                    f"(this waterwave reads version {version}); {redo}")
+
+
 def round_size(nbytes: int) -> int:
     """Round to PyTorch's 512-byte allocation granularity (0 stays 0)."""
     return 0 if nbytes <= 0 else -(-nbytes // ALIGN) * ALIGN
@@ -218,11 +236,7 @@ class Graph:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Graph":
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise GraphError(f"not a waterwave graph (expected \"format\": \"{FORMAT}\")")
-        if d.get("version") != VERSION:
-            raise GraphError(f"graph format version {d.get('version')!r} is not supported "
-                             f"(this waterwave reads version {VERSION}); recapture the model")
+        check_header(d, FORMAT, VERSION, GraphError, "recapture the model")
         g = cls(d.get("name", "graph"), d.get("meta"))
         try:
             for t in d["tensors"]:
@@ -246,12 +260,7 @@ class Graph:
 
     @classmethod
     def load(cls, path: str) -> "Graph":
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise GraphError(f"{path}: not valid JSON ({e}); the graph file is corrupt") from None
-        return cls.from_dict(d)
+        return cls.from_dict(read_json(path, GraphError))
 
     def __repr__(self) -> str:
         return (f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.tensors)} tensors, "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .capture import _state_names, adam_scalars, graph_from_trace, trace_step
+from .capture import _state_names, adam_scalars, graph_from_trace, trace_step, trained_parameters
 from .planner import Plan, check_plan, plan as make_plan
 
 
@@ -67,8 +67,7 @@ class Trainer:
         check_plan(self.graph, self.plan)
         order_names = [self.graph.nodes[v].name for v in self.plan.order]
         self.module = _reorder(gm, order_names)
-        self._params = [p for _, p in model.named_parameters()
-                        if p.requires_grad and any(p is q for q in optimizer.param_groups[0]["params"])]
+        self._params = [p for _, p in trained_parameters(model, optimizer)]
         self._buffers = [b for _, b in model.named_buffers()]
         self._state_names = _state_names(optimizer)
         # Optimizer state continues from the optimizer's, if it has any.

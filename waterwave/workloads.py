@@ -58,10 +58,11 @@ def _job_ops(job: JobSpec, iterations: int):
 
 
 def two_jobs(policy: str, capacity: int, iterations: int = 3, launch_overhead_us: float = 5.0,
-             config: str = "", jobs: tuple[JobSpec, JobSpec] | None = None):
+             config: str = "", jobs: tuple[JobSpec, JobSpec] | None = None, record: bool = True):
     """Run the two-job workload under ``policy``. Returns (allocator, trace, ok).
 
     ``ok`` is False when the run hit an out-of-memory error (the trace stops there).
+    With ``record=False`` no trace is kept (the capacity search needs only ``ok``).
     """
     if jobs is None:
         jobs = (JobSpec(stream=0), JobSpec(stream=1))
@@ -101,10 +102,13 @@ def two_jobs(policy: str, capacity: int, iterations: int = 3, launch_overhead_us
                 # then the executor turns the iteration's frees into synced memory.
                 a.synchronize()
                 a.sync_and_coalesce()
-            s = a.stats()
+            if not record:
+                continue
+            # The jobs' own byte counts are the allocator's allocated bytes, and
+            # the device's reserved bytes its reserved: no stats() per operation.
             trace.time_us.append(a.now())
-            trace.allocated.append(s["allocated_bytes.all.current"])
-            trace.reserved.append(s["reserved_bytes.all.current"])
+            trace.allocated.append(job_bytes[0] + job_bytes[1])
+            trace.reserved.append(device.reserved_bytes())
             trace.per_job[0].append(job_bytes[0])
             trace.per_job[1].append(job_bytes[1])
     except _C.OutOfMemoryError:
@@ -115,6 +119,7 @@ def two_jobs(policy: str, capacity: int, iterations: int = 3, launch_overhead_us
 def smallest_capacity(policy: str, lo: int, hi: int, step: int = 64 * MiB, **kw) -> int | None:
     """The smallest simulated capacity (a multiple of ``step``) at which the
     workload runs without running out of memory, by bisection."""
+    kw["record"] = False
     if not two_jobs(policy, hi, **kw)[2]:
         return None
     lo_k, hi_k = lo // step, hi // step

@@ -106,6 +106,8 @@ class CachingAllocatorBase : public Allocator {
   // `lo` absorbs its next neighbour `hi`; hi is recycled. Returns lo.
   Block* merge(Block* lo, Block* hi);
 
+  // Refuse a corrupt request size (>= 1 EiB) before touching any state.
+  static void check_request(std::size_t bytes);
   // Account a block handed out; the free request (allocated_bytes drop); the
   // free completing (active/requested drop: later for pending blocks).
   void mark_allocated(Block* b, std::size_t requested, StreamId stream);

@@ -180,6 +180,13 @@ Block* CachingAllocatorBase::merge(Block* lo, Block* hi) {
   return lo;
 }
 
+void CachingAllocatorBase::check_request(std::size_t bytes) {
+  if (bytes >= kMaxRequest) {
+    throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
+                           std::to_string(bytes) + " bytes); the size is probably corrupt");
+  }
+}
+
 void CachingAllocatorBase::mark_allocated(Block* b, std::size_t requested, StreamId stream) {
   b->allocated = true;
   b->requested = requested;

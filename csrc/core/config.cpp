@@ -293,7 +293,7 @@ std::size_t SizeRules::round_size(std::size_t size) const {
     if (step == 0) return floor_pow2 << 1;
     return (size + step - 1) / step * step;
   }
-  return (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  return round_to_block(size);
 }
 
 std::size_t SizeRules::segment_size(std::size_t rounded) const {

@@ -78,7 +78,7 @@ Addr PlanAllocator::allocate(std::size_t bytes, StreamId stream) {
       stats_.steps++;
     }
     if (!deviated_) {
-      const std::size_t rounded = (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+      const std::size_t rounded = round_to_block(bytes);
       if (k_ >= slots_.size()) {
         deviate("more allocations than the plan has");
       } else if (stream != stream_) {

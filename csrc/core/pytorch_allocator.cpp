@@ -19,7 +19,6 @@
 namespace waterwave {
 namespace {
 
-constexpr std::size_t kMaxRequest = std::size_t{1} << 60;
 
 class PytorchAllocator final : public CachingAllocatorBase {
  public:
@@ -35,10 +34,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
 
   Addr allocate(std::size_t orig, StreamId stream) override {
     if (orig == 0) return 0;
-    if (orig >= kMaxRequest) {
-      throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
-                             std::to_string(orig) + " bytes); the size is probably corrupt");
-    }
+    check_request(orig);
     std::unique_lock<std::mutex> lock(mu_);
     process_events();
     const std::size_t size = rules_.round_size(orig);
@@ -146,6 +142,9 @@ class PytorchAllocator final : public CachingAllocatorBase {
       }
     }
     if (pending != pending_bytes_) fail_invariant("pending_bytes_ drifted");
+    std::size_t queued_events = 0;
+    for (auto& [id, s] : streams_) queued_events += s->events.size();
+    if (queued_events != outstanding_events_) fail_invariant("outstanding_events_ drifted");
   }
 
  protected:
@@ -210,6 +209,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
       stats_.num_events_recorded++;
       b->event_count++;
       pools(u)->events.emplace_back(e, b);
+      outstanding_events_++;
     }
     b->stream_uses.clear();
     pending_bytes_ += b->size;
@@ -223,13 +223,16 @@ class PytorchAllocator final : public CachingAllocatorBase {
   }
 
   // Pop completed events per stream, stopping at each stream's first pending.
+  // Runs at every malloc, so it returns at once when nothing is outstanding.
   void process_events() {
+    if (outstanding_events_ == 0) return;
     for (auto& [id, s] : streams_) {
       while (!s->events.empty()) {
         auto [e, b] = s->events.front();
         stats_.num_event_queries++;
         if (!device_.query_event(e)) break;
         s->events.pop_front();
+        outstanding_events_--;
         release_event(e);
         retire_event(b);
       }
@@ -258,6 +261,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
       while (!s->events.empty() && done.count(s->events.front().first)) {
         auto [e, b] = s->events.front();
         s->events.pop_front();
+        outstanding_events_--;
         release_event(e);
         retire_event(b);
       }
@@ -368,6 +372,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
   StreamPools* last_pools_ = nullptr;
   std::uint64_t gc_calls_[2] = {0, 0};
   std::size_t pending_bytes_ = 0;
+  std::size_t outstanding_events_ = 0;  // entries in all streams' event queues
 };
 
 }  // namespace

@@ -27,4 +27,12 @@ constexpr int kRoundupSlots = 16;
 
 enum PoolKind : int { kSmallPool = 0, kLargePool = 1 };
 
+// Requests at or above this (1 EiB) are corrupt sizes, refused up front.
+constexpr std::size_t kMaxRequest = std::size_t{1} << 60;
+
+// The allocation granularity: every block is a multiple of kMinBlockSize.
+constexpr std::size_t round_to_block(std::size_t bytes) {
+  return (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
 }  // namespace waterwave

@@ -26,7 +26,6 @@
 namespace waterwave {
 namespace {
 
-constexpr std::size_t kMaxRequest = std::size_t{1} << 60;  // 1 EiB
 constexpr std::size_t kMaxMarkers = 16;  // pending markers kept per stream
 
 class WaterwaveAllocator final : public CachingAllocatorBase {
@@ -43,10 +42,7 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
 
   Addr allocate(std::size_t bytes, StreamId stream) override {
     if (bytes == 0) return 0;
-    if (bytes >= kMaxRequest) {
-      throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
-                             std::to_string(bytes) + " bytes); the size is probably corrupt");
-    }
+    check_request(bytes);
     std::unique_lock<std::mutex> lock(mu_);
     const std::size_t size = rules_.round_size(bytes);
     const PoolKind pool = SizeRules::pool_for(size);

@@ -77,8 +77,7 @@ def check_plan(g: Graph, plan: Plan) -> None:
         if g.tensors[inp].persistent:
             raise PlanError(f"in-place pair ({out}, {inp}) overwrites a persistent tensor")
         partner.setdefault(out, set()).add(inp)
-    # Sweep time; the live set is kept sorted by offset, so a new tensor
-    # conflicts with some live one iff it overlaps a neighbour in that order.
+    # Sweep time, keeping the live set sorted by offset.
     starts: dict[int, list[int]] = {}
     for tid, (s, e) in spans.items():
         starts.setdefault(s, []).append(tid)
@@ -88,16 +87,13 @@ def check_plan(g: Graph, plan: Plan) -> None:
     live: list[tuple[int, int, int]] = []  # (offset, end_offset, tid) sorted
 
     def conflicts(tid, pool):
+        # The pool is sorted by start offset; intervals starting at or past
+        # our end cannot overlap us.
         a0 = plan.offsets[tid]
         a1 = a0 + g.tensors[tid].size
-        i = bisect.bisect_left(pool, (a0, -1, -1))
-        for j in (i - 1, i):
-            if 0 <= j < len(pool):
-                b0, b1, other = pool[j]
-                if b0 < a1 and a0 < b1:
-                    return other
-        # a wide interval further left may still reach us
-        for b0, b1, other in pool[:max(i - 1, 0)]:
+        for b0, b1, other in pool:
+            if b0 >= a1:
+                break
             if b1 > a0:
                 return other
         return None

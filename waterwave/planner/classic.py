@@ -39,25 +39,29 @@ def _result(g: Graph, storage_of: dict[int, int], storage_size: dict[int, int]):
     return offsets, cursor
 
 
+def _input_storages(g: Graph):
+    """Graph inputs occupy storages from the start: (storage_of, storage_size)."""
+    storage_of: dict[int, int] = {}
+    storage_size: dict[int, int] = {}
+    for t in g.tensors:
+        if t.kind == "input" and t.size:
+            storage_of[t.id] = len(storage_size)
+            storage_size[len(storage_size)] = t.size
+    return storage_of, storage_size
+
+
 def mxnet_plan(g: Graph, match_range: int = 16):
     order = list(range(len(g.nodes)))
     keep = set(g.meta.get("outputs", []))
     remaining = [len(g.consumers(t.id)) for t in g.tensors]
-    storage_of: dict[int, int] = {}
-    storage_size: dict[int, int] = {}
-    users_of_storage: dict[int, int] = {}  # live tensors on a storage
+    storage_of, storage_size = _input_storages(g)
+    users_of_storage = {sid: 1 for sid in storage_size}  # live tensors on a storage
     free: list[tuple[int, int]] = []  # (size, storage id), sorted
     inplace = []
 
     def release(sid):
         bisect.insort(free, (storage_size[sid], sid))
 
-    for t in g.tensors:  # graph inputs occupy storages from the start
-        if t.kind == "input" and t.size:
-            sid = len(storage_size)
-            storage_size[sid] = t.size
-            storage_of[t.id] = sid
-            users_of_storage[sid] = 1
     for v in order:
         node = g.nodes[v]
         for out in node.outputs:
@@ -116,17 +120,10 @@ def paddle_plan(g: Graph):
     for i in reversed(range(n)):
         live_out[i] = set(live_in[i + 1]) if i + 1 < n else set(keep)
         live_in[i] = uses[i] | (live_out[i] - defs[i])
-    storage_of: dict[int, int] = {}
-    storage_size: dict[int, int] = {}
-    holders: dict[int, set[int]] = {}
+    storage_of, storage_size = _input_storages(g)
+    holders: dict[int, set[int]] = {sid: {t} for t, sid in storage_of.items()}
     pool: list[tuple[int, int]] = []  # (size, storage id) of dead storages
     inplace = []
-    for t in g.tensors:
-        if t.kind == "input" and t.size:
-            sid = len(storage_size)
-            storage_size[sid] = t.size
-            storage_of[t.id] = sid
-            holders[sid] = {t.id}
     for i, v in enumerate(order):
         node = g.nodes[v]
         for out in node.outputs:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..graph import check_header, read_json
+
 FORMAT = "waterwave-plan"
 VERSION = 1
 
@@ -61,11 +63,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise PlanError(f"not a waterwave plan (expected \"format\": \"{FORMAT}\")")
-        if d.get("version") != VERSION:
-            raise PlanError(f"plan format version {d.get('version')!r} is not supported "
-                            f"(this waterwave reads version {VERSION}); plan the graph again")
+        check_header(d, FORMAT, VERSION, PlanError, "plan the graph again")
         try:
             return cls(str(d["graph"]), str(d["strategy"]), [int(v) for v in d["order"]],
                        {int(k): int(v) for k, v in d["offsets"].items()},
@@ -78,9 +76,4 @@ class Plan:
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{path}: not valid JSON ({e}); the plan file is corrupt") from None
-        return cls.from_dict(d)
+        return cls.from_dict(read_json(path, PlanError))
