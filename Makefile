@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 CXX ?= g++
 CORE_SRC := $(wildcard csrc/core/*.cpp) $(wildcard csrc/device/sim/*.cpp)
 HEADERS := $(wildcard csrc/*/*.h csrc/device/sim/*.h)
-ALL_SRC := $(CORE_SRC) $(wildcard csrc/bench/*.cpp csrc/bindings/*.cpp)
+PLANNER_SRC := $(wildcard csrc/planner/*.cpp)
+ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(wildcard csrc/bench/*.cpp csrc/bindings/*.cpp)
 EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin
@@ -41,13 +42,19 @@ $(BIN)/stress_threads: tests/cpp/stress_threads.cpp $(CORE_SRC) $(HEADERS)
 	mkdir -p $(BIN)
 	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $< -o $@
 
+$(BIN)/offset_search_run: tests/cpp/offset_search_run.cpp $(PLANNER_SRC) $(HEADERS)
+	mkdir -p $(BIN)
+	$(CXX) $(SAN_FLAGS) $(PLANNER_SRC) $< -o $@
+
 # The allocator under AddressSanitizer and UndefinedBehaviorSanitizer: a long
-# random run of each policy (invariants after every step) and a thread stress.
-sanitize: $(BIN)/random_run $(BIN)/stress_threads
+# random run of each policy (invariants after every step) and a thread stress;
+# the planner's offset search on random instances.
+sanitize: $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run
 	$(BIN)/random_run waterwave $(RANDOM_RUN_OPS) 1
 	$(BIN)/random_run pytorch $(RANDOM_RUN_OPS) 1
 	$(BIN)/stress_threads waterwave 4 100000 1
 	$(BIN)/stress_threads pytorch 4 100000 1
+	$(BIN)/offset_search_run 400 1
 
 test-python: build
 	$(PY) -m pytest -q

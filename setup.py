@@ -15,6 +15,7 @@ sources = sorted(
     glob.glob("csrc/core/*.cpp")
     + glob.glob("csrc/device/sim/*.cpp")
     + glob.glob("csrc/bench/*.cpp")
+    + glob.glob("csrc/planner/*.cpp")
     + glob.glob("csrc/bindings/*.cpp")
 )
 

@@ -9,7 +9,7 @@ from planner_graphs import random_graphs
 from waterwave.graph import Graph, GraphError
 from waterwave.planner import STRATEGIES, Buffer, Plan, PlanError, check_plan, order_peak, pack, plan
 from waterwave.planner.baseline import replay
-from waterwave.planner.offsets import max_live
+from waterwave.planner.offsets import greedy_pack, max_live
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -285,29 +285,83 @@ def test_paper_ilp_agrees_with_cp_sat(g):
     check_plan(g, p)
 
 
-@given(buffer_sets(), st.integers(0, 8))
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_skyline_layouts_are_valid(bufs, extra):
-    """Whatever capacity it is given, a layout the skyline search returns fits
-    it and never overlaps (it may find none: that proves nothing)."""
-    from waterwave.planner.skyline import skyline_pack
+def _search(bufs, capacity, seconds=10.0):
+    from waterwave import _C
 
-    cap = max_live(bufs) + 512 * extra
-    try:
-        offs = skyline_pack(bufs, cap, node_limit=20000)
-    except TimeoutError:
-        return  # an allowed answer: the search gave up
-    if offs is not None:
-        ids = {i: b.id for i, b in enumerate(bufs)}
-        assert not overlaps(bufs, {ids[i]: o for i, o in offs.items()})
-        assert max(offs[i] + b.size for i, b in enumerate(bufs)) <= cap
+    return _C.search_offsets([b.lower for b in bufs], [b.upper for b in bufs],
+                             [b.size for b in bufs], capacity, seconds)
 
 
-def test_skyline_solves_large_zero_slack_instances():
-    from waterwave.planner.skyline import skyline_pack
+def _cp_sat_feasible(bufs, capacity):
+    from ortools.sat.python import cp_model
 
-    bufs = zero_slack(2, 450)
-    offs = skyline_pack(bufs, max_live(bufs), seconds=20)
-    assert offs is not None
-    ids = {i: b.id for i, b in enumerate(bufs)}
-    assert not overlaps(bufs, {ids[i]: o for i, o in offs.items()})
+    m = cp_model.CpModel()
+    xs, ys = [], []
+    for b in bufs:
+        if b.size > capacity:
+            return False
+        o = m.NewIntVar(0, capacity - b.size, "")
+        xs.append(m.NewFixedSizeIntervalVar(b.lower, b.upper - b.lower, ""))
+        ys.append(m.NewFixedSizeIntervalVar(o, b.size, ""))
+    m.AddNoOverlap2D(xs, ys)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    status = solver.Solve(m)
+    assert status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE)
+    return status != cp_model.INFEASIBLE
+
+
+def test_offset_search_agrees_with_cp_sat():
+    """The search is complete: 'infeasible' is a proof. On random small
+    instances, at the max-live bound and above it, it finds a layout exactly
+    when CP-SAT says one exists, and every layout it returns is valid."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(150):
+        bufs = []
+        for i in range(rng.randint(2, 9)):
+            lower = rng.randint(0, 8)
+            bufs.append(Buffer(i, lower, lower + rng.randint(1, 5), rng.randint(1, 6)))
+        for capacity in range(max_live(bufs), max_live(bufs) + 4):
+            status, offs, _ = _search(bufs, capacity)
+            feasible = _cp_sat_feasible(bufs, capacity)
+            assert status == ("found" if feasible else "infeasible"), (bufs, capacity)
+            if status == "found":
+                assert not overlaps(bufs, {b.id: offs[i] for i, b in enumerate(bufs)})
+                assert all(0 <= offs[i] <= capacity - b.size for i, b in enumerate(bufs))
+                break
+        # Below the max-live bound nothing fits, and the search says so.
+        assert _search(bufs, max_live(bufs) - 1)[0] == "infeasible"
+
+
+def test_offset_search_rejects_bad_input():
+    with pytest.raises(ValueError, match="empty lifetime"):
+        _search([Buffer(0, 2, 2, 1)], 4)
+    with pytest.raises(ValueError, match="sizes must be positive"):
+        _search([Buffer(0, 0, 2, 0)], 4)
+    with pytest.raises(ValueError, match="same length"):
+        from waterwave import _C
+        _C.search_offsets([0], [1, 2], [1], 4, 1.0)
+
+
+@pytest.mark.parametrize("seed,pieces", [(1, 150), (3, 150), (1, 450), (3, 450)])
+def test_pack_solves_large_zero_slack_instances(seed, pieces):
+    bufs = zero_slack(seed, pieces)
+    offs, arena, bound, status = pack(bufs, time_limit=30)
+    assert status == "optimal" and arena == bound == max_live(bufs)
+    assert not overlaps(bufs, offs)
+
+
+def test_offset_search_settles_zero_slack_tilings_best_fit_cannot():
+    """Zero-slack tilings of 60 pieces, ten shapes: best fit fails on most,
+    the search finds each one's exact tiling."""
+    beaten = 0
+    for seed in range(10):
+        bufs = zero_slack(seed, 60)
+        units = [Buffer(b.id, b.lower, b.upper, b.size // 512) for b in bufs]
+        status, offs, _ = _search(units, 64, seconds=10)
+        assert status == "found"
+        assert not overlaps(units, {b.id: offs[i] for i, b in enumerate(units)})
+        beaten += greedy_pack(bufs)[1] > 64 * 512
+    assert beaten >= 5

@@ -9,6 +9,7 @@
 #include "../core/allocator.h"
 #include "../core/plan_allocator.h"
 #include "../device/sim/sim_device.h"
+#include "../planner/offset_search.h"
 
 namespace py = pybind11;
 using namespace waterwave;
@@ -256,4 +257,23 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       }, py::arg("pairs") = 200000, py::arg("seed") = 1, py::arg("repeats") = 5);
+
+  m.def("search_offsets", [](const std::vector<std::int64_t>& lower, const std::vector<std::int64_t>& upper,
+                             const std::vector<std::int64_t>& size, std::int64_t capacity, double seconds) {
+        if (lower.size() != upper.size() || lower.size() != size.size())
+          throw py::value_error("lower, upper and size must have the same length");
+        std::vector<planner::PackBuffer> bufs(lower.size());
+        for (std::size_t i = 0; i < bufs.size(); ++i) bufs[i] = {lower[i], upper[i], size[i]};
+        planner::SearchResult r;
+        {
+          py::gil_scoped_release release;
+          r = planner::search_offsets(bufs, capacity, seconds);
+        }
+        const char* status = r.status == planner::SearchStatus::kFound        ? "found"
+                             : r.status == planner::SearchStatus::kInfeasible ? "infeasible"
+                                                                              : "timeout";
+        return py::make_tuple(status, r.offsets, r.nodes);
+      }, py::arg("lower"), py::arg("upper"), py::arg("size"), py::arg("capacity"), py::arg("seconds"),
+      "Complete search for offsets within `capacity` (see csrc/planner/offset_search.h). "
+      "Returns (status, offsets, nodes): status is 'found', 'infeasible' (proven) or 'timeout'.");
 }

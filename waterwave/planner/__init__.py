@@ -20,7 +20,7 @@ import time
 from ..graph import Graph
 from .check import check_plan
 from .lifetimes import lifetimes, node_lower_bound, order_peak
-from .offsets import Buffer, greedy_pack, max_live, validate_buffers
+from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers
 from .plan import Plan, PlanError
 
 STRATEGIES = ("pytorch", "mxnet", "paddle", "greedy", "model")
@@ -120,7 +120,7 @@ JOINT_MAX_NODES = 300
 
 
 def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) -> Plan:
-    from .cpsat import exact_pack, solve_joint, solve_order
+    from .cpsat import solve_joint, solve_order
 
     persistent = g.persistent_bytes()
     stats = {"warm_start": how, "warm_start_arena": arena + persistent}
@@ -147,7 +147,7 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) 
     if arena > ideal:
         left = max(0.5, time_limit - (time.time() - t0))
         bufs = _buffers(g, order)
-        offs, packed, _, _ = exact_pack(bufs, time_limit=left, workers=workers)
+        offs, packed, _, _ = exact_pack(bufs, time_limit=left)
         if packed < arena:
             arena_offsets, arena = {b.id: offs[i] for i, b in enumerate(bufs)}, packed
     if status == "optimal" and arena > bound:
@@ -159,14 +159,14 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) 
     return p
 
 
-def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True, workers: int = 2):
+def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True):
     """Offsets for buffers with fixed half-open lifetimes [lower, upper).
 
-    Returns (offsets by buffer id, arena size, lower bound, status)."""
+    Returns (offsets by buffer id, arena size, lower bound, status): the
+    bound is proven; status is ``optimal`` when the arena meets it."""
     validate_buffers(buffers)
     if exact:
-        from .cpsat import exact_pack
-        offs, arena, lb, status = exact_pack(buffers, time_limit=time_limit, workers=workers)
+        offs, arena, lb, status = exact_pack(buffers, time_limit=time_limit)
     else:
         offs, arena, _ = greedy_pack(buffers)
         lb, status = max_live(buffers), "heuristic"

@@ -1,10 +1,5 @@
 """Exact solving with OR-Tools CP-SAT.
 
-``exact_pack``: offsets for fixed lifetimes, minimizing the arena. First a
-decision at capacity = max live bytes (zero slack: any solution is optimal),
-then, if that fails within its share of time, minimization from the greedy
-layout.
-
 ``solve_joint``: the MODeL problem (operator order and offsets together) with
 an exact sequential peak. Every node gets a distinct position within its
 ASAP/ALAP span (MODeL's span reduction); a tensor is live from its
@@ -16,11 +11,9 @@ warm-started from the best heuristic plan, so it never returns worse.
 from __future__ import annotations
 
 import math
-import time
 
 from ..graph import Graph
 from .lifetimes import lifetimes, live_profile
-from .offsets import Buffer, greedy_pack, max_live
 
 
 def _cp():
@@ -44,70 +37,6 @@ def _solver(time_limit: float, workers: int):
     solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
     solver.parameters.num_workers = workers
     return solver
-
-
-def exact_pack(buffers: list[Buffer], time_limit: float = 10.0, workers: int = 2):
-    """Returns (offsets by index, arena, lower bound, status)."""
-    cp_model = _cp()
-    offs, arena, _ = greedy_pack(buffers)
-    lb = max_live(buffers)
-    if arena == lb:
-        return offs, arena, lb, "optimal"
-    live = [i for i, b in enumerate(buffers) if b.size > 0]
-    g = _gcd(buffers[i].size for i in live)
-    t0 = time.time()
-    # The skyline search often finds a layout at the bound at once; when it
-    # does not, that proves nothing, and CP-SAT takes over.
-    from .skyline import skyline_pack
-    try:
-        found = skyline_pack(buffers, lb, seconds=time_limit * 0.25)
-        if found is not None:
-            return found, lb, lb, "optimal"
-    except TimeoutError:
-        pass
-
-    def build(capacity_u: int, minimize: bool):
-        m = cp_model.CpModel()
-        x_iv, y_iv, off = [], [], {}
-        peak = m.NewIntVar(lb // g, capacity_u, "peak") if minimize else None
-        for i in live:
-            b = buffers[i]
-            s = b.size // g
-            o = m.NewIntVar(0, capacity_u - s, f"o{i}")
-            off[i] = o
-            x_iv.append(m.NewFixedSizeIntervalVar(b.lower, b.upper - b.lower, f"t{i}"))
-            y_iv.append(m.NewFixedSizeIntervalVar(o, s, f"a{i}"))
-            m.AddHint(o, offs[i] // g)
-            if minimize:
-                m.Add(o + s <= peak)
-        m.AddNoOverlap2D(x_iv, y_iv)
-        if minimize:
-            m.Minimize(peak)
-        return m, off, peak
-
-    # Zero-slack decision first: at capacity == lower bound any layout is optimal.
-    m, off, _ = build(lb // g, minimize=False)
-    solver = _solver(max(0.05, time_limit * 0.5 - (time.time() - t0)), workers)
-    st = solver.Solve(m)
-    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        out = {i: 0 for i in range(len(buffers))}
-        out.update({i: solver.Value(off[i]) * g for i in live})
-        return out, lb, lb, "optimal"
-    if st == cp_model.INFEASIBLE:
-        lb += g  # proven: the bound itself is unreachable
-    left = time_limit - (time.time() - t0)
-    m, off, peak = build(arena // g, minimize=True)
-    solver = _solver(left, workers)
-    st = solver.Solve(m)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return offs, arena, lb, "heuristic"
-    value = solver.Value(peak) * g
-    bound = max(lb, int(solver.BestObjectiveBound()) * g)
-    if value >= arena:
-        return offs, arena, bound, "optimal" if bound >= arena else "heuristic"
-    out = {i: 0 for i in range(len(buffers))}
-    out.update({i: solver.Value(off[i]) * g for i in live})
-    return out, value, bound, "optimal" if st == cp_model.OPTIMAL else "feasible"
 
 
 def spans(g: Graph) -> tuple[list[int], list[int]]:

@@ -4,11 +4,15 @@ Greedy best fit in two visiting orders, as TFLite and XLA do:
 ``by size`` (largest first, the spatial order) and ``by time`` (earliest
 first, the temporal order). Each tensor goes into the smallest gap between
 already placed, time-overlapping tensors that fits it, else on top.
-``pack`` keeps the better of the two, and ``exact_pack`` (cpsat.py) improves
-on it.
+``greedy_pack`` keeps the better of them, and ``exact_pack`` improves on it
+with a complete search (csrc/planner/offset_search.h): first at the max-live
+bound, where any layout found is optimal, then, if the bound is proven out of
+reach, by bisection between the proven bound and the best layout found.
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 
@@ -89,3 +93,46 @@ def validate_buffers(buffers: list[Buffer]) -> None:
         if b.upper <= b.lower:
             raise ValueError(f"buffer {b.id!r} has an empty lifetime [{b.lower}, {b.upper}): "
                              "upper must be greater than lower (ranges are half-open)")
+
+
+def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
+    """Offsets minimizing the arena: (offsets by index, arena, proven lower
+    bound, status) with status ``optimal`` when arena == bound, else
+    ``heuristic`` (the best layout found in time)."""
+    from .. import _C
+
+    offs, arena, _ = greedy_pack(buffers)
+    bound = max_live(buffers)
+    if arena == bound:
+        return offs, arena, bound, "optimal"
+    live = [i for i, b in enumerate(buffers) if b.size > 0]
+    unit = 0
+    for i in live:
+        unit = math.gcd(unit, buffers[i].size)
+    lower = [buffers[i].lower for i in live]
+    upper = [buffers[i].upper for i in live]
+    size = [buffers[i].size // unit for i in live]
+    deadline = time.monotonic() + time_limit
+    lo, hi = bound // unit, arena // unit  # the answer lies in [lo, hi]
+    capacity = lo  # zero slack first: most instances reach the bound
+    while lo < hi:
+        left = deadline - time.monotonic()
+        if left <= 0.01:
+            break
+        # Half the time left to each question, so a hard one cannot starve
+        # the easier, roomier capacities after it.
+        status, found, _ = _C.search_offsets(lower, upper, size, capacity, left / 2)
+        if status == "found":
+            hi = capacity
+            offs = {i: 0 for i, b in enumerate(buffers) if b.size == 0}
+            offs.update({i: o * unit for i, o in zip(live, found)})
+        elif status == "infeasible":
+            lo = capacity + 1
+        else:  # unsettled: try a roomier capacity, keeping the proven bound
+            lo_try = capacity + 1
+            if lo_try >= hi:
+                break
+            capacity = (lo_try + hi) // 2
+            continue
+        capacity = (lo + hi) // 2
+    return offs, hi * unit, lo * unit, "optimal" if lo == hi else "heuristic"
