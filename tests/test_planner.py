@@ -67,6 +67,45 @@ def test_model_finds_the_optimum_on_a_small_graph():
     assert p.arena_size == p.stats["proven_lower_bound"]
 
 
+@given(random_graphs(), st.randoms(use_true_random=False))
+@FAST
+def test_must_live_bound_holds_for_every_order(g, rng):
+    """No topological order goes below the must-live bound, and the exact
+    model's optimum (gap limit 0) is never below it either."""
+    from waterwave.planner.lifetimes import must_live_bound, node_lower_bound
+
+    bound = must_live_bound(g)
+    assert bound >= node_lower_bound(g)
+    for _ in range(5):  # random topological orders
+        indeg = [len(g.preds(v)) for v in range(len(g.nodes))]
+        ready = [v for v, d in enumerate(indeg) if d == 0]
+        order = []
+        while ready:
+            v = ready.pop(rng.randrange(len(ready)))
+            order.append(v)
+            for s in g.succs(v):
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    ready.append(s)
+        assert order_peak(g, order) >= bound
+    exact = plan(g, "model", time_limit=5, gap_limit=0.0)
+    if not exact.inplace:
+        assert exact.arena_size >= bound
+
+
+def test_must_live_bound_proves_a_training_step_optimal_without_search():
+    # Forward activations are all saved for backward: at the turn they are
+    # live in every order, so the bound equals program order's peak, and
+    # `model` stops at once with a zero gap.
+    from waterwave.planner.lifetimes import must_live_bound
+
+    g = chain()
+    assert must_live_bound(g) == order_peak(g, list(range(len(g.nodes))))
+    p = plan(g, "model", time_limit=30)
+    assert p.status == "optimal" and p.stats["gap"] == 0.0
+    assert p.solve_seconds < 5
+
+
 def test_greedy_beats_program_order_when_order_matters():
     # Two independent branches: running each to completion keeps memory low.
     g = Graph("branches")
@@ -274,7 +313,7 @@ def test_paper_ilp_agrees_with_cp_sat(g):
     assert result is not None
     order, offsets, arena, status = result
     assert status == "optimal"
-    cp = plan(g, "model", time_limit=10)
+    cp = plan(g, "model", time_limit=10, gap_limit=0.0)
     assert cp.status == "optimal"
     assert arena == cp.arena_size - g.persistent_bytes()
     # The ILP's decoded plan is itself valid.

@@ -8,8 +8,10 @@ order plus the offset of every tensor). Strategies:
 - ``paddle``: liveness analysis with in-place reuse and a reuse pool;
 - ``greedy``: the best of several memory-aware orders, each with best-fit
   offsets in spatial and temporal visiting orders;
-- ``model``: the MODeL problem solved jointly with CP-SAT (exact sequential
-  peak), warm-started from ``greedy``, with the proven lower bound and gap.
+- ``model``: the MODeL problem solved with CP-SAT (exact sequential peak),
+  warm-started from ``greedy``, then exact offsets for the order found; it
+  reports a proven lower bound (the larger of CP-SAT's and the must-live
+  bound, lifetimes.py) and the gap, and stops once the gap is small enough.
 
 ``pack(buffers)`` solves offsets alone for fixed lifetimes.
 """
@@ -19,7 +21,7 @@ import time
 
 from ..graph import Graph
 from .check import check_plan
-from .lifetimes import lifetimes, node_lower_bound, order_peak
+from .lifetimes import lifetimes, must_live_bound, order_peak
 from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers
 from .plan import Plan, PlanError
 
@@ -59,7 +61,11 @@ def _layout(g: Graph, order: list[int]):
     return {b.id: offs[i] for i, b in enumerate(bufs)}, arena, how
 
 
-def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: int = 2) -> Plan:
+def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: int = 2,
+         gap_limit: float = 1e-3) -> Plan:
+    """Plan one training step. ``model`` stops as soon as its arena is within
+    ``gap_limit`` (relative) of a proven lower bound, or at ``time_limit``
+    seconds; status ``optimal`` means the gap is zero."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     g.validate()
@@ -90,7 +96,7 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
     if strategy == "greedy":
         p = _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
     else:
-        p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0)
+        p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0, gap_limit)
     return _best_with_inplace(g, p, t0)
 
 
@@ -119,43 +125,54 @@ def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
 JOINT_MAX_NODES = 300
 
 
-def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0) -> Plan:
+def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
+           gap_limit) -> Plan:
     from .cpsat import solve_joint, solve_order
 
     persistent = g.persistent_bytes()
-    stats = {"warm_start": how, "warm_start_arena": arena + persistent}
-    status = "heuristic"
-    bound = 0
-    if len(g.nodes) <= JOINT_MAX_NODES:
-        stats["formulation"] = "joint"
-        result = solve_joint(g, order, arena_offsets, time_limit=time_limit * 0.8, workers=workers)
-        if result is not None:
-            j_order, j_offsets, j_arena, bound, status = result
-            if j_arena <= arena:
-                order, arena_offsets, arena = j_order, j_offsets, j_arena
-    else:
-        stats["formulation"] = "order+pack"
-        result = solve_order(g, order, time_limit=time_limit * 0.6, workers=workers)
-        if result is not None:
-            o_order, o_peak, bound, status = result
-            if o_peak < order_peak(g, order) - persistent:
-                o_offsets, o_arena, _ = _layout(g, o_order)
-                if o_arena < arena:
-                    order, arena_offsets, arena = o_order, o_offsets, o_arena
+    # A bound for every order (see must_live_bound); on training graphs it
+    # often proves the best heuristic order optimal at once.
+    bound = must_live_bound(g) - persistent
+    stats = {"warm_start": how, "warm_start_arena": arena + persistent,
+             "order_bound": bound + persistent}
+
+    def close_enough(value: int) -> bool:
+        return value - bound <= gap_limit * value
+
+    if not close_enough(order_peak(g, order) - persistent):
+        left = time_limit - (time.time() - t0)
+        if len(g.nodes) <= JOINT_MAX_NODES:
+            stats["formulation"] = "joint"
+            result = solve_joint(g, order, arena_offsets, time_limit=left * 0.8, workers=workers,
+                                 gap_limit=gap_limit)
+            if result is not None:
+                j_order, j_offsets, j_arena, j_bound, _ = result
+                bound = max(bound, j_bound)
+                if j_arena <= arena:
+                    order, arena_offsets, arena = j_order, j_offsets, j_arena
+        else:
+            stats["formulation"] = "order+pack"
+            result = solve_order(g, order, time_limit=left * 0.6, workers=workers,
+                                 gap_limit=gap_limit)
+            if result is not None:
+                o_order, o_peak, o_bound, _ = result
+                bound = max(bound, o_bound)
+                if o_peak < order_peak(g, order) - persistent:
+                    o_offsets, o_arena, _ = _layout(g, o_order)
+                    if o_arena < arena:
+                        order, arena_offsets, arena = o_order, o_offsets, o_arena
     # Offsets for the chosen order: exact packing if the layout wastes any.
-    ideal = order_peak(g, order) - persistent
-    if arena > ideal:
+    if arena > order_peak(g, order) - persistent and not close_enough(arena):
         left = max(0.5, time_limit - (time.time() - t0))
         bufs = _buffers(g, order)
         offs, packed, _, _ = exact_pack(bufs, time_limit=left)
         if packed < arena:
             arena_offsets, arena = {b.id: offs[i] for i, b in enumerate(bufs)}, packed
-    if status == "optimal" and arena > bound:
-        status = "feasible"  # the order is optimal; its layout is not proven so
-    p = _assemble(g, "model", order, arena_offsets, t0, status, stats=stats)
-    lb = max(bound + persistent, node_lower_bound(g))
-    p.stats["proven_lower_bound"] = min(lb, p.arena_size)
-    p.stats["gap"] = 0.0 if p.arena_size == 0 else 1 - p.stats["proven_lower_bound"] / p.arena_size
+    bound = min(bound, arena)
+    p = _assemble(g, "model", order, arena_offsets, t0,
+                  "optimal" if arena == bound else "feasible", stats=stats)
+    p.stats["proven_lower_bound"] = bound + persistent
+    p.stats["gap"] = 0.0 if p.arena_size == 0 else 1 - (bound + persistent) / p.arena_size
     return p
 
 

@@ -31,11 +31,12 @@ def _gcd(sizes) -> int:
     return g or 1
 
 
-def _solver(time_limit: float, workers: int):
+def _solver(time_limit: float, workers: int, gap_limit: float = 0.0):
     cp_model = _cp()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
     solver.parameters.num_workers = workers
+    solver.parameters.relative_gap_limit = gap_limit
     return solver
 
 
@@ -115,7 +116,7 @@ def _ordering_model(m, g: Graph, hint_order: list[int], tensors):
 
 
 def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
-                time_limit: float = 10.0, workers: int = 2):
+                time_limit: float = 10.0, workers: int = 2, gap_limit: float = 0.0):
     """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
     non-persistent arena, proven lower bound of that arena, status)."""
     cp_model = _cp()
@@ -138,7 +139,7 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     # Redundant but strong: the live bytes at any time fit under the peak.
     m.AddCumulative(x_iv, [t.size // unit for t in tensors], peak)
     m.AddHint(peak, hint_arena // unit)
-    result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
+    result = _minimize_peak(m, peak, pos, unit, time_limit, workers, gap_limit)
     if result is None:
         return None
     solver, order, value, bound, status = result
@@ -146,7 +147,8 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     return order, offsets, value, bound, status
 
 
-def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2):
+def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2,
+                gap_limit: float = 0.0):
     """The ordering half of MODeL alone: minimize the exact sequential peak of
     live bytes (AddCumulative) over topological orders, without offsets.
     Much lighter than the joint model; offsets are packed afterwards.
@@ -161,19 +163,19 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
     peak = m.NewIntVar(0, max(hint_peak // unit, 1), "peak")
     m.AddCumulative(ivs, demands, peak)
     m.AddHint(peak, hint_peak // unit)
-    result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
+    result = _minimize_peak(m, peak, pos, unit, time_limit, workers, gap_limit)
     if result is None:
         return None
     _, order, value, bound, status = result
     return order, value, bound, status
 
 
-def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int):
+def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int, gap_limit: float):
     """Solve; returns (solver, order by position, peak bytes, proven bound
     bytes, status), or None when no solution was found in time."""
     cp_model = _cp()
     m.Minimize(peak)
-    solver = _solver(time_limit, workers)
+    solver = _solver(time_limit, workers, gap_limit)
     st = solver.Solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

@@ -68,6 +68,53 @@ def node_lower_bound(g: Graph) -> int:
     return persistent + best
 
 
+def must_live_bound(g: Graph) -> int:
+    """A bound no order can beat, often tight for training graphs: while a
+    node v runs, every tensor made by v or an ancestor of v and used by v or
+    a descendant of v is live in *every* topological order (at the loss,
+    that is all the activations saved for backward). Persistent memory plus
+    the largest such sum over nodes; never below ``node_lower_bound``."""
+    import numpy as np
+
+    n = len(g.nodes)
+    if n == 0:
+        return g.persistent_bytes()
+    order = g.topological_order()
+    reach = np.zeros((n, n), dtype=bool)  # reach[u, v]: v == u or v depends on u
+    for u in reversed(order):
+        row = reach[u]
+        row[u] = True
+        for s in g.succs(u):
+            row |= reach[s]
+    ancestors = np.ascontiguousarray(reach.T)  # ancestors[c, v]: v == c or c depends on v
+    keep = set(g.meta.get("outputs", []))
+    live = np.zeros(n, dtype=np.int64)
+    for t in g.tensors:
+        if t.persistent or t.size == 0:
+            continue
+        p = g.producer(t.id)
+        users = g.consumers(t.id)
+        if t.id in keep:
+            before_last_use = None  # live to the end of the step
+        elif not users:
+            if p is None:
+                continue
+            live[p] += t.size  # made and dropped by one node
+            continue
+        else:
+            before_last_use = np.logical_or.reduce(ancestors[users], axis=0)
+        after_made = reach[p] if p is not None else None
+        if after_made is None and before_last_use is None:
+            live += t.size
+        elif after_made is None:
+            live[before_last_use] += t.size
+        elif before_last_use is None:
+            live[after_made] += t.size
+        else:
+            live[after_made & before_last_use] += t.size
+    return max(g.persistent_bytes() + int(live.max()), node_lower_bound(g))
+
+
 def allocation_events(g: Graph, order: list[int]):
     """The allocations and frees one step makes under ``order``, as an eager
     framework makes them: ("alloc", t) for each output when its node runs,
