@@ -202,6 +202,8 @@ def test_graph_validation_names_the_problem():
 def test_unknown_strategy():
     with pytest.raises(ValueError, match="unknown strategy"):
         plan(chain(), "tetris")
+    with pytest.raises(ValueError, match="gap_limit must be a fraction"):
+        plan(chain(), "model", gap_limit=-0.1)
 
 
 @st.composite

@@ -108,7 +108,7 @@ def _plan(args) -> int:
         base = replay(g)
         progress.remove_task(task)
         task = progress.add_task(f"planning ({args.strategy}, up to {args.time_limit:g} s)", total=None)
-        p = plan(g, args.strategy, time_limit=args.time_limit)
+        p = plan(g, args.strategy, time_limit=args.time_limit, gap_limit=args.gap_limit)
         progress.remove_task(task)
     check_plan(g, p)
     if args.out:
@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--strategy", default="model",
                       choices=["pytorch", "mxnet", "paddle", "greedy", "model"])
     plan.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
+    plan.add_argument("--gap-limit", type=float, default=1e-3,
+                      help="model: stop once within this relative gap of the proven bound "
+                           "(0 to insist on a proof of optimality)")
     plan.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
                       help="optimizer in the captured step (SGD with momentum, or Adam)")
     plan.add_argument("--out", help="write the plan JSON here")

@@ -84,7 +84,11 @@ BenchCase same_stream(const std::string& policy, std::uint64_t pairs,
   auto t = make_target(policy);
   std::uintptr_t window[8] = {};
   for (auto& w : window) w = t->alloc(sizes[0], 0);
-  BenchCase c{"same_stream", policy, 0, pairs, 0, {}};
+  BenchCase c;
+  c.name = "same_stream";
+  c.policy = policy;
+  c.pairs = pairs;
+  c.free_blocks = 0;
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t& slot = window[i & 7];
     t->free(slot);
@@ -100,7 +104,11 @@ BenchCase same_stream(const std::string& policy, std::uint64_t pairs,
 BenchCase synced_path(const std::string& policy, std::uint64_t pairs,
                       const std::vector<std::size_t>& sizes) {
   auto t = make_target(policy);
-  BenchCase c{"synced_path", policy, 0, pairs, 0, {}};
+  BenchCase c;
+  c.name = "synced_path";
+  c.policy = policy;
+  c.pairs = pairs;
+  c.free_blocks = 0;
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t p = t->alloc(sizes[i % sizes.size()], i & 63);
     t->free(p);
@@ -123,7 +131,11 @@ BenchCase cross_stream(const std::string& policy, std::uint64_t pairs,
     pt->device.launch(1, 1e18, {});
   }
   const std::size_t size = 12 * kMiB;
-  BenchCase c{"cross_stream", policy, 0, pairs, 0, {}};
+  BenchCase c;
+  c.name = "cross_stream";
+  c.policy = policy;
+  c.pairs = pairs;
+  c.free_blocks = 0;
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t p = t->alloc(size, i & 1);
     t->free(p);
@@ -141,7 +153,11 @@ BenchCase with_free_blocks(const std::string& policy, std::uint64_t pairs,
   std::vector<std::uintptr_t> blocks(2 * holes);
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = t->alloc(sizes[i % sizes.size()], 0);
   for (std::size_t i = 0; i < blocks.size(); i += 2) t->free(blocks[i]);
-  BenchCase c{name, policy, 0, pairs, holes, {}};
+  BenchCase c;
+  c.name = name;
+  c.policy = policy;
+  c.pairs = pairs;
+  c.free_blocks = holes;
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t p = t->alloc(sizes[(i * 7 + 3) % sizes.size()], 0);
     t->free(p);
