@@ -386,7 +386,7 @@ def test_offset_search_rejects_bad_input():
         _C.search_offsets([0], [1, 2], [1], 4, 1.0)
 
 
-@pytest.mark.parametrize("seed,pieces", [(1, 150), (3, 150), (1, 450), (3, 450)])
+@pytest.mark.parametrize("seed,pieces", [(1, 150), (3, 150), (5, 150), (3, 450)])
 def test_pack_solves_large_zero_slack_instances(seed, pieces):
     bufs = zero_slack(seed, pieces)
     offs, arena, bound, status = pack(bufs, time_limit=30)

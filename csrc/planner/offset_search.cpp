@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <pthread.h>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -21,6 +23,13 @@ std::uint64_t mix64(std::uint64_t x) {  // splitmix64's finalizer
 }
 
 enum class Outcome { kFound, kNotFound, kAborted, kTimeout };
+
+// The search recurses once per placement and per spot left empty, which on
+// real training steps runs tens of thousands deep: it gets its own thread
+// with a large stack (reserved, touched only as deep as it goes), and a depth
+// guard below what that stack holds, past which the answer is "unknown".
+constexpr std::size_t kSearchStackBytes = std::size_t{1} << 30;
+constexpr int kMaxDepth = 400000;
 
 // Time is cut into sections at every distinct lifetime end; a buffer covers
 // the half-open section range [first, last).
@@ -92,6 +101,8 @@ class Search {
     twin_class_.assign(n, 0);
     for (int k = 1; k < n; ++k)
       twin_class_[order[k]] = key(order[k]) == key(order[k - 1]) ? twin_class_[order[k - 1]] : k;
+    by_size_ = order;
+    std::sort(by_size_.begin(), by_size_.end(), [&](int a, int b) { return bufs[a].size < bufs[b].size; });
     // Twins share their hash keys: swapping them gives the same state.
     zobrist_.resize(n);
     for (int i = 0; i < n; ++i)
@@ -111,6 +122,13 @@ class Search {
     solution_.assign(n, kUnplaced);
     floor_.assign(sweep_.total.size(), 0);
     unplaced_total_ = sweep_.total;
+    unplaced_in_ = sweep_.section_buffers;
+    slot_begin_.assign(n + 1, 0);
+    for (int i = 0; i < n; ++i) slot_begin_[i + 1] = slot_begin_[i] + (sweep_.last[i] - sweep_.first[i]);
+    slot_.assign(static_cast<std::size_t>(slot_begin_[n]), 0);
+    for (std::size_t sec = 0; sec < unplaced_in_.size(); ++sec)
+      for (std::size_t k = 0; k < unplaced_in_[sec].size(); ++k)
+        slot_of(unplaced_in_[sec][k], static_cast<int>(sec)) = static_cast<int>(k);
     cuts_ = sweep_.crossing;
     unplaced_hash_.assign(sweep_.total.size(), {0, 0});
     for (int i = 0; i < n; ++i)
@@ -198,13 +216,18 @@ class Search {
   // with every section they cover settled exactly up to f; one per twin class.
   void candidates(int s, std::int64_t f, std::vector<int>& out, std::size_t stop_after) const {
     out.clear();
-    for (int x : sweep_.section_buffers[s]) {
-      if (offset_[x] != kUnplaced) continue;
+    for (int x : unplaced_in_[s]) {
+      if (floor_[sweep_.last[x] - 1] != f || floor_[sweep_.first[x]] != f) continue;
       bool flat = true;
       for (int t = sweep_.first[x]; t < sweep_.last[x] && flat; ++t) flat = floor_[t] == f;
       if (!flat) continue;
+      // Of twins, keep the one ranked first, whatever the list order.
       bool twin = false;
-      for (int y : out) twin = twin || twin_class_[y] == twin_class_[x];
+      for (int& y : out) {
+        if (twin_class_[y] != twin_class_[x]) continue;
+        twin = true;
+        if (rank_[x] < rank_[y]) y = x;
+      }
       if (twin) continue;
       out.push_back(x);
       if (out.size() >= stop_after) return;
@@ -231,6 +254,12 @@ class Search {
 
   Outcome dfs(int lo, int hi) {
     if (--node_budget_ < 0) return Outcome::kAborted;
+    if (depth_ >= kMaxDepth) return Outcome::kTimeout;
+    struct Deeper {
+      int& d;
+      explicit Deeper(int& depth) : d(depth) { ++d; }
+      ~Deeper() { --d; }
+    } deeper(depth_);
     if ((++nodes_ & 255) == 0 && Clock::now() > deadline_) return Outcome::kTimeout;
     const auto key = state_key(lo, hi);
     auto& slot = failed_[key.first & (kFailedSlots - 1)];
@@ -247,7 +276,7 @@ class Search {
       if (unplaced_total_[s] > 0) f = std::min(f, floor_[s]);
     if (f == kNone) return Outcome::kFound;  // everything in this part is placed
 
-    if (!floors_reachable(lo, hi)) return Outcome::kNotFound;
+    if (hi - lo <= kMaxInferenceSections && !floors_reachable(lo, hi)) return Outcome::kNotFound;
 
     // The spot at height f with the fewest choices.
     int spot = -1;
@@ -264,6 +293,7 @@ class Search {
         fewest = count;
         spot = s;
         choices.swap(scratch);
+        if (fewest == 1) break;  // a forced move: take it without looking further
       }
     }
     const std::size_t skip = floor_[spot] + unplaced_total_[spot] < capacity_ ? 1 : 0;
@@ -285,10 +315,13 @@ class Search {
     for (int s = lo; s < hi; ++s)
       if (unplaced_total_[s] > 0 && floor_[s] > f) rise = std::min(rise, floor_[s]);
     std::int64_t lowest_start = kNone;
-    for (int s = lo; s < hi; ++s)
-      for (int x : sweep_.section_buffers[s])
-        if (offset_[x] == kUnplaced) rise = std::min(rise, f + bufs_[x].size);
-    for (int x : sweep_.section_buffers[spot]) {
+    for (int x : by_size_) {  // the smallest unplaced buffer of this part
+      if (offset_[x] == kUnplaced && sweep_.first[x] < hi && lo < sweep_.last[x]) {
+        rise = std::min(rise, f + bufs_[x].size);
+        break;
+      }
+    }
+    for (int x : unplaced_in_[spot]) {
       if (offset_[x] != kUnplaced) continue;
       std::int64_t start = 0;
       for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) start = std::max(start, floor_[t]);
@@ -310,8 +343,8 @@ class Search {
   bool floors_reachable(int lo, int hi) {
     lowest_.assign(static_cast<std::size_t>(hi), std::numeric_limits<std::int64_t>::max());
     for (int s = lo; s < hi; ++s) {
-      for (int x : sweep_.section_buffers[s]) {
-        if (offset_[x] != kUnplaced || std::max(sweep_.first[x], lo) != s) continue;
+      for (int x : unplaced_in_[s]) {
+        if (std::max(sweep_.first[x], lo) != s) continue;
         std::int64_t start = 0;
         for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) start = std::max(start, floor_[t]);
         for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) lowest_[t] = std::min(lowest_[t], start);
@@ -343,8 +376,17 @@ class Search {
       floor_[s] = f + bufs_[x].size;
       unplaced_total_[s] -= bufs_[x].size;
       toggle(s, x);
+      // Swap x out of the section's unplaced list.
+      std::vector<int>& list = unplaced_in_[s];
+      const int k = slot_of(x, s);
+      const int moved = list.back();
+      list[k] = moved;
+      slot_of(moved, s) = k;
+      list.pop_back();
     }
   }
+
+  int& slot_of(int x, int s) { return slot_[slot_begin_[x] + (s - sweep_.first[x])]; }
 
   void unplace(int x) {
     const std::int64_t f = offset_[x];
@@ -352,6 +394,8 @@ class Search {
       floor_[s] = f;
       unplaced_total_[s] += bufs_[x].size;
       toggle(s, x);
+      slot_of(x, s) = static_cast<int>(unplaced_in_[s].size());
+      unplaced_in_[s].push_back(x);
     }
     offset_[x] = kUnplaced;
   }
@@ -372,8 +416,18 @@ class Search {
       std::vector<std::pair<std::uint64_t, std::uint64_t>>(kFailedSlots);
 
   std::vector<std::int64_t> lowest_;
+  std::vector<int> by_size_;
+  // Each section's unplaced buffers, and where each buffer sits in them.
+  std::vector<std::vector<int>> unplaced_in_;
+  std::vector<std::int64_t> slot_begin_;
+  std::vector<int> slot_;
+  // The unallocated-floor inference walks every lifetime in the part; on
+  // long parts (real training steps have thousands of sections) that costs
+  // far more per node than the pruning it buys.
+  static constexpr int kMaxInferenceSections = 512;
   std::int64_t nodes_ = 0;
   std::int64_t node_budget_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -391,7 +445,33 @@ SearchResult search_offsets(const std::vector<PackBuffer>& buffers, std::int64_t
       throw std::invalid_argument("buffer " + std::to_string(i) + " has size " +
                                   std::to_string(b.size) + ": sizes must be positive");
   }
-  return Search(buffers, capacity, seconds).run();
+  struct Job {
+    const std::vector<PackBuffer>* buffers;
+    std::int64_t capacity;
+    double seconds;
+    SearchResult result;
+    std::exception_ptr error;
+  } job{&buffers, capacity, seconds, {}, nullptr};
+  auto body = [](void* arg) -> void* {
+    auto* j = static_cast<Job*>(arg);
+    try {
+      j->result = Search(*j->buffers, j->capacity, j->seconds).run();
+    } catch (...) {
+      j->error = std::current_exception();
+    }
+    return nullptr;
+  };
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, kSearchStackBytes);
+  pthread_t thread;
+  const int rc = pthread_create(&thread, &attr, body, &job);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) throw std::runtime_error("offset search: could not start its thread (error " +
+                                        std::to_string(rc) + ")");
+  pthread_join(thread, nullptr);
+  if (job.error) std::rethrow_exception(job.error);
+  return job.result;
 }
 
 }  // namespace waterwave::planner

@@ -119,9 +119,11 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
         left = deadline - time.monotonic()
         if left <= 0.01:
             break
-        # Half the time left to each question, so a hard one cannot starve
-        # the easier, roomier capacities after it.
-        status, found, _ = _C.search_offsets(lower, upper, size, capacity, left / 2)
+        # The bound first, with most of the time (it is usually reachable);
+        # then half the time left to each question, so a hard one cannot
+        # starve the roomier capacities after it.
+        share = 0.75 if capacity * unit == bound else 0.5
+        status, found, _ = _C.search_offsets(lower, upper, size, capacity, left * share)
         if status == "found":
             hi = capacity
             offs = {i: 0 for i, b in enumerate(buffers) if b.size == 0}
