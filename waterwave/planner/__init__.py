@@ -127,6 +127,10 @@ def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
 # (cumulative peak), followed by packing, is used instead.
 JOINT_MAX_NODES = 300
 
+# Once a plan is within the gap limit, removing its last fragmentation is
+# worth only this much more time.
+PACK_SECONDS_WITHIN_GAP = 3.0
+
 
 def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
            gap_limit) -> Plan:
@@ -164,9 +168,12 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
                     o_offsets, o_arena, _ = _layout(g, o_order)
                     if o_arena < arena:
                         order, arena_offsets, arena = o_order, o_offsets, o_arena
-    # Offsets for the chosen order: exact packing if the layout wastes any.
-    if arena > order_peak(g, order) - persistent and not close_enough(arena):
+    # Offsets for the chosen order: exact packing if the layout wastes any
+    # (briefly when the plan is already within the gap limit).
+    if arena > order_peak(g, order) - persistent:
         left = max(0.5, time_limit - (time.time() - t0))
+        if close_enough(arena):
+            left = min(left, PACK_SECONDS_WITHIN_GAP)
         bufs = _buffers(g, order)
         offs, packed, _, _ = exact_pack(bufs, time_limit=left)
         if packed < arena:
