@@ -1,8 +1,9 @@
 #include "offset_search.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
-#include <pthread.h>
 #include <exception>
 #include <limits>
 #include <stdexcept>

@@ -31,7 +31,7 @@ struct PackBuffer {
 enum class SearchStatus {
   kFound,       // offsets hold a layout within the capacity
   kInfeasible,  // proven: no layout fits the capacity
-  kTimeout,     // ran out of time first; proves nothing
+  kTimeout,     // ran out of time (or, on huge instances, of stack depth) first; proves nothing
 };
 
 struct SearchResult {
