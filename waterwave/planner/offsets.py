@@ -101,6 +101,7 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
     ``heuristic`` (the best layout found in time)."""
     from .. import _C
 
+    deadline = time.monotonic() + time_limit
     offs, arena, _ = greedy_pack(buffers)
     bound = max_live(buffers)
     if arena == bound:
@@ -112,7 +113,6 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
     lower = [buffers[i].lower for i in live]
     upper = [buffers[i].upper for i in live]
     size = [buffers[i].size // unit for i in live]
-    deadline = time.monotonic() + time_limit
     lo, hi = bound // unit, arena // unit  # the answer lies in [lo, hi]
     capacity = lo  # zero slack first: most instances reach the bound
     while lo < hi:
