@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                       choices=["pytorch", "mxnet", "paddle", "greedy", "model"])
     plan.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
     plan.add_argument("--gap-limit", type=float, default=1e-3,
-                      help="model: stop once within this relative gap of the proven bound "
+                      help="model: skip CP-SAT once within this relative gap of the proven bound "
                            "(0 to insist on a proof of optimality)")
     plan.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
                       help="optimizer in the captured step (SGD with momentum, or Adam)")

@@ -31,12 +31,15 @@ def _gcd(sizes) -> int:
     return g or 1
 
 
-def _solver(time_limit: float, workers: int, gap_limit: float = 0.0):
+def _solver(time_limit: float, workers: int):
     cp_model = _cp()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
     solver.parameters.num_workers = workers
-    solver.parameters.relative_gap_limit = gap_limit
+    # No relative_gap_limit here: while it was set, OR-Tools 9.15 aborted the
+    # process once in our suite (a native abort in a CP-SAT solve; 9.15 has
+    # known crashes in its parallel search, or-tools#5025). The caller checks
+    # the gap against its own bound before calling CP-SAT at all.
     return solver
 
 
@@ -116,7 +119,7 @@ def _ordering_model(m, g: Graph, hint_order: list[int], tensors):
 
 
 def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
-                time_limit: float = 10.0, workers: int = 2, gap_limit: float = 0.0):
+                time_limit: float = 10.0, workers: int = 2):
     """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
     non-persistent arena, proven lower bound of that arena, status)."""
     cp_model = _cp()
@@ -139,7 +142,7 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     # Redundant but strong: the live bytes at any time fit under the peak.
     m.AddCumulative(x_iv, [t.size // unit for t in tensors], peak)
     m.AddHint(peak, hint_arena // unit)
-    result = _minimize_peak(m, peak, pos, unit, time_limit, workers, gap_limit)
+    result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
     if result is None:
         return None
     solver, order, value, bound, status = result
@@ -147,8 +150,7 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     return order, offsets, value, bound, status
 
 
-def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2,
-                gap_limit: float = 0.0):
+def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2):
     """The ordering half of MODeL alone: minimize the exact sequential peak of
     live bytes (AddCumulative) over topological orders, without offsets.
     Much lighter than the joint model; offsets are packed afterwards.
@@ -163,19 +165,19 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
     peak = m.NewIntVar(0, max(hint_peak // unit, 1), "peak")
     m.AddCumulative(ivs, demands, peak)
     m.AddHint(peak, hint_peak // unit)
-    result = _minimize_peak(m, peak, pos, unit, time_limit, workers, gap_limit)
+    result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
     if result is None:
         return None
     _, order, value, bound, status = result
     return order, value, bound, status
 
 
-def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int, gap_limit: float):
+def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int):
     """Solve; returns (solver, order by position, peak bytes, proven bound
     bytes, status), or None when no solution was found in time."""
     cp_model = _cp()
     m.Minimize(peak)
-    solver = _solver(time_limit, workers, gap_limit)
+    solver = _solver(time_limit, workers)
     st = solver.Solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
