@@ -1,6 +1,6 @@
 """The plan allocator: planned offsets, deviations, and never corrupting memory."""
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import waterwave as ww
@@ -30,6 +30,11 @@ def run_step(pa, g, p):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_matching_program_is_served_entirely_from_the_plan(g):
     p = plan(g, "greedy")
+    # A plan that shares an input's memory with an output (taken from mxnet
+    # or paddle when that is smaller) matches only a program that runs those
+    # operators in place; run_step allocates every output, so for such a plan
+    # the allocator rightly falls back (tested below with arbitrary plans).
+    assume(not p.inplace)
     slots, arena = plan_slots(g, p)
     pa = ww.PlanAllocator(p, graph=g, device=ww.SimDevice(64 * MiB, 0.0))
     for step in range(3):
