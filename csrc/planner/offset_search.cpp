@@ -74,7 +74,6 @@ struct Sweep {
     }
     int run = 0;
     for (int k = 0; k + 1 < sections; ++k) crossing[k] = run += crossing_delta[k];
-
   }
 };
 
@@ -266,7 +265,7 @@ class Search {
     auto& slot = failed_[key.first & (kFailedSlots - 1)];
     if (slot == key) return Outcome::kNotFound;
     const Outcome outcome = branch(lo, hi);
-    if (outcome == Outcome::kNotFound) failed_[key.first & (kFailedSlots - 1)] = key;
+    if (outcome == Outcome::kNotFound) slot = key;  // the table never grows: slot stays valid
     return outcome;
   }
 
@@ -315,19 +314,14 @@ class Search {
     std::int64_t rise = kNone;
     for (int s = lo; s < hi; ++s)
       if (unplaced_total_[s] > 0 && floor_[s] > f) rise = std::min(rise, floor_[s]);
-    std::int64_t lowest_start = kNone;
     for (int x : by_size_) {  // the smallest unplaced buffer of this part
       if (offset_[x] == kUnplaced && sweep_.first[x] < hi && lo < sweep_.last[x]) {
         rise = std::min(rise, f + bufs_[x].size);
         break;
       }
     }
-    for (int x : unplaced_in_[spot]) {
-      if (offset_[x] != kUnplaced) continue;
-      std::int64_t start = 0;
-      for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) start = std::max(start, floor_[t]);
-      lowest_start = std::min(lowest_start, start);
-    }
+    std::int64_t lowest_start = kNone;
+    for (int x : unplaced_in_[spot]) lowest_start = std::min(lowest_start, lowest_start_of(x));
     rise = std::max(rise, lowest_start);
     if (rise + unplaced_total_[spot] > capacity_) return Outcome::kNotFound;
     const std::int64_t saved = floor_[spot];
@@ -346,8 +340,7 @@ class Search {
     for (int s = lo; s < hi; ++s) {
       for (int x : unplaced_in_[s]) {
         if (std::max(sweep_.first[x], lo) != s) continue;
-        std::int64_t start = 0;
-        for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) start = std::max(start, floor_[t]);
+        const std::int64_t start = lowest_start_of(x);
         for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) lowest_[t] = std::min(lowest_[t], start);
       }
     }
@@ -355,6 +348,14 @@ class Search {
       if (unplaced_total_[s] > 0 && std::max(floor_[s], lowest_[s]) + unplaced_total_[s] > capacity_)
         return false;
     return true;
+  }
+
+  // The lowest offset an unplaced buffer can still take: the highest floor
+  // across its lifetime.
+  std::int64_t lowest_start_of(int x) const {
+    std::int64_t start = 0;
+    for (int t = sweep_.first[x]; t < sweep_.last[x]; ++t) start = std::max(start, floor_[t]);
+    return start;
   }
 
   // Continue below a placement, splitting where the buffer just placed was

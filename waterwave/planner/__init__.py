@@ -147,7 +147,8 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
     def close_enough(value: int) -> bool:
         return value - bound <= gap_limit * value
 
-    if not close_enough(order_peak(g, order) - persistent):
+    ideal = order_peak(g, order) - persistent  # the current order's own bound
+    if not close_enough(ideal):
         left = time_limit - (time.time() - t0)
         if len(g.nodes) <= JOINT_MAX_NODES:
             stats["formulation"] = "joint"
@@ -157,19 +158,21 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
                 bound = max(bound, j_bound)
                 if j_arena <= arena:
                     order, arena_offsets, arena = j_order, j_offsets, j_arena
+                    ideal = order_peak(g, order) - persistent
         else:
             stats["formulation"] = "order+pack"
             result = solve_order(g, order, time_limit=left * 0.6, workers=workers)
             if result is not None:
                 o_order, o_peak, o_bound, _ = result
                 bound = max(bound, o_bound)
-                if o_peak < order_peak(g, order) - persistent:
+                if o_peak < ideal:
                     o_offsets, o_arena, _ = _layout(g, o_order)
                     if o_arena < arena:
                         order, arena_offsets, arena = o_order, o_offsets, o_arena
+                        ideal = order_peak(g, order) - persistent
     # Offsets for the chosen order: exact packing if the layout wastes any
     # (briefly when the plan is already within the gap limit).
-    if arena > order_peak(g, order) - persistent:
+    if arena > ideal:
         left = max(0.5, time_limit - (time.time() - t0))
         if close_enough(arena):
             left = min(left, PACK_SECONDS_WITHIN_GAP)
