@@ -326,11 +326,11 @@ def test_paper_ilp_agrees_with_cp_sat(g):
     check_plan(g, p)
 
 
-def _search(bufs, capacity, seconds=10.0):
+def _search(bufs, capacity, seconds=10.0, strategy="both"):
     from waterwave import _C
 
     return _C.search_offsets([b.lower for b in bufs], [b.upper for b in bufs],
-                             [b.size for b in bufs], capacity, seconds)
+                             [b.size for b in bufs], capacity, seconds, strategy)
 
 
 def _cp_sat_feasible(bufs, capacity):
@@ -352,8 +352,9 @@ def _cp_sat_feasible(bufs, capacity):
     return status != cp_model.INFEASIBLE
 
 
-def test_offset_search_agrees_with_cp_sat():
-    """The search is complete: 'infeasible' is a proof. On random small
+@pytest.mark.parametrize("strategy", ["spot", "buffer", "both"])
+def test_offset_search_agrees_with_cp_sat(strategy):
+    """Each search is complete: 'infeasible' is a proof. On random small
     instances, at the max-live bound and above it, it finds a layout exactly
     when CP-SAT says one exists, and every layout it returns is valid."""
     import random
@@ -365,7 +366,7 @@ def test_offset_search_agrees_with_cp_sat():
             lower = rng.randint(0, 8)
             bufs.append(Buffer(i, lower, lower + rng.randint(1, 5), rng.randint(1, 6)))
         for capacity in range(max_live(bufs), max_live(bufs) + 4):
-            status, offs, _ = _search(bufs, capacity)
+            status, offs, _ = _search(bufs, capacity, strategy=strategy)
             feasible = _cp_sat_feasible(bufs, capacity)
             assert status == ("found" if feasible else "infeasible"), (bufs, capacity)
             if status == "found":
@@ -373,7 +374,41 @@ def test_offset_search_agrees_with_cp_sat():
                 assert all(0 <= offs[i] <= capacity - b.size for i, b in enumerate(bufs))
                 break
         # Below the max-live bound nothing fits, and the search says so.
-        assert _search(bufs, max_live(bufs) - 1)[0] == "infeasible"
+        assert _search(bufs, max_live(bufs) - 1, strategy=strategy)[0] == "infeasible"
+
+
+def slack_at_peak(seed, count, steps=200):
+    """Random lifetimes (exponential lengths) and sizes, with the capacity at
+    their max-live bound: tight at the peak, slack elsewhere, as in
+    MiniMalloc's benchmarks. Returns (buffers, capacity)."""
+    import random
+
+    rng = random.Random(seed)
+    bufs = []
+    for i in range(count):
+        lower = rng.randrange(steps)
+        length = max(1, int(rng.expovariate(10 / steps)))
+        size = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]) * rng.randint(1, 8)
+        bufs.append(Buffer(i, lower, min(steps, lower + length), size))
+    return bufs, max_live(bufs)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5, 8])
+def test_buffer_search_settles_slack_instances_at_the_bound(seed):
+    """Where only the peak is tight, leaving spots empty one at a time (the
+    spot search) wanders; MiniMalloc's buffer branching places these at once,
+    alone and side by side with the spot search."""
+    bufs, capacity = slack_at_peak(seed, 100)
+    for strategy in ("buffer", "both"):
+        status, offs, _ = _search(bufs, capacity, seconds=20, strategy=strategy)
+        assert status == "found"
+        assert not overlaps(bufs, {b.id: offs[i] for i, b in enumerate(bufs)})
+        assert all(0 <= offs[i] <= capacity - b.size for i, b in enumerate(bufs))
+
+
+def test_offset_search_rejects_an_unknown_strategy():
+    with pytest.raises(ValueError, match="unknown strategy 'fast'"):
+        _search([Buffer(0, 0, 1, 1)], 1, strategy="fast")
 
 
 def test_offset_search_rejects_bad_input():

@@ -3,17 +3,12 @@
 // ASPLOS'23). Knows nothing of graphs, tensors or Python: buffers in, offsets
 // out.
 //
-// It builds only bottom-justified layouts (every buffer rests on another or
-// on zero; any layout can be pushed down into one). Time is cut into
-// sections; each keeps a floor below which it is settled. A node takes the
-// lowest floor and, among the sections there, the one with the fewest
-// choices (as exact-cover solvers do), then branches on which buffer rests
-// on that spot, or on leaving the spot empty: the floor then rises to the
-// next height anything could rest at, which only sections with slack can
-// afford. Identical buffers are tried once, and wherever no unplaced buffer
-// crosses a time boundary the two sides are solved independently (MiniMalloc's
-// dynamic decomposition). On zero-slack instances no spot may stay empty,
-// so it is an exact-cover search. Being complete, "infeasible" is a proof.
+// Two complete searches run side by side, one thread each, and the first to
+// settle the question answers it: the spot search (spot_search.h), an
+// exact-cover search at its best where buffers tile the memory exactly, and
+// the buffer search (buffer_search.h), MiniMalloc's own branching, at its
+// best where there is slack outside the peak. Neither dominates the other.
+// Being complete, "infeasible" is a proof.
 #pragma once
 
 #include <cstdint>
@@ -37,12 +32,16 @@ enum class SearchStatus {
 struct SearchResult {
   SearchStatus status = SearchStatus::kTimeout;
   std::vector<std::int64_t> offsets;  // by buffer index, when found
-  std::int64_t nodes = 0;             // search nodes visited
+  std::int64_t nodes = 0;             // search nodes visited (both searches)
 };
+
+// Which searches run: both (the default), or one alone (to test each, or to
+// keep to one thread).
+enum class SearchStrategy { kBoth, kSpot, kBuffer };
 
 // Throws std::invalid_argument on a malformed buffer (empty lifetime,
 // non-positive size) or a negative capacity.
 SearchResult search_offsets(const std::vector<PackBuffer>& buffers, std::int64_t capacity,
-                            double seconds);
+                            double seconds, SearchStrategy strategy = SearchStrategy::kBoth);
 
 }  // namespace waterwave::planner

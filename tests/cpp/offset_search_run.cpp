@@ -1,4 +1,4 @@
-// The offset search on many random instances, under ASan and UBSan (built
+// The offset searches on many random instances, under ASan and UBSan (built
 // by `make test`). Every layout it returns is checked for overlaps and for
 // staying under the capacity; zero-slack tilings must be found.
 //
@@ -15,6 +15,7 @@
 using waterwave::planner::PackBuffer;
 using waterwave::planner::search_offsets;
 using waterwave::planner::SearchStatus;
+using waterwave::planner::SearchStrategy;
 
 namespace {
 
@@ -96,8 +97,12 @@ int main(int argc, char** argv) {
     const auto bufs = tile ? tiling(rng, 10 + static_cast<int>(rng() % 50), 20, 32)
                            : random_buffers(rng, 5 + static_cast<int>(rng() % 40));
     const std::int64_t bound = max_live(bufs);
+    // Each search alone, then both side by side (threads racing to answer).
+    const SearchStrategy strategy = k % 3 == 0 ? SearchStrategy::kSpot
+                                    : k % 3 == 1 ? SearchStrategy::kBuffer
+                                                 : SearchStrategy::kBoth;
     for (std::int64_t capacity = bound - 1; capacity <= bound + 2; ++capacity) {
-      const auto r = search_offsets(bufs, capacity, 2.0);
+      const auto r = search_offsets(bufs, capacity, 2.0, strategy);
       if (capacity < bound && r.status != SearchStatus::kInfeasible) {
         std::fprintf(stderr, "FAILED instance %d: a layout under the max-live bound\n", k);
         return 1;

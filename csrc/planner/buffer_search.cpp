@@ -1,0 +1,226 @@
+#include "buffer_search.h"
+
+#include <limits>
+#include <tuple>
+
+namespace waterwave::planner {
+namespace {
+
+constexpr std::int64_t kUnplaced = -1;
+
+// Static preorders, tried in turn with growing node budgets (MiniMalloc's
+// "WAT", "TAW", "TWA"): lifetime length, area, and the fullest section the
+// buffer lives in, each the biggest first.
+enum class Key { kLength, kArea, kTotal };
+const std::vector<std::vector<Key>> kPreorders = {
+    {Key::kLength, Key::kArea, Key::kTotal},
+    {Key::kTotal, Key::kArea, Key::kLength},
+    {Key::kTotal, Key::kLength, Key::kArea},
+};
+
+class BufferSearch {
+ public:
+  BufferSearch(const std::vector<PackBuffer>& bufs, const Sweep& sweep, std::int64_t capacity,
+               const Limits& limits)
+      : bufs_(bufs), sweep_(sweep), capacity_(capacity), limits_(limits) {
+    const int n = static_cast<int>(bufs.size());
+    fullest_.assign(n, 0);
+    for (int x = 0; x < n; ++x)
+      for (int s = sweep.first[x]; s < sweep.last[x]; ++s) fullest_[x] = std::max(fullest_[x], sweep.total[s]);
+  }
+
+  SearchResult run() {
+    SearchResult result;
+    const int n = static_cast<int>(bufs_.size());
+    for (std::int64_t t : sweep_.total) {
+      if (t > capacity_) {
+        result.status = SearchStatus::kInfeasible;
+        return result;
+      }
+    }
+    offset_.assign(n, kUnplaced);
+    solution_.assign(n, kUnplaced);
+    top_.assign(sweep_.sections(), 0);
+    unplaced_total_ = sweep_.total;
+    cuts_ = sweep_.crossing;
+    lowest_.assign(sweep_.sections(), 0);
+    scratch_.resize(static_cast<std::size_t>(n) + 2);  // one list per depth; depth <= n + 1
+    std::int64_t budget = 2 * static_cast<std::int64_t>(n) + 64;
+    for (std::size_t attempt = 0;; ++attempt) {
+      if (attempt > 0 && attempt % kPreorders.size() == 0) budget *= 2;
+      set_preorder(kPreorders[attempt % kPreorders.size()]);
+      node_budget_ = budget;
+      const Outcome outcome = solve_parts(0, sweep_.sections());
+      result.nodes = nodes_;
+      if (outcome == Outcome::kAborted) continue;
+      if (outcome == Outcome::kFound) {
+        result.status = SearchStatus::kFound;
+        result.offsets = solution_;
+      } else {
+        result.status = outcome == Outcome::kNotFound ? SearchStatus::kInfeasible : SearchStatus::kTimeout;
+      }
+      return result;
+    }
+  }
+
+ private:
+  void set_preorder(const std::vector<Key>& keys) {
+    const int n = static_cast<int>(bufs_.size());
+    auto value = [&](Key k, int x) -> std::int64_t {
+      const auto& b = bufs_[x];
+      switch (k) {
+        case Key::kLength: return b.upper - b.lower;
+        case Key::kArea: return b.size * (b.upper - b.lower);
+        case Key::kTotal: return fullest_[x];
+      }
+      return 0;
+    };
+    std::vector<int> order(n);
+    for (int i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      for (Key k : keys) {
+        const auto va = value(k, a), vb = value(k, b);
+        if (va != vb) return va > vb;
+      }
+      return a < b;
+    });
+    rank_.assign(n, 0);
+    for (int r = 0; r < n; ++r) rank_[order[r]] = r;
+    // Buffers with the same lifetime and size are interchangeable: each may
+    // be placed only after its twin of the next lower rank.
+    std::vector<int> by_kind = order;
+    auto kind = [&](int i) { return std::make_tuple(bufs_[i].lower, bufs_[i].upper, bufs_[i].size); };
+    std::stable_sort(by_kind.begin(), by_kind.end(), [&](int a, int b) { return kind(a) < kind(b); });
+    twin_before_.assign(n, -1);
+    for (int k = 1; k < n; ++k)
+      if (kind(by_kind[k]) == kind(by_kind[k - 1])) twin_before_[by_kind[k]] = by_kind[k - 1];
+  }
+
+  // Sections [lo, hi) split wherever no unplaced buffer crosses a boundary;
+  // each part is solved on its own, its canonical order starting afresh.
+  Outcome solve_parts(int lo, int hi) {
+    int start = lo;
+    for (int k = lo; k < hi; ++k) {
+      if (k + 1 < hi && cuts_[k] > 0) continue;
+      std::vector<int> part;
+      for (int s = start; s <= k; ++s)
+        for (int x : sweep_.section_buffers[s])
+          if (offset_[x] == kUnplaced && std::max(sweep_.first[x], start) == s) part.push_back(x);
+      if (!part.empty()) {
+        const Outcome outcome = dfs(part, start, k + 1, 0, -1);
+        if (outcome != Outcome::kFound) return outcome;
+      }
+      start = k + 1;
+    }
+    return Outcome::kFound;
+  }
+
+  struct Candidate {
+    std::int64_t offset;
+    int rank;
+    int buffer;
+    bool operator<(const Candidate& o) const { return std::tie(offset, rank) < std::tie(o.offset, o.rank); }
+  };
+
+  Outcome dfs(const std::vector<int>& part, int lo, int hi, std::int64_t last_offset, int last_rank) {
+    if (--node_budget_ < 0) return Outcome::kAborted;
+    if (depth_ >= kMaxDepth) return Outcome::kTimeout;
+    if ((++nodes_ & 255) == 0 && limits_.reached()) return Outcome::kTimeout;
+    struct Deeper {
+      int& d;
+      explicit Deeper(int& depth) : d(depth) { ++d; }
+      ~Deeper() { --d; }
+    } deeper(depth_);
+
+    // Each unplaced buffer's lowest offset: the highest top across its
+    // lifetime (placements in a section only ever stack upwards).
+    std::vector<Candidate>& list = scratch_[depth_];
+    list.clear();
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+    std::int64_t min_height = kNone;
+    for (int x : part) {
+      if (offset_[x] != kUnplaced) continue;
+      std::int64_t start = 0;
+      for (int s = sweep_.first[x]; s < sweep_.last[x]; ++s) start = std::max(start, top_[s]);
+      list.push_back({start, rank_[x], x});
+      min_height = std::min(min_height, start + bufs_[x].size);
+    }
+    if (list.empty()) return Outcome::kFound;
+
+    // Inference: nothing more goes below the last placement's offset, nor
+    // below the lowest offset any of a section's unplaced buffers can take;
+    // what a section still holds must fit above that.
+    for (int s = lo; s < hi; ++s) lowest_[s] = kNone;
+    for (const auto& c : list)
+      for (int s = std::max(sweep_.first[c.buffer], lo); s < std::min(sweep_.last[c.buffer], hi); ++s)
+        lowest_[s] = std::min(lowest_[s], c.offset);
+    for (int s = lo; s < hi; ++s)
+      if (unplaced_total_[s] > 0 && std::max(lowest_[s], last_offset) + unplaced_total_[s] > capacity_)
+        return Outcome::kNotFound;
+
+    std::sort(list.begin(), list.end());
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const Candidate c = list[k];
+      if (c.offset < last_offset || (c.offset == last_offset && c.rank < last_rank)) continue;
+      if (c.offset >= min_height) break;  // a needless gap below; the list is sorted by offset
+      const int x = c.buffer;
+      if (twin_before_[x] >= 0 && offset_[twin_before_[x]] == kUnplaced) continue;
+      place(x, c.offset);
+      const Outcome outcome = descend(x, part, lo, hi, c.offset, c.rank);
+      unplace(x);
+      if (outcome != Outcome::kNotFound) return outcome;
+    }
+    return Outcome::kNotFound;
+  }
+
+  Outcome descend(int x, const std::vector<int>& part, int lo, int hi, std::int64_t offset, int rank) {
+    bool split = false;
+    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k)
+      if (--cuts_[k] == 0) split = true;
+    const Outcome outcome = split ? solve_parts(lo, hi) : dfs(part, lo, hi, offset, rank);
+    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k) ++cuts_[k];
+    return outcome;
+  }
+
+  void place(int x, std::int64_t offset) {
+    offset_[x] = offset;
+    solution_[x] = offset;
+    saved_tops_.push_back(0);  // marks where x's saved tops begin
+    for (int s = sweep_.first[x]; s < sweep_.last[x]; ++s) {
+      saved_tops_.push_back(top_[s]);
+      top_[s] = offset + bufs_[x].size;
+      unplaced_total_[s] -= bufs_[x].size;
+    }
+  }
+
+  void unplace(int x) {
+    for (int s = sweep_.last[x] - 1; s >= sweep_.first[x]; --s) {
+      top_[s] = saved_tops_.back();
+      saved_tops_.pop_back();
+      unplaced_total_[s] += bufs_[x].size;
+    }
+    saved_tops_.pop_back();
+    offset_[x] = kUnplaced;
+  }
+
+  const std::vector<PackBuffer>& bufs_;
+  const Sweep& sweep_;
+  const std::int64_t capacity_;
+  const Limits& limits_;
+
+  std::vector<std::int64_t> fullest_, offset_, solution_, top_, unplaced_total_, lowest_;
+  std::vector<std::int64_t> saved_tops_;
+  std::vector<int> rank_, twin_before_, cuts_;
+  std::vector<std::vector<Candidate>> scratch_;
+  std::int64_t nodes_ = 0, node_budget_ = 0;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+SearchResult search_by_buffer(const std::vector<PackBuffer>& bufs, const Sweep& sweep,
+                              std::int64_t capacity, const Limits& limits) {
+  return BufferSearch(bufs, sweep, capacity, limits).run();
+}
+
+}  // namespace waterwave::planner

@@ -1,0 +1,50 @@
+// What the two offset searches share: the time sections, the limits that
+// stop them, and the outcome of a (sub)search.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "offset_search.h"
+
+namespace waterwave::planner {
+
+enum class Outcome { kFound, kNotFound, kAborted, kTimeout };
+
+// A search stops at its deadline or when the other search has finished.
+struct Limits {
+  std::chrono::steady_clock::time_point deadline;
+  const std::atomic<bool>* stop = nullptr;
+
+  bool reached() const {
+    return stop->load(std::memory_order_relaxed) || std::chrono::steady_clock::now() > deadline;
+  }
+};
+
+// The searches recurse once per placement (and the spot search once per spot
+// left empty), which on real training steps runs tens of thousands deep:
+// each runs on its own thread with a large stack, and a depth guard below
+// what that stack holds, past which the answer is "unknown".
+constexpr int kMaxDepth = 400000;
+
+// Time is cut into sections at every distinct lifetime end; a buffer covers
+// the half-open section range [first, last).
+struct Sweep {
+  std::vector<int> first, last;
+  std::vector<std::vector<int>> section_buffers;
+  std::vector<std::int64_t> total;  // bytes live in each section
+  std::vector<int> crossing;        // buffers covering sections k and k+1
+
+  explicit Sweep(const std::vector<PackBuffer>& bufs);
+  int sections() const { return static_cast<int>(total.size()); }
+};
+
+// Luby's restart sequence: 1 1 2 1 1 2 4 1 1 2 ...
+std::int64_t luby(std::uint64_t i);
+
+std::uint64_t mix64(std::uint64_t x);
+
+}  // namespace waterwave::planner
