@@ -94,8 +94,24 @@ def test_pack_csv(tmp_path, capsys):
     assert "arena 1536 bytes" in captured.err and "optimal" in captured.err
 
 
+def test_pack_reads_minimalloc_benchmark_csv(tmp_path, capsys):
+    """MiniMalloc's benchmark files name the columns buffer,start,end,size."""
+    f = tmp_path / "m.csv"
+    f.write_text("buffer,start,end,size\n0,0,10,4\n1,5,15,4\n2,10,20,4\n")
+    assert cli.main(["pack", str(f), "--time-limit", "5"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert lines[0] == "buffer,start,end,size,offset"
+    offs = [int(r.split(",")[4]) for r in lines[1:]]
+    assert offs[1] != offs[0] and offs[1] != offs[2]
+    assert "arena 8 bytes" in captured.err and "optimal" in captured.err
+
+
 @pytest.mark.parametrize("text, message", [
     ("x,y\n1,2\n", "columns id,lower,upper,size"),
+    ("", "is empty"),
+    ("id,lower,upper,size\n", "no buffers"),
+    ("id,lower,upper,size\na,0,2\n", "line 2: expected 4 columns"),
     ("id,lower,upper,size\na,0,x,5\n", "must be integers"),
     ("id,lower,upper,size\na,3,3,512\n", "empty lifetime"),
 ])

@@ -154,36 +154,23 @@ def _plan(args) -> int:
 
 
 def _pack(args) -> int:
-    import csv
-
-    from .planner import Buffer, pack
+    from .planner import pack
+    from .planner.buffer_csv import read_buffer_csv, write_buffer_csv
 
     try:
-        with open(args.file, newline="") as f:
-            rows = list(csv.DictReader(f))
+        table = read_buffer_csv(args.file)
     except OSError as e:
         print(f"waterwave pack: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
-    need = {"id", "lower", "upper", "size"}
-    if not rows or not need <= set(rows[0]):
-        print(f"waterwave pack: {args.file} needs a header with columns id,lower,upper,size "
-              "(half-open lifetimes [lower, upper))", file=sys.stderr)
-        return 2
-    try:
-        bufs = [Buffer(r["id"], int(r["lower"]), int(r["upper"]), int(r["size"])) for r in rows]
-    except ValueError as e:
-        print(f"waterwave pack: {args.file}: lower, upper and size must be integers ({e})",
-              file=sys.stderr)
-        return 2
-    try:
-        offs, arena, lb, status = pack(bufs, time_limit=args.time_limit)
     except ValueError as e:
         print(f"waterwave pack: {e}", file=sys.stderr)
         return 2
-    w = csv.writer(sys.stdout, lineterminator="\n")
-    w.writerow(["id", "lower", "upper", "size", "offset"])
-    for b in bufs:
-        w.writerow([b.id, b.lower, b.upper, b.size, offs[b.id]])
+    try:
+        offs, arena, lb, status = pack(table.buffers, time_limit=args.time_limit)
+    except ValueError as e:
+        print(f"waterwave pack: {e}", file=sys.stderr)
+        return 2
+    write_buffer_csv(sys.stdout, table, offs)
     print(f"arena {arena} bytes, lower bound {lb}, {status}", file=sys.stderr)
     return 0
 
