@@ -1,9 +1,18 @@
-"""Offset packing on zero-slack instances: guillotine tilings of a 40-step x
-64-unit rectangle (each unit 512 bytes), whose optimum is exactly their
-max-live bound. Per size: how many of the seeds `pack` settles at the bound
-within the time limit, and how long it took.
+"""Offset packing on instances whose optimum is known or tight: how often
+`pack` settles them at the max-live bound (which proves the layout optimal),
+how long it takes, and which of the two searches does it.
 
-    python bench/pack.py [--pieces 60,150,300,450] [--seeds 6] [--time-limit 20]
+Families:
+  * zero-slack tilings: guillotine cuts of a 40-step x 64-unit rectangle
+    (tests/test_planner.py::zero_slack); the buffers tile the memory exactly;
+  * slack at the peak: random lifetimes and sizes with the capacity at their
+    max-live bound (tests/test_planner.py::slack_at_peak), tight only at the
+    peak, as in MiniMalloc's benchmarks;
+  * CSV files given with --csv (id,lower,upper,size or MiniMalloc's
+    buffer,start,end,size), e.g. MiniMalloc's benchmarks/asplos2024/*.csv from
+    github.com/google/minimalloc (not shipped here).
+
+    python bench/pack.py [--time-limit 10] [--seeds 6] [--csv FILE ...]
         [--out bench/results/pack.md]
 """
 import argparse
@@ -16,48 +25,84 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from test_planner import zero_slack  # noqa: E402  (the tests' generator, one definition)
+from test_planner import slack_at_peak, zero_slack  # noqa: E402  (the tests' generators)
 
+from waterwave import _C  # noqa: E402
 from waterwave.planner import pack  # noqa: E402
+from waterwave.planner.buffer_csv import read_buffer_csv  # noqa: E402
 from waterwave.planner.offsets import greedy_pack, max_live  # noqa: E402
+
+
+def settles_alone(bufs, strategy, seconds):
+    """Whether one search alone finds a layout at the max-live bound."""
+    status, _, _ = _C.search_offsets([b.lower for b in bufs], [b.upper for b in bufs],
+                                     [b.size for b in bufs], max_live(bufs), seconds, strategy)
+    return status == "found"
+
+
+def family_row(label, instances, limit):
+    solved, greedy_ok, spot, buffer, times = 0, 0, 0, 0, []
+    for name, bufs in instances:
+        lb = max_live(bufs)
+        greedy_ok += greedy_pack(bufs)[1] == lb
+        t = time.time()
+        _, arena, _, status = pack(bufs, time_limit=limit)
+        took = time.time() - t
+        spot += settles_alone(bufs, "spot", limit)
+        buffer += settles_alone(bufs, "buffer", limit)
+        print(f"{label} {name}: {status}, arena {arena} vs bound {lb}, {took:.2f} s", flush=True)
+        if arena == lb:
+            solved += 1
+            times.append(took)
+    n = len(instances)
+    timing = f"{statistics.median(times):.2f} | {max(times):.2f}" if times else "- | -"
+    return (f"| {label} | {solved} of {n} | {timing} | {spot} of {n} | {buffer} of {n} | "
+            f"{greedy_ok} of {n} |")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pieces", default="60,150,300,450")
+    ap.add_argument("--pieces", default="60,150,300,450", help="zero-slack tiling sizes")
+    ap.add_argument("--counts", default="100,200,400", help="slack-at-peak instance sizes")
     ap.add_argument("--seeds", type=int, default=6)
-    ap.add_argument("--time-limit", type=float, default=20.0)
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--csv", nargs="*", default=[], help="buffer CSV files to pack as well")
     ap.add_argument("--out", default="bench/results/pack.md")
     args = ap.parse_args()
+    limit = args.time_limit
+    seeds = range(1, args.seeds + 1)
     lines = [
-        "# Offset packing on zero-slack instances",
+        "# Offset packing at the max-live bound",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on this project's CPU machine "
         f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
-        f"`python bench/pack.py --time-limit {args.time_limit:g}`. Instances: guillotine "
-        "tilings of a 40-step x 64-unit rectangle (tests/test_planner.py::zero_slack), seeds "
-        f"1..{args.seeds}; the optimum equals the max-live bound. `pack` runs best fit, then "
-        "the complete offset search (csrc/planner/offset_search.h).",
+        f"`python bench/pack.py --time-limit {limit:g}`"
+        + (" --csv ..." if args.csv else "") + f", seeds 1..{args.seeds}. "
+        "`pack` runs best fit, then the spot and the buffer search side by side "
+        "(csrc/planner/offset_search.h), first at the max-live bound: a layout there is "
+        "optimal. \"Settled\" means a layout at the bound within the time limit; the two "
+        "middle columns run each search alone at the bound with the same limit.",
         "",
-        "| buffers | settled at the bound | best fit at the bound | median s (settled) | worst s (settled) |",
-        "|---|---|---|---|---|",
+        "| instances | pack settled | median s | worst s | spot search alone | buffer search alone | best fit |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for n in (int(x) for x in args.pieces.split(",")):
-        solved, greedy_ok, times = 0, 0, []
-        for seed in range(1, args.seeds + 1):
-            bufs = zero_slack(seed, n)
-            lb = max_live(bufs)
-            greedy_ok += greedy_pack(bufs)[1] == lb
+    for n in (int(x) for x in args.pieces.split(",") if x):
+        lines.append(family_row(f"zero-slack tiling, {n} buffers",
+                                [(f"seed {s}", zero_slack(s, n)) for s in seeds], limit))
+    for n in (int(x) for x in args.counts.split(",") if x):
+        lines.append(family_row(f"slack at the peak, {n} buffers",
+                                [(f"seed {s}", slack_at_peak(s, n)[0]) for s in seeds], limit))
+    if args.csv:
+        lines += ["", "| file | buffers | max-live bound | arena | proven bound | status | s |",
+                  "|---|---|---|---|---|---|---|"]
+        for path in args.csv:
+            bufs = read_buffer_csv(path).buffers
             t = time.time()
-            _, arena, _, status = pack(bufs, time_limit=args.time_limit)
+            _, arena, bound, status = pack(bufs, time_limit=limit)
             took = time.time() - t
-            print(f"{n} buffers, seed {seed}: {status}, arena {arena} vs bound {lb}, {took:.2f} s",
-                  flush=True)
-            if arena == lb:
-                solved += 1
-                times.append(took)
-        lines.append(f"| {n} | {solved} of {args.seeds} | {greedy_ok} of {args.seeds} | "
-                     + (f"{statistics.median(times):.2f} | {max(times):.2f} |" if times else "- | - |"))
+            print(f"{path}: {status}, arena {arena}, bound {bound}, {took:.2f} s", flush=True)
+            lines.append(f"| {os.path.basename(path)} | {len(bufs)} | {max_live(bufs):,} | "
+                         f"{arena:,} | {bound:,} | {status} | {took:.2f} |")
     lines.append("")
     open(args.out, "w").write("\n".join(lines))
     print("\n".join(lines))
