@@ -441,3 +441,38 @@ def test_offset_search_settles_zero_slack_tilings_best_fit_cannot():
         assert not overlaps(units, {b.id: offs[i] for i, b in enumerate(units)})
         beaten += greedy_pack(bufs)[1] > 64 * 512
     assert beaten >= 5
+
+
+
+def shrinking_after_relu():
+    """x -> a (1 MiB) -relu-> b -> c (16 KiB) -> e (64 KiB). Only running the
+    relu in place avoids 2 MiB live at once; mxnet, which does, then puts its
+    storages back to back (1 MiB + 16 + 64 + 1 KiB), though c and e never
+    outlive the 1 MiB one by more than one step."""
+    g = Graph("shrinking")
+    x = g.add_tensor("x", 1024, "input")
+    a = g.add_tensor("a", 1 << 20)
+    b = g.add_tensor("b", 1 << 20)
+    c = g.add_tensor("c", 16 << 10)
+    e = g.add_tensor("e", 64 << 10)
+    g.add_node("expand", "aten.op", [x], [a])
+    g.add_node("relu", "aten.relu", [a], [b], inplace_ok=[a])
+    g.add_node("reduce", "aten.op", [b], [c])
+    g.add_node("expand2", "aten.op", [c], [e])
+    g.meta["outputs"] = [e]
+    return g
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "model"])
+def test_in_place_plans_are_laid_out_exactly(strategy):
+    """When a classic planner's in-place sharing wins, greedy and model keep
+    its sharing but pack the shared storages exactly: the arena meets the
+    order's own bound instead of stacking storages back to back."""
+    g = shrinking_after_relu()
+    mxnet = plan(g, "mxnet")
+    assert mxnet.arena_size == (1 << 20) + 1024 + (16 << 10) + (64 << 10)
+    p = plan(g, strategy, time_limit=5)
+    check_plan(g, p)
+    assert p.inplace == mxnet.inplace
+    assert p.arena_size == p.lower_bound == (1 << 20) + (16 << 10)  # b and c, at "reduce"
+    assert "exact pack" in p.stats["layout"]
