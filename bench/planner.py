@@ -77,6 +77,8 @@ def main():
                                      "status": p.status, "order_bound": p.lower_bound,
                                      "inplace_pairs": len(p.inplace),
                                      "proven_bound": p.stats.get("proven_lower_bound"),
+                                     "bound_without_inplace": p.stats.get("bound_without_inplace"),
+                                     "arena_without_inplace": p.stats.get("arena_without_inplace"),
                                      "gap": p.stats.get("gap")}
             except Exception as e:  # record and go on: the report shows failures
                 row["error"] = f"{type(e).__name__}: {e}"

@@ -58,7 +58,10 @@ def test_views_add_no_tensors_and_pointwise_ops_allow_inplace():
     g = capture(m, (torch.randn(4, 3, 4, 4),), None, torch.optim.SGD(m.parameters(), lr=0.1))
     assert not any("view" in n.op or "t.default" == n.op.split("aten.")[-1] for n in g.nodes)
     relu = next(n for n in g.nodes if "relu" in n.op)
-    assert relu.inplace_ok  # pointwise, same size as its input
+    assert relu.inplace_ok == [relu.inputs[0]]  # pointwise, same size, and aten.relu_ exists
+    # Pointwise too, but with no in-place overload the runtime could run.
+    backward = next(n for n in g.nodes if "threshold_backward" in n.op)
+    assert backward.inplace_ok == []
 
 
 def test_resnet18_train_step_round_trips_and_plans(tmp_path):

@@ -73,3 +73,18 @@ def test_resnet_in_a_reordered_schedule_matches_eager():
     assert trainer.order != program  # the plan really changed the order
     assert trainer.plan.arena_size < __import__("waterwave.planner", fromlist=["plan"]).plan(
         trainer.graph, "pytorch").arena_size
+
+
+def test_planned_in_place_operators_run_in_place_and_match_eager():
+    """Sigmoid and tanh may overwrite their inputs, which die there: the plan
+    shares those storages, and the trainer runs the operators in place
+    (aten.sigmoid_ on the linear layer's output) with eager's results."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Sigmoid(), torch.nn.Linear(64, 64),
+                                torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    trainer = train_both(model, make, batches((16, 32)), square)
+    assert trainer.plan.inplace
+    assert trainer.plan.arena_size < trainer.plan.stats["arena_without_inplace"]
+    ran_in_place = {str(n.target) for n in trainer.module.graph.nodes if n.op == "call_function"}
+    assert "aten.sigmoid_.default" in ran_in_place and "aten.tanh_.default" in ran_in_place

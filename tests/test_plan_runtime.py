@@ -1,6 +1,6 @@
 """The plan allocator: planned offsets, deviations, and never corrupting memory."""
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import waterwave as ww
@@ -13,12 +13,17 @@ MiB = 1024**2
 
 
 def run_step(pa, g, p):
-    """Allocate and free as the plan's order does; returns the pointers seen."""
+    """Allocate and free as the plan's order does, running its in-place pairs
+    in place; returns the pointers seen."""
     ptr, seen = {}, []
-    for kind, t in allocation_events(g, p.order):
+    into = dict(p.inplace)
+    for kind, t in allocation_events(g, p.order, p.inplace):
         if kind == "alloc":
             ptr[t] = pa.alloc(g.tensors[t].size)
             seen.append(ptr[t])
+        elif kind == "inplace":
+            if into[t] in ptr:  # written into a tensor of the step (not a graph input)
+                ptr[t] = ptr.pop(into[t])
         else:
             pa.free(ptr.pop(t))
     for t in list(ptr):
@@ -29,12 +34,7 @@ def run_step(pa, g, p):
 @given(random_graphs())
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_matching_program_is_served_entirely_from_the_plan(g):
-    p = plan(g, "greedy")
-    # A plan that shares an input's memory with an output (taken from mxnet
-    # or paddle when that is smaller) matches only a program that runs those
-    # operators in place; run_step allocates every output, so for such a plan
-    # the allocator rightly falls back (tested below with arbitrary plans).
-    assume(not p.inplace)
+    p = plan(g, "greedy")  # in-place pairs included: run_step runs them in place
     slots, arena = plan_slots(g, p)
     pa = ww.PlanAllocator(p, graph=g, device=ww.SimDevice(64 * MiB, 0.0))
     for step in range(3):
@@ -46,6 +46,26 @@ def test_a_matching_program_is_served_entirely_from_the_plan(g):
     assert stats["deviations"] == 0 and stats["fallback"] == 0
     assert stats["planned"] == 3 * len(slots)
     assert pa.stats()["reserved_bytes.all.current"] == arena  # nothing beyond the arena
+    pa.check_invariants()
+
+
+def test_a_plan_with_in_place_sharing_is_served_entirely_when_run_in_place():
+    """Running the relu in place (as waterwave.optimize does for every planned
+    pair), the step allocates what the plan expects and nothing more."""
+    from test_planner import shrinking_after_relu
+
+    g = shrinking_after_relu()
+    p = plan(g, "greedy")
+    assert p.inplace
+    slots, arena = plan_slots(g, p)
+    assert len(slots) == 3  # a, c and e: b is written into a
+    pa = ww.PlanAllocator(p, graph=g, device=ww.SimDevice(64 * MiB, 0.0))
+    for _ in range(2):
+        pa.begin_step()
+        run_step(pa, g, p)
+    stats = pa.plan_stats()
+    assert stats["deviations"] == 0 and stats["fallback"] == 0 and stats["planned"] == 6
+    assert pa.stats()["reserved_bytes.all.current"] == arena == (1 << 20) + (16 << 10)
     pa.check_invariants()
 
 

@@ -187,7 +187,8 @@ class PlanAllocator(Allocator):
 
 def plan_slots(graph, plan) -> tuple[list[tuple[int, int]], int]:
     """The allocation sequence a step makes under ``plan``: the outputs of
-    each node in the plan's order, with their planned offsets (relative to
+    each node in the plan's order (except those written in place into an
+    input, which allocate nothing), with their planned offsets (relative to
     the arena of non-persistent tensors, which starts after the persistent
     block)."""
     from .planner.lifetimes import allocation_events
@@ -195,6 +196,6 @@ def plan_slots(graph, plan) -> tuple[list[tuple[int, int]], int]:
     base = min((plan.offsets[t.id] for t in graph.tensors if not t.persistent and t.size),
                default=0)
     slots = [(graph.tensors[t].size, plan.offsets[t] - base)
-             for kind, t in allocation_events(graph, plan.order) if kind == "alloc"]
+             for kind, t in allocation_events(graph, plan.order, plan.inplace) if kind == "alloc"]
     arena = max((o + s for s, o in slots), default=0)
     return slots, arena

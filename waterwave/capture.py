@@ -14,7 +14,10 @@ The FX graph becomes a ``waterwave.graph.Graph``:
   tensor and extend their base's lifetime;
 - in-place writes come from each operator's schema (``alias_info.is_write``),
   and add the ordering edges they need;
-- ``inplace_ok`` comes from the ``pointwise`` tag;
+- ``inplace_ok``: a pointwise operator's ``self`` input, where the operator
+  has an in-place overload that can take its place (same shape, dtype and
+  contiguous layout, the whole storage, not a graph input), so that the
+  runtime can run any planned in-place pair in place;
 - multi-output operators create all their outputs at once;
 - parameters, buffers and optimizer state are persistent; gradients are
   tensors of kind ``grad`` made by the backward pass and consumed by the update;
@@ -199,6 +202,27 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
     return graph_from_trace(gm, roles, names, grads_seen, name or type(model).__name__, meta)
 
 
+def inplace_variant(target):
+    """The in-place overload of a functional aten operator (``aten.add.Tensor``
+    -> ``aten.add_.Tensor``) whose first argument is the tensor it writes, or
+    None."""
+    torch = _torch()
+    packet = getattr(target, "overloadpacket", None)
+    overload_name = getattr(target, "_overloadname", None)
+    if packet is None or overload_name is None or packet.__name__.endswith("_"):
+        return None
+    try:
+        overload = getattr(getattr(torch.ops.aten, packet.__name__ + "_"), overload_name)
+    except (AttributeError, RuntimeError):
+        return None
+    args = overload._schema.arguments
+    if not args or args[0].alias_info is None or not args[0].alias_info.is_write:
+        return None
+    if not isinstance(args[0].type, torch.TensorType):
+        return None
+    return overload
+
+
 def graph_from_trace(gm, roles, names, grads_seen, name: str, meta: dict) -> Graph:
     """Turn a traced step into a Graph; node names are the FX node names."""
     torch = _torch()
@@ -271,10 +295,18 @@ def graph_from_trace(gm, roles, names, grads_seen, name: str, meta: dict) -> Gra
             outs.append(storage_tensor[r])
         if not outs and not mutated:
             continue  # pure views and metadata ops move no memory
-        pointwise = torch.Tag.pointwise in getattr(node.target, "tags", ())
-        inplace_ok = [t for t in ins if pointwise and len(outs) == 1
-                      and g.tensors[t].size == g.tensors[outs[0]].size
-                      and not g.tensors[t].persistent]
+        inplace_ok = []
+        if (torch.Tag.pointwise in getattr(node.target, "tags", ()) and len(outs) == 1
+                and node.args and isinstance(node.args[0], torch.fx.Node)
+                and inplace_variant(node.target) is not None):
+            mine, made = node.args[0].meta.get("val"), node.meta.get("val")
+            if (isinstance(mine, torch.Tensor) and isinstance(made, torch.Tensor)
+                    and mine.shape == made.shape and mine.dtype == made.dtype
+                    and mine.is_contiguous() and made.is_contiguous() and mine.storage_offset() == 0
+                    and mine.untyped_storage().nbytes() == made.untyped_storage().nbytes()):
+                t = storage_tensor.get(StorageWeakRef(mine.untyped_storage()))
+                if t is not None and not g.tensors[t].persistent and g.tensors[t].kind != "input":
+                    inplace_ok = [t]
         v = len(g.nodes)
         deps = set()
         for t in ins:

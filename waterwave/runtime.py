@@ -12,13 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .capture import _state_names, adam_scalars, graph_from_trace, trace_step, trained_parameters
-from .planner import Plan, check_plan, plan as make_plan
+from .capture import (_state_names, adam_scalars, graph_from_trace, inplace_variant, trace_step,
+                      trained_parameters)
+from .planner import Plan, PlanError, check_plan, plan as make_plan
 
 
-def _reorder(gm, order_names: list[str]):
+def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset()):
     """A copy of ``gm`` whose call nodes run in ``order_names`` order; nodes
-    the graph dropped (views, metadata) go right before their first need."""
+    the graph dropped (views, metadata) go right before their first need.
+    Nodes named in ``in_place`` run their operator's in-place overload,
+    writing into their first argument (the plan's in-place pairs: that
+    argument dies there)."""
     import torch.fx as fx
 
     old = gm.graph
@@ -35,6 +39,12 @@ def _reorder(gm, order_names: list[str]):
         for a in n.all_input_nodes:
             emit(a)
         env[n] = new.node_copy(n, lambda x: env[x])
+        if n.name in in_place:
+            overload = inplace_variant(n.target)
+            if overload is None:
+                raise PlanError(f"the plan runs {n.name} ({n.target}) in place, but it has no "
+                                "in-place overload: re-plan from a fresh capture")
+            env[n].target = overload
 
     # In-place writes must keep their place relative to readers: the plan's
     # order respects those edges, and dropped nodes only read.
@@ -66,7 +76,9 @@ class Trainer:
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
         check_plan(self.graph, self.plan)
         order_names = [self.graph.nodes[v].name for v in self.plan.order]
-        self.module = _reorder(gm, order_names)
+        in_place = frozenset(self.graph.nodes[self.graph.producer(out)].name
+                             for out, _ in self.plan.inplace)
+        self.module = _reorder(gm, order_names, in_place)
         self._params = [p for _, p in trained_parameters(model, optimizer)]
         self._buffers = [b for _, b in model.named_buffers()]
         self._state_names = _state_names(optimizer)

@@ -13,6 +13,10 @@ order plus the offset of every tensor). Strategies:
   reports a proven lower bound (the larger of CP-SAT's and the must-live
   bound, lifetimes.py) and the gap, and stops once the gap is small enough.
 
+``greedy`` and ``model`` then share an input's memory with an operator's
+output along their order where that lowers the arena (inplace.py), and take
+a classic planner's plan where that is smaller still.
+
 ``pack(buffers)`` solves offsets alone for fixed lifetimes.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 
 from ..graph import Graph
 from .check import check_plan
+from .inplace import inplace_layout, inplace_pairs
 from .lifetimes import lifetimes, must_live_bound, order_peak
 from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers
 from .plan import Plan, PlanError
@@ -99,9 +104,36 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
     order, arena_offsets, arena, how = best
     if strategy == "greedy":
         p = _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
+        p = _share_in_place(g, p, t0)
     else:
         p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0, gap_limit)
+        # Sharing may favour another order than the one without it: the
+        # greedy order with sharing is a candidate too, so model never
+        # loses to greedy.
+        p = _share_in_place(g, _share_in_place(g, p, t0), t0, order)
     return _best_with_inplace(g, p, t0)
+
+
+def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None) -> Plan:
+    """``p``, or in-place sharing along ``order`` (default: p's own) where
+    it lowers the arena: the pairs' storages packed exactly. The proven bound
+    assumes no sharing; it is kept as ``bound_without_inplace``."""
+    order = p.order if order is None else order
+    pairs = inplace_pairs(g, order)
+    if not pairs or order_peak(g, order, pairs) >= p.arena_size:
+        return p
+    packed = inplace_layout(g, order, pairs, time_limit=PACK_SECONDS_WITHIN_GAP)
+    if packed is None or packed[1] + g.persistent_bytes() >= p.arena_size:
+        return p
+    arena_offsets, _, status = packed
+    stats = dict(p.stats, layout=f"exact pack of the shared storages ({status})")
+    if not p.inplace:
+        stats["arena_without_inplace"] = p.arena_size
+    if "proven_lower_bound" in stats:
+        stats["bound_without_inplace"] = stats.pop("proven_lower_bound")
+    stats.pop("gap", None)
+    return _assemble(g, p.strategy, order, arena_offsets, t0,
+                     "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
 
 
 def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
@@ -117,9 +149,12 @@ def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
         if arena >= p.arena_size:
             continue
         stats = dict(p.stats, heuristic=f"{name} (in-place sharing)", beaten_arena=p.arena_size)
-        stats.pop("proven_lower_bound", None)
+        if not p.inplace:
+            stats["arena_without_inplace"] = p.arena_size
+        if "proven_lower_bound" in stats:
+            stats["bound_without_inplace"] = stats.pop("proven_lower_bound")
         stats.pop("gap", None)
-        packed = _inplace_layout(g, order, inplace, time_limit=PACK_SECONDS_WITHIN_GAP)
+        packed = inplace_layout(g, order, inplace, time_limit=PACK_SECONDS_WITHIN_GAP)
         if packed is not None and packed[1] + g.persistent_bytes() <= arena:
             arena_offsets, _, status = packed
             p = _assemble(g, p.strategy, order, arena_offsets, t0, "heuristic", inplace, stats)
@@ -130,30 +165,6 @@ def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
                      order_peak(g, order, inplace), round(time.time() - t0, 4), "heuristic",
                      inplace, stats)
     return p
-
-
-def _inplace_layout(g: Graph, order: list[int], inplace, time_limit: float):
-    """Offsets for an order whose in-place pairs share storage: each chain of
-    pairs is one buffer from its first tensor's birth to its last one's
-    death, packed exactly. Returns (arena offsets by tensor, arena, pack
-    status), or None if a pair joins tensors of different sizes."""
-    root: dict[int, int] = {}
-    for out, inp in inplace:  # in the order they were made: inp's root is known
-        root[out] = root.get(inp, inp)
-    span: dict[int, list[int]] = {}
-    for t, (s, e) in zip(g.tensors, lifetimes(g, order)):
-        if t.persistent or not t.size:
-            continue
-        r = root.get(t.id, t.id)
-        if r != t.id and g.tensors[r].size != t.size:
-            return None
-        lo_hi = span.setdefault(r, [s, e])
-        lo_hi[0], lo_hi[1] = min(lo_hi[0], s), max(lo_hi[1], e)
-    bufs = [Buffer(r, s, e + 1, g.tensors[r].size) for r, (s, e) in span.items()]
-    offs, arena, _, status = exact_pack(bufs, time_limit=time_limit)
-    at = {b.id: offs[i] for i, b in enumerate(bufs)}
-    return {t: at[root.get(t, t)] for t in (x.id for x in g.tensors)
-            if not g.tensors[t].persistent and g.tensors[t].size}, arena, status
 
 
 # Above this many operators the joint (time x address) model is too large for

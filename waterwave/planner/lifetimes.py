@@ -115,19 +115,26 @@ def must_live_bound(g: Graph) -> int:
     return max(g.persistent_bytes() + int(live.max()), node_lower_bound(g))
 
 
-def allocation_events(g: Graph, order: list[int]):
+def allocation_events(g: Graph, order: list[int], inplace=()):
     """The allocations and frees one step makes under ``order``, as an eager
     framework makes them: ("alloc", t) for each output when its node runs,
     then ("free", t) for every tensor whose last user just ran (unused
-    outputs at once). Graph outputs, inputs and persistent tensors are not
+    outputs at once). An in-place pair (out, inp) allocates nothing: out
+    takes over inp's memory, reported as ("inplace", out) (``inp`` is then
+    never freed itself). Graph outputs, inputs and persistent tensors are not
     allocated or freed here."""
     keep = set(g.meta.get("outputs", []))
     remaining = [len(g.consumers(t.id)) for t in g.tensors]
+    into = dict(inplace)  # out -> the input whose memory it takes
+    handed_over = set(into.values())
+    root: dict[int, int] = {}  # a chain of pairs shares its first tensor's memory
+    for out, inp in inplace:
+        root[out] = root.get(inp, inp)
     for v in order:
         node = g.nodes[v]
         for t in node.outputs:
             if g.tensors[t].size:
-                yield "alloc", t
+                yield ("inplace" if t in into else "alloc"), t
         dead = []
         for t in node.inputs:
             remaining[t] -= 1
@@ -136,5 +143,7 @@ def allocation_events(g: Graph, order: list[int]):
         dead += [t for t in node.outputs if remaining[t] == 0]
         for t in dead:
             tensor = g.tensors[t]
-            if tensor.size and t not in keep and not tensor.persistent and tensor.kind != "input":
+            owner = g.tensors[root.get(t, t)]
+            if (tensor.size and t not in keep and not tensor.persistent and owner.kind != "input"
+                    and t not in handed_over):
                 yield "free", t
