@@ -81,30 +81,33 @@ def test_plan_unknown_model_is_a_clear_error():
         cli.main(["plan", "resnet1000", "--json"])
 
 
-def test_pack_csv(tmp_path, capsys):
+def run_pack(tmp_path, capsys, text):
+    """`waterwave pack` on a CSV: (header, {first column: offset}, stderr)."""
     f = tmp_path / "b.csv"
-    f.write_text("id,lower,upper,size\na,0,2,1024\nb,1,3,512\nc,2,4,1024\n")
+    f.write_text(text)
     assert cli.main(["pack", str(f), "--time-limit", "5"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.strip().splitlines()
-    assert lines[0] == "id,lower,upper,size,offset"
     rows = {r.split(",")[0]: int(r.split(",")[4]) for r in lines[1:]}
+    return lines[0], rows, captured.err
+
+
+def test_pack_csv(tmp_path, capsys):
+    header, rows, err = run_pack(tmp_path, capsys,
+                                 "id,lower,upper,size\na,0,2,1024\nb,1,3,512\nc,2,4,1024\n")
+    assert header == "id,lower,upper,size,offset"
     # a and b overlap in time, as do b and c: b must sit apart from both.
     assert rows["b"] >= 1024 or rows["b"] + 512 <= min(rows["a"], rows["c"])
-    assert "arena 1536 bytes" in captured.err and "optimal" in captured.err
+    assert "arena 1536 bytes" in err and "optimal" in err
 
 
 def test_pack_reads_minimalloc_benchmark_csv(tmp_path, capsys):
     """MiniMalloc's benchmark files name the columns buffer,start,end,size."""
-    f = tmp_path / "m.csv"
-    f.write_text("buffer,start,end,size\n0,0,10,4\n1,5,15,4\n2,10,20,4\n")
-    assert cli.main(["pack", str(f), "--time-limit", "5"]) == 0
-    captured = capsys.readouterr()
-    lines = captured.out.strip().splitlines()
-    assert lines[0] == "buffer,start,end,size,offset"
-    offs = [int(r.split(",")[4]) for r in lines[1:]]
-    assert offs[1] != offs[0] and offs[1] != offs[2]
-    assert "arena 8 bytes" in captured.err and "optimal" in captured.err
+    header, rows, err = run_pack(tmp_path, capsys,
+                                 "buffer,start,end,size\n0,0,10,4\n1,5,15,4\n2,10,20,4\n")
+    assert header == "buffer,start,end,size,offset"
+    assert rows["1"] != rows["0"] and rows["1"] != rows["2"]
+    assert "arena 8 bytes" in err and "optimal" in err
 
 
 @pytest.mark.parametrize("text, message", [

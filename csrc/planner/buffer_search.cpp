@@ -24,6 +24,7 @@ class BufferSearch {
                const Limits& limits)
       : bufs_(bufs), sweep_(sweep), capacity_(capacity), limits_(limits) {
     const int n = static_cast<int>(bufs.size());
+    twin_class_ = twin_classes(bufs);
     fullest_.assign(n, 0);
     for (int x = 0; x < n; ++x)
       for (int s = sweep.first[x]; s < sweep.last[x]; ++s) fullest_[x] = std::max(fullest_[x], sweep.total[s]);
@@ -32,11 +33,9 @@ class BufferSearch {
   SearchResult run() {
     SearchResult result;
     const int n = static_cast<int>(bufs_.size());
-    for (std::int64_t t : sweep_.total) {
-      if (t > capacity_) {
-        result.status = SearchStatus::kInfeasible;
-        return result;
-      }
+    if (over_capacity(sweep_, capacity_)) {
+      result.status = SearchStatus::kInfeasible;
+      return result;
     }
     offset_.assign(n, kUnplaced);
     solution_.assign(n, kUnplaced);
@@ -66,34 +65,25 @@ class BufferSearch {
  private:
   void set_preorder(const std::vector<Key>& keys) {
     const int n = static_cast<int>(bufs_.size());
-    auto value = [&](Key k, int x) -> std::int64_t {
+    rank_ = rank_biggest_first(n, static_cast<int>(keys.size()), [&](int k, int x) -> std::int64_t {
       const auto& b = bufs_[x];
-      switch (k) {
+      switch (keys[k]) {
         case Key::kLength: return b.upper - b.lower;
         case Key::kArea: return b.size * (b.upper - b.lower);
         case Key::kTotal: return fullest_[x];
       }
       return 0;
-    };
-    std::vector<int> order(n);
-    for (int i = 0; i < n; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      for (Key k : keys) {
-        const auto va = value(k, a), vb = value(k, b);
-        if (va != vb) return va > vb;
-      }
-      return a < b;
     });
-    rank_.assign(n, 0);
-    for (int r = 0; r < n; ++r) rank_[order[r]] = r;
-    // Buffers with the same lifetime and size are interchangeable: each may
-    // be placed only after its twin of the next lower rank.
-    std::vector<int> by_kind = order;
-    auto kind = [&](int i) { return std::make_tuple(bufs_[i].lower, bufs_[i].upper, bufs_[i].size); };
-    std::stable_sort(by_kind.begin(), by_kind.end(), [&](int a, int b) { return kind(a) < kind(b); });
+    // Twins are interchangeable: each may be placed only after its twin of
+    // the next lower rank.
+    std::vector<int> by_rank(n);
+    for (int x = 0; x < n; ++x) by_rank[rank_[x]] = x;
+    std::vector<int> last_of_class(n, -1);
     twin_before_.assign(n, -1);
-    for (int k = 1; k < n; ++k)
-      if (kind(by_kind[k]) == kind(by_kind[k - 1])) twin_before_[by_kind[k]] = by_kind[k - 1];
+    for (int x : by_rank) {
+      twin_before_[x] = last_of_class[twin_class_[x]];
+      last_of_class[twin_class_[x]] = x;
+    }
   }
 
   // Sections [lo, hi) split wherever no unplaced buffer crosses a boundary;
@@ -126,11 +116,7 @@ class BufferSearch {
     if (--node_budget_ < 0) return Outcome::kAborted;
     if (depth_ >= kMaxDepth) return Outcome::kTimeout;
     if ((++nodes_ & 255) == 0 && limits_.reached()) return Outcome::kTimeout;
-    struct Deeper {
-      int& d;
-      explicit Deeper(int& depth) : d(depth) { ++d; }
-      ~Deeper() { --d; }
-    } deeper(depth_);
+    const DepthGuard deeper(depth_);
 
     // Each unplaced buffer's lowest offset: the highest top across its
     // lifetime (placements in a section only ever stack upwards).
@@ -210,7 +196,7 @@ class BufferSearch {
 
   std::vector<std::int64_t> fullest_, offset_, solution_, top_, unplaced_total_, lowest_;
   std::vector<std::int64_t> saved_tops_;
-  std::vector<int> rank_, twin_before_, cuts_;
+  std::vector<int> rank_, twin_class_, twin_before_, cuts_;
   std::vector<std::vector<Candidate>> scratch_;
   std::int64_t nodes_ = 0, node_budget_ = 0;
   int depth_ = 0;

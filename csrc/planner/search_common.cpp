@@ -1,5 +1,7 @@
 #include "search_common.h"
 
+#include <tuple>
+
 namespace waterwave::planner {
 
 Sweep::Sweep(const std::vector<PackBuffer>& bufs) {
@@ -36,6 +38,23 @@ Sweep::Sweep(const std::vector<PackBuffer>& bufs) {
   }
   int run = 0;
   for (int k = 0; k + 1 < count; ++k) crossing[k] = run += crossing_delta[k];
+}
+
+bool over_capacity(const Sweep& sweep, std::int64_t capacity) {
+  return std::any_of(sweep.total.begin(), sweep.total.end(),
+                     [&](std::int64_t t) { return t > capacity; });
+}
+
+std::vector<int> twin_classes(const std::vector<PackBuffer>& bufs) {
+  const int n = static_cast<int>(bufs.size());
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  auto kind = [&](int i) { return std::make_tuple(bufs[i].lower, bufs[i].upper, bufs[i].size); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return kind(a) < kind(b); });
+  std::vector<int> cls(n, 0);
+  for (int k = 0; k < n; ++k)
+    cls[order[k]] = k > 0 && kind(order[k]) == kind(order[k - 1]) ? cls[order[k - 1]] : order[k];
+  return cls;
 }
 
 std::int64_t luby(std::uint64_t i) {

@@ -42,6 +42,44 @@ struct Sweep {
   int sections() const { return static_cast<int>(total.size()); }
 };
 
+// Whether some section holds more bytes at once than the capacity: then no
+// layout fits, and either search can say so at once.
+bool over_capacity(const Sweep& sweep, std::int64_t capacity);
+
+// Buffers with the same lifetime and size are interchangeable ("twins"):
+// each buffer's class is the lowest index of its twins.
+std::vector<int> twin_classes(const std::vector<PackBuffer>& bufs);
+
+// The rank of each of n buffers sorted by keys 0..keys-1 (value(key, i)),
+// the biggest first, ties by index: the searches' static preorders.
+template <class Value>
+std::vector<int> rank_biggest_first(int n, int keys, Value value) {
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    for (int k = 0; k < keys; ++k) {
+      const std::int64_t va = value(k, a), vb = value(k, b);
+      if (va != vb) return va > vb;
+    }
+    return a < b;
+  });
+  std::vector<int> rank(n);
+  for (int r = 0; r < n; ++r) rank[order[r]] = r;
+  return rank;
+}
+
+// Counts a search's recursion depth for the depth guard.
+class DepthGuard {
+ public:
+  explicit DepthGuard(int& depth) : depth_(depth) { ++depth_; }
+  ~DepthGuard() { --depth_; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+
+ private:
+  int& depth_;
+};
+
 // Luby's restart sequence: 1 1 2 1 1 2 4 1 1 2 ...
 std::int64_t luby(std::uint64_t i);
 

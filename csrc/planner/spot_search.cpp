@@ -1,7 +1,6 @@
 #include "spot_search.h"
 
 #include <limits>
-#include <tuple>
 
 namespace waterwave::planner {
 namespace {
@@ -22,16 +21,10 @@ class SpotSearch {
   SpotSearch(const std::vector<PackBuffer>& bufs, const Sweep& sweep, std::int64_t capacity,
              const Limits& limits)
       : bufs_(bufs), sweep_(sweep), capacity_(capacity), limits_(limits) {
-    // Buffers with the same lifetime and size are interchangeable.
     const int n = static_cast<int>(bufs.size());
-    std::vector<int> order(n);
-    for (int i = 0; i < n; ++i) order[i] = i;
-    auto key = [&](int i) { return std::make_tuple(bufs[i].lower, bufs[i].upper, bufs[i].size); };
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return key(a) < key(b); });
-    twin_class_.assign(n, 0);
-    for (int k = 1; k < n; ++k)
-      twin_class_[order[k]] = key(order[k]) == key(order[k - 1]) ? twin_class_[order[k - 1]] : k;
-    by_size_ = order;
+    twin_class_ = twin_classes(bufs);
+    by_size_.resize(n);
+    for (int i = 0; i < n; ++i) by_size_[i] = i;
     std::sort(by_size_.begin(), by_size_.end(), [&](int a, int b) { return bufs[a].size < bufs[b].size; });
     // Twins share their hash keys: swapping them gives the same state.
     zobrist_.resize(n);
@@ -42,11 +35,9 @@ class SpotSearch {
   SearchResult run() {
     SearchResult result;
     const int n = static_cast<int>(bufs_.size());
-    for (std::int64_t t : sweep_.total) {
-      if (t > capacity_) {  // more bytes live at once than the capacity holds
-        result.status = SearchStatus::kInfeasible;
-        return result;
-      }
+    if (over_capacity(sweep_, capacity_)) {
+      result.status = SearchStatus::kInfeasible;
+      return result;
     }
     offset_.assign(n, kUnplaced);
     solution_.assign(n, kUnplaced);
@@ -98,28 +89,16 @@ class SpotSearch {
   }
 
   std::vector<int> preorder(const std::vector<Key>& keys) const {
-    const int n = static_cast<int>(bufs_.size());
-    auto value = [&](Key k, int i) -> std::int64_t {
-      const auto& b = bufs_[i];
-      switch (k) {
-        case Key::kSize: return b.size;
-        case Key::kLength: return b.upper - b.lower;
-        case Key::kArea: return b.size * (b.upper - b.lower);
-      }
-      return 0;
-    };
-    std::vector<int> order(n);
-    for (int i = 0; i < n; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      for (Key k : keys) {
-        const auto va = value(k, a), vb = value(k, b);
-        if (va != vb) return va > vb;  // the biggest first
-      }
-      return a < b;
-    });
-    std::vector<int> rank(n);
-    for (int r = 0; r < n; ++r) rank[order[r]] = r;
-    return rank;
+    return rank_biggest_first(static_cast<int>(bufs_.size()), static_cast<int>(keys.size()),
+                              [&](int k, int i) -> std::int64_t {
+                                const auto& b = bufs_[i];
+                                switch (keys[k]) {
+                                  case Key::kSize: return b.size;
+                                  case Key::kLength: return b.upper - b.lower;
+                                  case Key::kArea: return b.size * (b.upper - b.lower);
+                                }
+                                return 0;
+                              });
   }
 
   // Sections [lo, hi) split wherever no unplaced buffer crosses a boundary;
@@ -178,11 +157,7 @@ class SpotSearch {
   Outcome dfs(int lo, int hi) {
     if (--node_budget_ < 0) return Outcome::kAborted;
     if (depth_ >= kMaxDepth) return Outcome::kTimeout;
-    struct Deeper {
-      int& d;
-      explicit Deeper(int& depth) : d(depth) { ++d; }
-      ~Deeper() { --d; }
-    } deeper(depth_);
+    const DepthGuard deeper(depth_);
     if ((++nodes_ & 255) == 0 && limits_.reached()) return Outcome::kTimeout;
     const auto key = state_key(lo, hi);
     auto& slot = failed_[key.first & (kFailedSlots - 1)];

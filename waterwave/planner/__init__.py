@@ -126,14 +126,22 @@ def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None
     if packed is None or packed[1] + g.persistent_bytes() >= p.arena_size:
         return p
     arena_offsets, _, status = packed
-    stats = dict(p.stats, layout=f"exact pack of the shared storages ({status})")
+    stats = _sharing_stats(p, layout=f"exact pack of the shared storages ({status})")
+    return _assemble(g, p.strategy, order, arena_offsets, t0,
+                     "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
+
+
+def _sharing_stats(p: Plan, **extra) -> dict:
+    """p's statistics for a plan that replaces it by sharing storage in place:
+    the arena and proven bound without sharing are kept under their own names
+    (a plan with sharing may go below that bound), the gap dropped."""
+    stats = dict(p.stats, **extra)
     if not p.inplace:
         stats["arena_without_inplace"] = p.arena_size
     if "proven_lower_bound" in stats:
         stats["bound_without_inplace"] = stats.pop("proven_lower_bound")
     stats.pop("gap", None)
-    return _assemble(g, p.strategy, order, arena_offsets, t0,
-                     "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
+    return stats
 
 
 def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
@@ -148,17 +156,12 @@ def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
         order, offsets, arena, inplace = fn(g)
         if arena >= p.arena_size:
             continue
-        stats = dict(p.stats, heuristic=f"{name} (in-place sharing)", beaten_arena=p.arena_size)
-        if not p.inplace:
-            stats["arena_without_inplace"] = p.arena_size
-        if "proven_lower_bound" in stats:
-            stats["bound_without_inplace"] = stats.pop("proven_lower_bound")
-        stats.pop("gap", None)
+        stats = _sharing_stats(p, heuristic=f"{name} (in-place sharing)", beaten_arena=p.arena_size)
         packed = inplace_layout(g, order, inplace, time_limit=PACK_SECONDS_WITHIN_GAP)
         if packed is not None and packed[1] + g.persistent_bytes() <= arena:
             arena_offsets, _, status = packed
+            stats["layout"] = f"exact pack of the shared storages ({status})"
             p = _assemble(g, p.strategy, order, arena_offsets, t0, "heuristic", inplace, stats)
-            p.stats["layout"] = f"exact pack of the shared storages ({status})"
         else:
             sizes = {t.id: t.size for t in g.tensors if t.size}
             p = Plan(g.name, p.strategy, order, offsets, sizes, arena,
