@@ -119,12 +119,11 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
         left = deadline - time.monotonic()
         if left <= 0.01:
             break
-        # The bound first (a layout there is usually found at once), but
-        # with under a third of the time: where it is out of reach or hard,
-        # the roomier capacities need the rest (MiniMalloc's D and J then
-        # land under their published capacity). Then half the time left to
-        # each question, so a hard one cannot starve those after it.
-        share = 0.3 if capacity * unit == bound else 0.5
+        # The bound first, with most of the time (a layout there is usually
+        # found, if not at once then after a long search: zero-slack
+        # tilings); then half the time left to each question, so a hard one
+        # cannot starve the roomier capacities after it.
+        share = 0.6 if capacity * unit == bound else 0.5
         status, found, _ = _C.search_offsets(lower, upper, size, capacity, left * share)
         if status == "found":
             hi = capacity
@@ -132,11 +131,11 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
             offs.update({i: o * unit for i, o in zip(live, found)})
         elif status == "infeasible":
             lo = capacity + 1
-        else:  # unsettled: try a roomier capacity, keeping the proven bound
-            lo_try = capacity + 1
-            if lo_try >= hi:
+        else:  # unsettled: try a roomier capacity, keeping the proven bound;
+            # well towards the best layout found, where a layout comes easier
+            if capacity + 1 >= hi:
                 break
-            capacity = (lo_try + hi) // 2
+            capacity += max(1, (hi - capacity) * 3 // 4)
             continue
         capacity = (lo + hi) // 2
     return offs, hi * unit, lo * unit, "optimal" if lo == hi else "heuristic"
