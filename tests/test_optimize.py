@@ -88,3 +88,33 @@ def test_planned_in_place_operators_run_in_place_and_match_eager():
     assert trainer.plan.arena_size < trainer.plan.stats["arena_without_inplace"]
     ran_in_place = {str(n.target) for n in trainer.module.graph.nodes if n.op == "call_function"}
     assert "aten.sigmoid_.default" in ran_in_place and "aten.tanh_.default" in ran_in_place
+
+
+def groups_by_kind(model):
+    """Two parameter groups, as training recipes often have them: weight
+    decay on matrices only."""
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    rest = [p for p in model.parameters() if p.dim() <= 1]
+    return decay, rest
+
+
+def test_sgd_with_two_parameter_groups_matches_eager():
+    """Each group's own learning rate, momentum (none in one) and weight
+    decay; a group without momentum keeps no momentum buffers."""
+    def make(m):
+        decay, rest = groups_by_kind(m)
+        return torch.optim.SGD([{"params": decay, "weight_decay": 1e-2, "momentum": 0.9},
+                                {"params": rest, "lr": 0.01}], lr=0.05)
+    trainer = train_both(mlp(), make, batches((16, 32)), square)
+    states = [t for t in trainer.graph.tensors if t.kind == "optimizer_state"]
+    assert len(states) == len(groups_by_kind(trainer.model)[0])  # momentum for the decay group only
+
+
+@pytest.mark.parametrize("cls", ["Adam", "AdamW"])
+def test_adam_with_two_parameter_groups_matches_eager(cls):
+    def make(m):
+        decay, rest = groups_by_kind(m)
+        return getattr(torch.optim, cls)([{"params": decay, "weight_decay": 1e-2},
+                                          {"params": rest, "weight_decay": 0.0, "lr": 3e-3,
+                                           "betas": (0.8, 0.99)}], lr=1e-2)
+    train_both(mlp_plain(), make, batches((16, 32), n=4), square)

@@ -59,14 +59,15 @@ def _default_loss(output):
     raise CaptureError(f"cannot derive a loss from a {type(output).__name__}; pass loss_fn")
 
 
-def _optimizer_update(optimizer, params, grads, states):
+def _optimizer_update(optimizer, params, grads, states, groups):
     """Apply the optimizer's update in place, as torch.optim's single-tensor
-    implementations do. ``states[i]`` is a dict of this parameter's state."""
+    implementations do. ``states[i]`` is a dict of this parameter's state,
+    ``groups[i]`` the index of its parameter group (its hyperparameters)."""
     torch = _torch()
     name = type(optimizer).__name__
-    group = optimizer.param_groups[0]
     with torch.no_grad():
-        for p, g, st in zip(params, grads, states):
+        for p, g, st, k in zip(params, grads, states, groups):
+            group = optimizer.param_groups[k]
             if name == "SGD":
                 lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
                 damp, nesterov = group["dampening"], group["nesterov"]
@@ -93,32 +94,40 @@ def _optimizer_update(optimizer, params, grads, states):
                 raise CaptureError(name)
 
 
-def _state_names(optimizer) -> list[str]:
+def _check_optimizer(optimizer) -> None:
     name = type(optimizer).__name__
     if name not in SUPPORTED_OPTIMIZERS:
         raise CaptureError(f"capture supports the optimizers {', '.join(SUPPORTED_OPTIMIZERS)}; "
                            f"got {name}")
-    if len(optimizer.param_groups) != 1:
-        raise CaptureError("capture supports optimizers with one parameter group")
-    if name == "SGD":
-        return ["momentum_buffer"] if optimizer.param_groups[0]["momentum"] else []
-    if optimizer.param_groups[0].get("amsgrad"):
+    if any(group.get("amsgrad") for group in optimizer.param_groups):
         raise CaptureError("capture does not support Adam(amsgrad=True) yet")
+
+
+def _state_names(optimizer, group: int) -> list[str]:
+    """The state tensors the optimizer keeps per parameter of ``group``."""
+    _check_optimizer(optimizer)
+    if type(optimizer).__name__ == "SGD":
+        return ["momentum_buffer"] if optimizer.param_groups[group]["momentum"] else []
     return ["exp_avg", "exp_avg_sq"]
 
 
-def adam_scalars(optimizer, step: int):
-    """The host-side scalars of Adam's update at step ``step`` (1-based)."""
-    group = optimizer.param_groups[0]
-    b1, b2 = group["betas"]
-    return group["lr"] / (1 - b1 ** step), math.sqrt(1 - b2 ** step)
+def adam_scalars(optimizer, step: int) -> list[float]:
+    """The host-side scalars of Adam's update at step ``step`` (1-based), for
+    each parameter group in turn: lr / (1 - b1^t) and sqrt(1 - b2^t)."""
+    out = []
+    for group in optimizer.param_groups:
+        b1, b2 = group["betas"]
+        out += [group["lr"] / (1 - b1 ** step), math.sqrt(1 - b2 ** step)]
+    return out
 
 
-def trained_parameters(model, optimizer) -> list[tuple[str, Any]]:
-    """(name, parameter) the optimizer updates, in the model's order: the
-    order of the traced step's first inputs."""
-    updated = {id(p) for p in optimizer.param_groups[0]["params"]}
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) in updated]
+def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
+    """(name, parameter, parameter group) for each parameter the optimizer
+    updates, in the model's order: the order of the traced step's first
+    inputs."""
+    group_of = {id(p): k for k, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    return [(n, p, group_of[id(p)]) for n, p in model.named_parameters()
+            if p.requires_grad and id(p) in group_of]
 
 
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer):
@@ -130,24 +139,27 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functional_call
 
-    state_names = _state_names(optimizer)
+    _check_optimizer(optimizer)
     named_params = trained_parameters(model, optimizer)
     if not named_params:
         raise CaptureError("the optimizer updates none of the model's parameters")
     named_buffers = list(model.named_buffers())
-    param_names = [n for n, _ in named_params]
+    param_names = [n for n, _, _ in named_params]
+    groups = [k for _, _, k in named_params]
+    state_names = [_state_names(optimizer, k) for k in groups]  # per parameter
     buffer_names = [n for n, _ in named_buffers]
     loss_fn = loss_fn or _default_loss
-    n_p, n_b, n_s = len(param_names), len(buffer_names), len(state_names)
-    n_scalar = 2 if type(optimizer).__name__ in ("Adam", "AdamW") else 0
+    n_p, n_b, n_s = len(param_names), len(buffer_names), sum(len(s) for s in state_names)
+    adam = type(optimizer).__name__ in ("Adam", "AdamW")
+    n_scalar = 2 * len(optimizer.param_groups) if adam else 0
     grads_seen: list = []
 
     def step(*flat):
         params = list(flat[:n_p])
         buffers = list(flat[n_p:n_p + n_b])
-        state_flat = flat[n_p + n_b:n_p + n_b + n_p * n_s]
-        scalars = flat[n_p + n_b + n_p * n_s:n_p + n_b + n_p * n_s + n_scalar]
-        inputs = flat[n_p + n_b + n_p * n_s + n_scalar:]
+        state_flat = list(flat[n_p + n_b:n_p + n_b + n_s])
+        scalars = flat[n_p + n_b + n_s:n_p + n_b + n_s + n_scalar]
+        inputs = flat[n_p + n_b + n_s + n_scalar:]
         tensors = dict(zip(param_names, params))
         tensors.update(zip(buffer_names, buffers))
         out = functional_call(model, tensors, tuple(inputs))
@@ -156,21 +168,20 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
         grads_seen.extend(grads)
         states = []
-        for i in range(n_p):
-            st = {name: state_flat[i * n_s + k] for k, name in enumerate(state_names)}
-            if n_scalar:
-                st["step_size"], st["bc2_sqrt"] = scalars
+        for names, k in zip(state_names, groups):
+            st = {name: state_flat.pop(0) for name in names}
+            if adam:
+                st["step_size"], st["bc2_sqrt"] = scalars[2 * k:2 * k + 2]
             states.append(st)
-        _optimizer_update(optimizer, [p.detach() for p in params], grads, states)
+        _optimizer_update(optimizer, [p.detach() for p in params], grads, states, groups)
         return loss
 
     with torch.no_grad():
-        flat = [p.detach().clone().requires_grad_(True) for _, p in named_params]
+        flat = [p.detach().clone().requires_grad_(True) for _, p, _ in named_params]
         flat += [b.detach().clone() for _, b in named_buffers]
-        for _, p in named_params:
-            for name in state_names:
-                flat.append(torch.zeros_like(p))
-        if n_scalar:
+        for (_, p, _), names in zip(named_params, state_names):
+            flat += [torch.zeros_like(p) for _ in names]
+        if adam:
             flat += [torch.tensor(v) for v in adam_scalars(optimizer, 1)]
         flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
     for x in flat[:n_p]:
@@ -179,10 +190,11 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
     except Exception as e:
         raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
-    roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_p * n_s + n_scalar)
+    roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_s + n_scalar)
              + ["input"] * len(example_inputs))
-    names = param_names + buffer_names + [f"{p}.{s}" for p in param_names for s in state_names]
-    names += ["adam.step_size", "adam.bc2_sqrt"][:n_scalar]
+    names = param_names + buffer_names
+    names += [f"{p}.{s}" for p, ss in zip(param_names, state_names) for s in ss]
+    names += [f"adam.group{k}.{s}" for k in range(n_scalar // 2) for s in ("step_size", "bc2_sqrt")]
     names += [f"input{i}" for i in range(len(example_inputs))]
     return gm, roles, names, grads_seen
 

@@ -79,14 +79,14 @@ class Trainer:
         in_place = frozenset(self.graph.nodes[self.graph.producer(out)].name
                              for out, _ in self.plan.inplace)
         self.module = _reorder(gm, order_names, in_place)
-        self._params = [p for _, p in trained_parameters(model, optimizer)]
+        trained = trained_parameters(model, optimizer)
+        self._params = [p for _, p, _ in trained]
         self._buffers = [b for _, b in model.named_buffers()]
-        self._state_names = _state_names(optimizer)
         # Optimizer state continues from the optimizer's, if it has any.
         self._state = []
-        for p in self._params:
+        for _, p, group in trained:
             st = optimizer.state.get(p, {})
-            for name in self._state_names:
+            for name in _state_names(optimizer, group):
                 self._state.append(st[name].detach() if name in st else torch.zeros_like(p))
         first = optimizer.state.get(self._params[0], {}).get("step", 0) if self._params else 0
         self._step = int(first)
