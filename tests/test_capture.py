@@ -95,3 +95,10 @@ def test_no_real_memory_is_used_for_activations():
     g = capture(m, (x,), None, torch.optim.SGD(m.parameters(), lr=0.1))
     biggest = max(t.size for t in g.tensors)
     assert biggest >= 200_000 * 4096 * 4
+
+
+def test_targets_need_a_loss_function():
+    m = mlp()
+    with pytest.raises(CaptureError, match="targets need a loss_fn"):
+        capture(m, (torch.randn(2, 64),), None, torch.optim.SGD(m.parameters(), lr=0.1),
+                targets=torch.zeros(2, dtype=torch.long))

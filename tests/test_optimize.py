@@ -118,3 +118,27 @@ def test_adam_with_two_parameter_groups_matches_eager(cls):
                                           {"params": rest, "weight_decay": 0.0, "lr": 3e-3,
                                            "betas": (0.8, 0.99)}], lr=1e-2)
     train_both(mlp_plain(), make, batches((16, 32), n=4), square)
+
+
+def test_a_loss_with_targets_matches_eager():
+    """Classification as people write it: cross entropy against labels,
+    which are graph inputs like the batch."""
+    model = mlp()
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    eager, planned = copy.deepcopy(model), copy.deepcopy(model)
+    opt = make(eager)
+    xs = batches((16, 32))
+    labels = [torch.randint(0, 8, (16,), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    loss_fn = torch.nn.functional.cross_entropy
+    trainer = optimize(planned, (xs[0],), loss_fn, make(planned), example_targets=labels[0])
+    assert sum(t.kind == "input" for t in trainer.graph.tensors) == 2  # the batch and its labels
+    for x, y in zip(xs, labels):
+        opt.zero_grad()
+        l1 = loss_fn(eager(x), y)
+        l1.backward()
+        opt.step()
+        torch.testing.assert_close(trainer.step(x, targets=y), l1.detach(), rtol=1e-5, atol=1e-6)
+    for p1, p2 in zip(eager.parameters(), planned.parameters()):
+        torch.testing.assert_close(p2, p1.detach(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="pass targets= to step"):
+        trainer.step(xs[0])

@@ -130,11 +130,14 @@ def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
             if p.requires_grad and id(p) in group_of]
 
 
-def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer):
+def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+               example_targets: Sequence[Any] = ()):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
     placeholder names, gradient tensors seen while tracing). The module's
     inputs are: parameters, buffers, optimizer state (per parameter, in
-    ``state_names`` order), [Adam: step_size, bc2_sqrt], then the inputs."""
+    ``state_names`` order), [Adam: step_size, bc2_sqrt per group], the
+    model's inputs, then the targets; the loss is
+    ``loss_fn(model(*inputs), *targets)``."""
     torch = _torch()
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functional_call
@@ -152,6 +155,9 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     n_p, n_b, n_s = len(param_names), len(buffer_names), sum(len(s) for s in state_names)
     adam = type(optimizer).__name__ in ("Adam", "AdamW")
     n_scalar = 2 * len(optimizer.param_groups) if adam else 0
+    n_in = len(example_inputs)
+    if example_targets and loss_fn is _default_loss:
+        raise CaptureError("targets need a loss_fn(output, *targets) to go into")
     grads_seen: list = []
 
     def step(*flat):
@@ -159,11 +165,12 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         buffers = list(flat[n_p:n_p + n_b])
         state_flat = list(flat[n_p + n_b:n_p + n_b + n_s])
         scalars = flat[n_p + n_b + n_s:n_p + n_b + n_s + n_scalar]
-        inputs = flat[n_p + n_b + n_s + n_scalar:]
+        data = flat[n_p + n_b + n_s + n_scalar:]
+        inputs, targets = data[:n_in], data[n_in:]
         tensors = dict(zip(param_names, params))
         tensors.update(zip(buffer_names, buffers))
         out = functional_call(model, tensors, tuple(inputs))
-        loss = loss_fn(out)
+        loss = loss_fn(out, *targets)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
         grads_seen.extend(grads)
@@ -183,7 +190,8 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
             flat += [torch.zeros_like(p) for _ in names]
         if adam:
             flat += [torch.tensor(v) for v in adam_scalars(optimizer, 1)]
-        flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x
+                 for x in (*example_inputs, *example_targets)]
     for x in flat[:n_p]:
         x.requires_grad_(True)
     try:
@@ -191,24 +199,35 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     except Exception as e:
         raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
     roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_s + n_scalar)
-             + ["input"] * len(example_inputs))
+             + ["input"] * (n_in + len(example_targets)))
     names = param_names + buffer_names
     names += [f"{p}.{s}" for p, ss in zip(param_names, state_names) for s in ss]
     names += [f"adam.group{k}.{s}" for k in range(n_scalar // 2) for s in ("step_size", "bc2_sqrt")]
-    names += [f"input{i}" for i in range(len(example_inputs))]
+    names += [f"input{i}" for i in range(n_in)]
+    names += [f"target{i}" for i in range(len(example_targets))]
     return gm, roles, names, grads_seen
 
 
+def as_tuple(xs) -> tuple:
+    """One tensor, or a sequence of them, as a tuple."""
+    torch = _torch()
+    if xs is None:
+        return ()
+    return (xs,) if isinstance(xs, torch.Tensor) else tuple(xs)
+
+
 def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None,
-            optimizer=None, name: str | None = None) -> Graph:
-    """Record one training step of ``model`` as a Graph, with fake tensors."""
+            optimizer=None, name: str | None = None, targets=None) -> Graph:
+    """Record one training step of ``model`` as a Graph, with fake tensors.
+    The loss is ``loss_fn(model(*example_inputs), *targets)``; ``targets``
+    (one tensor or several, e.g. class labels) are optional."""
     torch = _torch()
 
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer)
+    example_inputs = as_tuple(example_inputs)
+    gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer,
+                                              as_tuple(targets))
     meta = {"optimizer": type(optimizer).__name__,
             "input_shapes": [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]}
     return graph_from_trace(gm, roles, names, grads_seen, name or type(model).__name__, meta)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .capture import (_state_names, adam_scalars, graph_from_trace, inplace_variant, trace_step,
-                      trained_parameters)
+from .capture import (_state_names, adam_scalars, as_tuple, graph_from_trace, inplace_variant,
+                      trace_step, trained_parameters)
 from .planner import Plan, PlanError, check_plan, plan as make_plan
 
 
@@ -63,14 +63,15 @@ class Trainer:
     """Runs training steps of ``model`` in the plan's operator order."""
 
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-                 strategy: str = "greedy", time_limit: float = 10.0):
+                 strategy: str = "greedy", time_limit: float = 10.0, example_targets=None):
         import torch
 
-        if isinstance(example_inputs, torch.Tensor):
-            example_inputs = (example_inputs,)
+        example_inputs = as_tuple(example_inputs)
         self.model = model
         self.optimizer = optimizer
-        gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer)
+        self._takes_targets = bool(as_tuple(example_targets))
+        gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer,
+                                             as_tuple(example_targets))
         self.graph = graph_from_trace(gm, roles, names, grads, type(model).__name__,
                                       {"optimizer": type(optimizer).__name__})
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
@@ -92,10 +93,16 @@ class Trainer:
         self._step = int(first)
         self._adam = type(optimizer).__name__ in ("Adam", "AdamW")
 
-    def step(self, *inputs):
-        """One training step on ``inputs``; returns the loss."""
+    def step(self, *inputs, targets=None):
+        """One training step on ``inputs`` (and ``targets``, if the step was
+        captured with them); returns the loss."""
         import torch
 
+        targets = as_tuple(targets)
+        if bool(targets) != self._takes_targets:
+            raise ValueError("this trainer was built " + ("with" if self._takes_targets else "without")
+                             + " example targets: pass targets= to step() exactly when it was")
+        inputs = (*inputs, *targets)
         self._step += 1
         scalars = [torch.tensor(v) for v in adam_scalars(self.optimizer, self._step)] if self._adam else []
         flat = ([p.detach() for p in self._params] + [b.detach() for b in self._buffers]
@@ -109,11 +116,13 @@ class Trainer:
 
 
 def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None, optimizer=None,
-             strategy: str = "greedy", time_limit: float = 10.0) -> Trainer:
+             strategy: str = "greedy", time_limit: float = 10.0, example_targets=None) -> Trainer:
     """Capture ``model``'s training step, plan it, and return a Trainer that
-    runs each step in the planned order."""
+    runs each step in the planned order. With ``example_targets`` (e.g.
+    class labels) the loss is ``loss_fn(model(*inputs), *targets)`` and each
+    step takes ``targets=``."""
     import torch
 
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit)
+    return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets)
