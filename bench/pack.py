@@ -25,12 +25,12 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from test_planner import slack_at_peak, zero_slack  # noqa: E402  (the tests' generators)
+from test_planner import slack_at_peak, zero_slack
 
-from waterwave import _C  # noqa: E402
-from waterwave.planner import pack  # noqa: E402
-from waterwave.planner.buffer_csv import read_buffer_csv  # noqa: E402
-from waterwave.planner.offsets import greedy_pack, max_live  # noqa: E402
+from waterwave import _C
+from waterwave.planner import pack
+from waterwave.planner.buffer_csv import read_buffer_csv
+from waterwave.planner.offsets import greedy_pack, max_live
 
 
 def settles_alone(bufs, strategy, seconds):

@@ -43,8 +43,9 @@ def main(src, dst):
             continue
         b = r["baseline_peak"]
         p = r["plans"]
-        cell = lambda s: (f"{mib(p[s]['peak'])}{'*' if p[s].get('inplace_pairs') else ''} "
-                          f"({1 - p[s]['peak'] / b:.0%})")
+        def cell(s, p=p, b=b):
+            return (f"{mib(p[s]['peak'])}{'*' if p[s].get('inplace_pairs') else ''} "
+                    f"({1 - p[s]['peak'] / b:.0%})")
         gap = p["model"]["gap"]
         no_share = p["model"].get("bound_without_inplace")
         if gap is None and no_share:

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from waterwave.runtime import optimize  # noqa: E402
+from waterwave.runtime import optimize
 
 
 def train_both(model, make_opt, batches, loss_fn, strategy="greedy"):

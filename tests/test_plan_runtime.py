@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from planner_graphs import random_graphs
 
 import waterwave as ww
-from planner_graphs import random_graphs
 from waterwave.allocator import plan_slots
 from waterwave.planner import plan
 from waterwave.planner.lifetimes import allocation_events

@@ -139,8 +139,8 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     model's inputs, then the targets; the loss is
     ``loss_fn(model(*inputs), *targets)``."""
     torch = _torch()
-    from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functional_call
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     _check_optimizer(optimizer)
     named_params = trained_parameters(model, optimizer)

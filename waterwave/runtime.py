@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .capture import (_state_names, adam_scalars, as_tuple, graph_from_trace, inplace_variant,
-                      trace_step, trained_parameters)
-from .planner import Plan, PlanError, check_plan, plan as make_plan
+from .capture import (
+    _state_names,
+    adam_scalars,
+    as_tuple,
+    graph_from_trace,
+    inplace_variant,
+    trace_step,
+    trained_parameters,
+)
+from .planner import Plan, PlanError, check_plan
+from .planner import plan as make_plan
 
 
 def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset()):

@@ -32,8 +32,17 @@ from .plan import Plan, PlanError
 
 STRATEGIES = ("pytorch", "mxnet", "paddle", "greedy", "model")
 
-__all__ = ["plan", "pack", "Plan", "PlanError", "Buffer", "check_plan", "STRATEGIES",
-           "order_peak", "lifetimes"]
+__all__ = [
+    "STRATEGIES",
+    "Buffer",
+    "Plan",
+    "PlanError",
+    "check_plan",
+    "lifetimes",
+    "order_peak",
+    "pack",
+    "plan",
+]
 
 
 def _buffers(g: Graph, order: list[int]) -> list[Buffer]:
