@@ -104,8 +104,8 @@ def _check_optimizer(optimizer) -> None:
 
 
 def _state_names(optimizer, group: int) -> list[str]:
-    """The state tensors the optimizer keeps per parameter of ``group``."""
-    _check_optimizer(optimizer)
+    """The state tensors the optimizer (checked by ``_check_optimizer``)
+    keeps per parameter of ``group``."""
     if type(optimizer).__name__ == "SGD":
         return ["momentum_buffer"] if optimizer.param_groups[group]["momentum"] else []
     return ["exp_avg", "exp_avg_sq"]
@@ -163,7 +163,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     def step(*flat):
         params = list(flat[:n_p])
         buffers = list(flat[n_p:n_p + n_b])
-        state_flat = list(flat[n_p + n_b:n_p + n_b + n_s])
+        state_flat = flat[n_p + n_b:n_p + n_b + n_s]
         scalars = flat[n_p + n_b + n_s:n_p + n_b + n_s + n_scalar]
         data = flat[n_p + n_b + n_s + n_scalar:]
         inputs, targets = data[:n_in], data[n_in:]
@@ -175,8 +175,9 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
         grads_seen.extend(grads)
         states = []
+        next_state = iter(state_flat)
         for names, k in zip(state_names, groups):
-            st = {name: state_flat.pop(0) for name in names}
+            st = {name: next(next_state) for name in names}
             if adam:
                 st["step_size"], st["bc2_sqrt"] = scalars[2 * k:2 * k + 2]
             states.append(st)

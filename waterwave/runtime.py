@@ -77,9 +77,10 @@ class Trainer:
         example_inputs = as_tuple(example_inputs)
         self.model = model
         self.optimizer = optimizer
-        self._takes_targets = bool(as_tuple(example_targets))
+        example_targets = as_tuple(example_targets)
+        self._takes_targets = bool(example_targets)
         gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer,
-                                             as_tuple(example_targets))
+                                             example_targets)
         self.graph = graph_from_trace(gm, roles, names, grads, type(model).__name__,
                                       {"optimizer": type(optimizer).__name__})
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)

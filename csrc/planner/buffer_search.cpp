@@ -41,7 +41,6 @@ class BufferSearch {
     solution_.assign(n, kUnplaced);
     top_.assign(sweep_.sections(), 0);
     unplaced_total_ = sweep_.total;
-    cuts_ = sweep_.crossing;
     lowest_.assign(sweep_.sections(), 0);
     scratch_.resize(static_cast<std::size_t>(n) + 2);  // one list per depth; depth <= n + 1
     std::int64_t budget = 2 * static_cast<std::int64_t>(n) + 64;
@@ -89,18 +88,17 @@ class BufferSearch {
   // Sections [lo, hi) split wherever no unplaced buffer crosses a boundary;
   // each part is solved on its own, its canonical order starting afresh.
   Outcome solve_parts(int lo, int hi) {
-    int start = lo;
-    for (int k = lo; k < hi; ++k) {
-      if (k + 1 < hi && cuts_[k] > 0) continue;
+    for (int start = lo; start < hi;) {
+      const int end = cuts_.part_end(start, hi);
       std::vector<int> part;
-      for (int s = start; s <= k; ++s)
+      for (int s = start; s < end; ++s)
         for (int x : sweep_.section_buffers[s])
           if (offset_[x] == kUnplaced && std::max(sweep_.first[x], start) == s) part.push_back(x);
       if (!part.empty()) {
-        const Outcome outcome = dfs(part, start, k + 1, 0, -1);
+        const Outcome outcome = dfs(part, start, end, 0, -1);
         if (outcome != Outcome::kFound) return outcome;
       }
-      start = k + 1;
+      start = end;
     }
     return Outcome::kFound;
   }
@@ -160,11 +158,8 @@ class BufferSearch {
   }
 
   Outcome descend(int x, const std::vector<int>& part, int lo, int hi, std::int64_t offset, int rank) {
-    bool split = false;
-    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k)
-      if (--cuts_[k] == 0) split = true;
-    const Outcome outcome = split ? solve_parts(lo, hi) : dfs(part, lo, hi, offset, rank);
-    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k) ++cuts_[k];
+    const Outcome outcome = cuts_.place(x) ? solve_parts(lo, hi) : dfs(part, lo, hi, offset, rank);
+    cuts_.unplace(x);
     return outcome;
   }
 
@@ -196,7 +191,8 @@ class BufferSearch {
 
   std::vector<std::int64_t> fullest_, offset_, solution_, top_, unplaced_total_, lowest_;
   std::vector<std::int64_t> saved_tops_;
-  std::vector<int> rank_, twin_class_, twin_before_, cuts_;
+  std::vector<int> rank_, twin_class_, twin_before_;
+  Cuts cuts_{sweep_};
   std::vector<std::vector<Candidate>> scratch_;
   std::int64_t nodes_ = 0, node_budget_ = 0;
   int depth_ = 0;

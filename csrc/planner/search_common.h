@@ -42,6 +42,35 @@ struct Sweep {
   int sections() const { return static_cast<int>(total.size()); }
 };
 
+// MiniMalloc's dynamic decomposition: per boundary between sections k and
+// k+1, how many unplaced buffers cross it. Where none does, the two sides
+// are independent sub-problems ("parts").
+class Cuts {
+ public:
+  explicit Cuts(const Sweep& sweep) : sweep_(sweep), crossing_(sweep.crossing) {}
+
+  // Buffer x is placed: whether a boundary it crossed is now crossed by none.
+  bool place(int x) {
+    bool freed = false;
+    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k)
+      if (--crossing_[k] == 0) freed = true;
+    return freed;
+  }
+  void unplace(int x) {
+    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k) ++crossing_[k];
+  }
+  // The end of the part of sections [start, hi) that begins at start.
+  int part_end(int start, int hi) const {
+    int k = start;
+    while (k + 1 < hi && crossing_[k] > 0) ++k;
+    return k + 1;
+  }
+
+ private:
+  const Sweep& sweep_;
+  std::vector<int> crossing_;
+};
+
 // Whether some section holds more bytes at once than the capacity: then no
 // layout fits, and either search can say so at once.
 bool over_capacity(const Sweep& sweep, std::int64_t capacity);

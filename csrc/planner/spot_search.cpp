@@ -50,7 +50,6 @@ class SpotSearch {
     for (std::size_t sec = 0; sec < unplaced_in_.size(); ++sec)
       for (std::size_t k = 0; k < unplaced_in_[sec].size(); ++k)
         slot_of(unplaced_in_[sec][k], static_cast<int>(sec)) = static_cast<int>(k);
-    cuts_ = sweep_.crossing;
     unplaced_hash_.assign(sweep_.total.size(), {0, 0});
     for (int i = 0; i < n; ++i)
       for (int s = sweep_.first[i]; s < sweep_.last[i]; ++s) toggle(s, i);
@@ -104,12 +103,11 @@ class SpotSearch {
   // Sections [lo, hi) split wherever no unplaced buffer crosses a boundary;
   // each part is solved on its own.
   Outcome solve_parts(int lo, int hi) {
-    int start = lo;
-    for (int k = lo; k < hi; ++k) {
-      if (k + 1 < hi && cuts_[k] > 0) continue;
-      const Outcome outcome = dfs(start, k + 1);
+    for (int start = lo; start < hi;) {
+      const int end = cuts_.part_end(start, hi);
+      const Outcome outcome = dfs(start, end);
       if (outcome != Outcome::kFound) return outcome;
-      start = k + 1;
+      start = end;
     }
     return Outcome::kFound;
   }
@@ -259,11 +257,8 @@ class SpotSearch {
   // Continue below a placement, splitting where the buffer just placed was
   // the last unplaced one crossing a section boundary.
   Outcome descend(int x, int lo, int hi) {
-    bool split = false;
-    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k)
-      if (--cuts_[k] == 0) split = true;
-    const Outcome outcome = split ? solve_parts(lo, hi) : dfs(lo, hi);
-    for (int k = sweep_.first[x]; k + 1 < sweep_.last[x]; ++k) ++cuts_[k];
+    const Outcome outcome = cuts_.place(x) ? solve_parts(lo, hi) : dfs(lo, hi);
+    cuts_.unplace(x);
     return outcome;
   }
 
@@ -307,7 +302,7 @@ class SpotSearch {
 
   std::vector<int> rank_, twin_class_;
   std::vector<std::int64_t> offset_, solution_, floor_, unplaced_total_;
-  std::vector<int> cuts_;
+  Cuts cuts_{sweep_};
   std::vector<std::pair<std::uint64_t, std::uint64_t>> zobrist_, unplaced_hash_;
   // Failed part states (two independent 64-bit hashes) in a direct-mapped
   // table, newest wins; kept across restarts.

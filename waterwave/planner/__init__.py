@@ -119,7 +119,9 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         # Sharing may favour another order than the one without it: the
         # greedy order with sharing is a candidate too, so model never
         # loses to greedy.
-        p = _share_in_place(g, _share_in_place(g, p, t0), t0, order)
+        p = _share_in_place(g, p, t0)
+        if p.order != order:
+            p = _share_in_place(g, p, t0, order)
     return _best_with_inplace(g, p, t0)
 
 

@@ -8,7 +8,7 @@ place (``waterwave.runtime``), so the plan is what the program does.
 from __future__ import annotations
 
 from ..graph import Graph
-from .lifetimes import lifetimes
+from .lifetimes import lifetimes, share_roots
 from .offsets import Buffer, exact_pack
 
 
@@ -40,9 +40,7 @@ def inplace_layout(g: Graph, order: list[int], inplace, time_limit: float):
     pairs is one buffer from its first tensor's birth to its last one's
     death, packed exactly. Returns (arena offsets by tensor, arena, pack
     status), or None if a pair joins tensors of different sizes."""
-    root: dict[int, int] = {}
-    for out, inp in inplace:  # in the order they were made: inp's root is known
-        root[out] = root.get(inp, inp)
+    root = share_roots(inplace)
     span: dict[int, list[int]] = {}
     for t, (s, e) in zip(g.tensors, lifetimes(g, order)):
         if t.persistent or not t.size:

@@ -115,6 +115,15 @@ def must_live_bound(g: Graph) -> int:
     return max(g.persistent_bytes() + int(live.max()), node_lower_bound(g))
 
 
+def share_roots(inplace) -> dict[int, int]:
+    """For in-place pairs (out, inp) in the order they were made: each
+    out's chain root, the first tensor of the chain whose memory it shares."""
+    root: dict[int, int] = {}
+    for out, inp in inplace:  # inp's root is known by the time out is made
+        root[out] = root.get(inp, inp)
+    return root
+
+
 def allocation_events(g: Graph, order: list[int], inplace=()):
     """The allocations and frees one step makes under ``order``, as an eager
     framework makes them: ("alloc", t) for each output when its node runs,
@@ -127,9 +136,7 @@ def allocation_events(g: Graph, order: list[int], inplace=()):
     remaining = [len(g.consumers(t.id)) for t in g.tensors]
     into = dict(inplace)  # out -> the input whose memory it takes
     handed_over = set(into.values())
-    root: dict[int, int] = {}  # a chain of pairs shares its first tensor's memory
-    for out, inp in inplace:
-        root[out] = root.get(inp, inp)
+    root = share_roots(inplace)
     for v in order:
         node = g.nodes[v]
         for t in node.outputs:
