@@ -1,7 +1,8 @@
 """Builds waterwave._C, the C++17 allocator core, simulator and benchmarks.
 
-Needs neither torch nor a CUDA toolkit: the core talks to a device interface
-and the only device compiled here is the simulator.
+Needs neither torch nor a CUDA toolkit: the core talks to a device interface;
+the simulator is compiled here, and the CUDA backend only declares the few
+driver types it uses and opens libcuda at run time.
 """
 import glob
 import os
@@ -14,6 +15,7 @@ ParallelCompile("WATERWAVE_BUILD_JOBS", default=0).install()
 sources = sorted(
     glob.glob("csrc/core/*.cpp")
     + glob.glob("csrc/device/sim/*.cpp")
+    + glob.glob("csrc/device/cuda/*.cpp")
     + glob.glob("csrc/bench/*.cpp")
     + glob.glob("csrc/planner/*.cpp")
     + glob.glob("csrc/bindings/*.cpp")
@@ -30,6 +32,7 @@ setup(
             sources,
             cxx_std=17,
             extra_compile_args=extra,
+            libraries=["dl"],  # the CUDA driver is opened at run time
             depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
         )
     ],

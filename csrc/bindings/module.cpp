@@ -9,12 +9,36 @@
 #include "../core/allocator.h"
 #include "../core/plan_allocator.h"
 #include "../device/sim/sim_device.h"
+#include "cuda_hooks.h"
 #include "../planner/offset_search.h"
 
 namespace py = pybind11;
 using namespace waterwave;
 
 namespace {
+
+py::dict plan_stats_dict(PlanAllocator& plan) {
+  PlanStats s = plan.plan_stats();
+  py::dict d;
+  d["steps"] = s.steps;
+  d["planned"] = s.planned;
+  d["deviations"] = s.deviations;
+  d["fallback"] = s.fallback;
+  d["arena_bytes"] = s.arena_bytes;
+  d["planned_live_bytes"] = s.planned_live_bytes;
+  d["last_deviation_index"] = s.last_deviation_index;
+  d["last_deviation"] = s.last_deviation;
+  d["arena"] = plan.arena();
+  return d;
+}
+
+std::vector<PlanSlot> to_slots(const std::vector<std::pair<std::size_t, std::size_t>>& slots) {
+  std::vector<PlanSlot> ps;
+  ps.reserve(slots.size());
+  for (auto& [size, offset] : slots) ps.push_back({size, offset});
+  return ps;
+}
+
 
 // An allocator bound to its device; keeps the device alive and, on the
 // simulated device, reports every hand-out to the hazard detector.
@@ -30,11 +54,8 @@ class BoundAllocator {
                  std::size_t arena, StreamId stream, const std::string& fallback,
                  const std::string& config)
       : device_(std::move(device)) {
-    std::vector<PlanSlot> ps;
-    ps.reserve(slots.size());
-    for (auto& [size, offset] : slots) ps.push_back({size, offset});
     auto plan = std::make_unique<PlanAllocator>(
-        *device_, std::move(ps), arena, stream,
+        *device_, to_slots(slots), arena, stream,
         make_allocator(fallback, *device_, AllocatorConfig::parse(config)));
     plan_ = plan.get();
     allocator_ = std::move(plan);
@@ -94,6 +115,71 @@ py::dict hazard_dict(const Hazard& h) {
   d["host_time_us"] = h.host_time_us;
   d["message"] = h.describe();
   return d;
+}
+
+// The allocator on real GPUs (cuda_hooks.h): what PyTorch reaches through the
+// exported C entry points, Python reaches here.
+void bind_cuda(py::module_& m) {
+  using cuda::CudaRuntime;
+  auto rt = [] () -> CudaRuntime& { return CudaRuntime::get(); };
+  m.def("cuda_configure", [rt](const std::string& policy, const std::string& config,
+                               const std::string& driver) { rt().configure(policy, config, driver); },
+        py::arg("policy"), py::arg("config") = "", py::arg("driver") = "");
+  m.def("cuda_reset", [rt]() { rt().reset(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_devices", [rt]() { return rt().devices(); });
+  m.def("cuda_settings", [rt]() {
+    py::dict d;
+    d["policy"] = rt().policy();
+    d["config"] = rt().config();
+    d["driver"] = rt().driver_path();
+    return d;
+  });
+  m.def("cuda_stats", [rt](int device) {
+    return rt().with_allocator(device, [](Allocator& a) {
+      return stats_dict(a.stats(), a.policy() == "pytorch");
+    });
+  }, py::arg("device"));
+  m.def("cuda_reset_peak_stats", [rt](int device) {
+    rt().with_allocator(device, [](Allocator& a) { a.reset_peak_stats(); return 0; });
+  }, py::arg("device"));
+  m.def("cuda_check_invariants", [rt](int device) {
+    rt().with_allocator(device, [](Allocator& a) { a.check_invariants(); return 0; });
+  }, py::arg("device"));
+  m.def("cuda_sync_and_coalesce", [rt](int device) {
+    rt().with_allocator(device, [](Allocator& a) { a.sync_and_coalesce(); return 0; });
+  }, py::arg("device"), py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_empty_cache", [rt]() { rt().empty_cache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_set_plan", [rt](int device, const std::vector<std::pair<std::size_t, std::size_t>>& slots,
+                             std::size_t arena, StreamId stream) {
+    rt().set_plan(device, to_slots(slots), arena, stream);
+  }, py::arg("device"), py::arg("slots"), py::arg("arena"), py::arg("stream"),
+     py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_clear_plan", [rt](int device) { rt().clear_plan(device); }, py::arg("device"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_has_plan", [rt](int device) { return rt().has_plan(device); }, py::arg("device"));
+  m.def("cuda_begin_step", [rt](int device) {
+    rt().with_plan(device, [](PlanAllocator& p) { p.begin_step(); return 0; });
+  }, py::arg("device"));
+  m.def("cuda_plan_stats", [rt](int device) {
+    return rt().with_plan(device, [](PlanAllocator& p) { return plan_stats_dict(p); });
+  }, py::arg("device"));
+  // The entry points PyTorch calls, callable from Python too (errors become
+  // exceptions here, where through PyTorch they become RuntimeError).
+  m.def("cuda_malloc", [](std::size_t size, int device, StreamId stream) {
+    return reinterpret_cast<Addr>(
+        waterwave_cuda_malloc(size, device, reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream))));
+  }, py::arg("size"), py::arg("device"), py::arg("stream"), py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_free", [](Addr ptr, std::size_t size, int device, StreamId stream) {
+    waterwave_cuda_free(reinterpret_cast<void*>(ptr), size, device,
+                        reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream)));
+  }, py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("stream"),
+     py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_record_stream", [](Addr ptr, StreamId stream) {
+    waterwave_cuda_record_stream(reinterpret_cast<void*>(ptr),
+                                 reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream)));
+  }, py::arg("ptr"), py::arg("stream"), py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_free_errors", [rt]() { return rt().free_errors(); },
+        "(count, last message) of problems the free hook met; it cannot raise into PyTorch.");
 }
 
 }  // namespace
@@ -163,20 +249,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device"), py::arg("slots"), py::arg("arena"), py::arg("stream"),
            py::arg("fallback"), py::arg("config") = "")
       .def("begin_step", [](BoundAllocator& a) { a.plan()->begin_step(); })
-      .def("plan_stats", [](BoundAllocator& a) {
-        PlanStats s = a.plan()->plan_stats();
-        py::dict d;
-        d["steps"] = s.steps;
-        d["planned"] = s.planned;
-        d["deviations"] = s.deviations;
-        d["fallback"] = s.fallback;
-        d["arena_bytes"] = s.arena_bytes;
-        d["planned_live_bytes"] = s.planned_live_bytes;
-        d["last_deviation_index"] = s.last_deviation_index;
-        d["last_deviation"] = s.last_deviation;
-        d["arena"] = a.plan()->arena();
-        return d;
-      })
+      .def("plan_stats", [](BoundAllocator& a) { return plan_stats_dict(*a.plan()); })
       .def("alloc", &BoundAllocator::alloc, py::arg("nbytes"), py::arg("stream") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def("free", &BoundAllocator::free, py::arg("ptr"), py::call_guard<py::gil_scoped_release>())
@@ -221,6 +294,8 @@ PYBIND11_MODULE(_C, m) {
         }
         return segs;
       });
+
+  bind_cuda(m);
 
   m.def("parse_config", [](const std::string& text) { return AllocatorConfig::parse(text).to_string(); },
         py::arg("text"), "Validate a config string; returns its canonical form.");

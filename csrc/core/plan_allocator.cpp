@@ -5,7 +5,7 @@
 namespace waterwave {
 
 PlanAllocator::PlanAllocator(Device& device, std::vector<PlanSlot> slots, std::size_t arena_bytes,
-                             StreamId stream, std::unique_ptr<Allocator> fallback)
+                             StreamId stream, std::shared_ptr<Allocator> fallback)
     : device_(device),
       slots_(std::move(slots)),
       arena_bytes_(arena_bytes),
@@ -154,6 +154,11 @@ AllocatorStats PlanAllocator::stats() {
   s.reserved_bytes.s[0].peak += arena;
   s.allocated_bytes.s[0].current += stats_.planned_live_bytes;
   return s;
+}
+
+std::size_t PlanAllocator::live_planned_blocks() {
+  std::lock_guard<std::mutex> g(mu_);
+  return live_.size();
 }
 
 PlanStats PlanAllocator::plan_stats() {

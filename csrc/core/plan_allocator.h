@@ -35,8 +35,10 @@ struct PlanStats {
 class PlanAllocator final : public Allocator {
  public:
   // Reserves the arena from `device` (OutOfMemoryError if it does not fit).
+  // The fallback is shared: on a GPU the online allocator outlives the plans
+  // installed over it.
   PlanAllocator(Device& device, std::vector<PlanSlot> slots, std::size_t arena_bytes,
-                StreamId stream, std::unique_ptr<Allocator> fallback);
+                StreamId stream, std::shared_ptr<Allocator> fallback);
   ~PlanAllocator() override;
 
   Addr allocate(std::size_t bytes, StreamId stream) override;
@@ -55,6 +57,8 @@ class PlanAllocator final : public Allocator {
   // A new training step starts: the next allocation is the plan's first.
   void begin_step();
   PlanStats plan_stats();
+  // Planned blocks still in use: the arena cannot go while any is.
+  std::size_t live_planned_blocks();
   Addr arena() const { return arena_; }
 
  private:
@@ -65,7 +69,7 @@ class PlanAllocator final : public Allocator {
   std::vector<PlanSlot> slots_;
   std::size_t arena_bytes_;
   StreamId stream_;
-  std::unique_ptr<Allocator> fallback_;
+  std::shared_ptr<Allocator> fallback_;
   Addr arena_ = 0;
   std::mutex mu_;
   std::size_t k_ = 0;

@@ -1,0 +1,257 @@
+/* A fake CUDA driver (libcuda.so's entry points the Waterwave backend uses),
+ * so the backend's real code runs on a machine without a GPU.
+ *
+ * Memory is real host memory, so tests can write through the pointers the
+ * allocator hands out and catch corruption. Like the real driver, memory
+ * calls need a current context, and events complete only when the test says
+ * so (fake_cuda_complete_all), a synchronize waits for them, or the GPU is
+ * idle (fake_cuda_set_idle): that is what
+ * lets tests drive the allocator's cross-stream paths. Counters say which
+ * calls were made. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+enum {
+  SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3,
+  INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_READY = 600
+};
+
+#define MAX_DEVICES 4
+#define MAX_ALLOCS 8192
+#define MAX_EVENTS 4096
+
+struct ctx { int device; };
+struct event { int pending; };
+struct alloc { void* ptr; size_t size; };
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int initialized, device_count = 1;
+static size_t capacity = (size_t)1 << 30, in_use;
+static struct ctx contexts[MAX_DEVICES];
+static __thread struct ctx* current;
+static struct alloc allocs[MAX_ALLOCS];
+static int fail_next_alloc;
+static int idle; /* an idle GPU: recorded events complete at once */
+static struct event* events[MAX_EVENTS];
+static long long n_alloc, n_free, n_event_create, n_event_destroy, n_record, n_query,
+    n_event_sync, n_wait, n_ctx_sync, n_ctx_set;
+
+/* ---- test controls ---------------------------------------------------- */
+void fake_cuda_set_capacity(size_t bytes) { capacity = bytes; }
+void fake_cuda_set_device_count(int n) { device_count = n < MAX_DEVICES ? n : MAX_DEVICES; }
+void fake_cuda_fail_next_alloc(int code) { fail_next_alloc = code; }
+void fake_cuda_set_idle(int on) { idle = on; }
+
+static void complete_all_locked(void) {
+  for (int i = 0; i < MAX_EVENTS; ++i)
+    if (events[i]) events[i]->pending = 0;
+}
+void fake_cuda_complete_all(void) {
+  pthread_mutex_lock(&mu);
+  complete_all_locked();
+  pthread_mutex_unlock(&mu);
+}
+void fake_cuda_reset_counters(void) {
+  n_alloc = n_free = n_event_create = n_event_destroy = n_record = n_query = n_event_sync =
+      n_wait = n_ctx_sync = n_ctx_set = 0;
+}
+long long fake_cuda_counter(const char* name) {
+  if (!strcmp(name, "alloc")) return n_alloc;
+  if (!strcmp(name, "free")) return n_free;
+  if (!strcmp(name, "event_create")) return n_event_create;
+  if (!strcmp(name, "event_destroy")) return n_event_destroy;
+  if (!strcmp(name, "event_record")) return n_record;
+  if (!strcmp(name, "event_query")) return n_query;
+  if (!strcmp(name, "event_sync")) return n_event_sync;
+  if (!strcmp(name, "stream_wait")) return n_wait;
+  if (!strcmp(name, "ctx_sync")) return n_ctx_sync;
+  if (!strcmp(name, "ctx_set")) return n_ctx_set;
+  if (!strcmp(name, "bytes_in_use")) return (long long)in_use;
+  return -1;
+}
+/* The calling thread's current context's device, or -1 for none. */
+int fake_cuda_current_device(void) { return current ? current->device : -1; }
+
+/* ---- the driver API ------------------------------------------------------ */
+CUresult cuInit(unsigned flags) {
+  (void)flags;
+  initialized = 1;
+  for (int i = 0; i < MAX_DEVICES; ++i) contexts[i].device = i;
+  return SUCCESS;
+}
+CUresult cuDeviceGetCount(int* n) {
+  if (!initialized) return NOT_INITIALIZED;
+  *n = device_count;
+  return SUCCESS;
+}
+CUresult cuDeviceGet(int* dev, int ordinal) {
+  if (ordinal < 0 || ordinal >= device_count) return INVALID_VALUE;
+  *dev = ordinal;
+  return SUCCESS;
+}
+CUresult cuDeviceTotalMem_v2(size_t* bytes, int dev) {
+  (void)dev;
+  *bytes = capacity;
+  return SUCCESS;
+}
+CUresult cuDevicePrimaryCtxRetain(struct ctx** out, int dev) {
+  if (dev < 0 || dev >= device_count) return INVALID_VALUE;
+  *out = &contexts[dev];
+  return SUCCESS;
+}
+CUresult cuCtxGetCurrent(struct ctx** out) {
+  *out = current;
+  return SUCCESS;
+}
+CUresult cuCtxSetCurrent(struct ctx* c) {
+  current = c;
+  __atomic_add_fetch(&n_ctx_set, 1, __ATOMIC_RELAXED);
+  return SUCCESS;
+}
+CUresult cuCtxSynchronize(void) {
+  if (!current) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  ++n_ctx_sync;
+  complete_all_locked();
+  pthread_mutex_unlock(&mu);
+  return SUCCESS;
+}
+CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t bytes) {
+  if (!current) return INVALID_CONTEXT;
+  if (bytes == 0) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  CUresult r = SUCCESS;
+  if (fail_next_alloc) {
+    r = fail_next_alloc;
+    fail_next_alloc = 0;
+  } else if (bytes > capacity - in_use) {
+    r = OUT_OF_MEMORY;
+  } else {
+    int slot = -1;
+    for (int i = 0; i < MAX_ALLOCS && slot < 0; ++i)
+      if (!allocs[i].ptr) slot = i;
+    /* 512-byte aligned, like cudaMalloc's (at least 256). */
+    void* p = slot < 0 ? NULL : aligned_alloc(512, (bytes + 511) / 512 * 512);
+    if (!p) {
+      r = OUT_OF_MEMORY;
+    } else {
+      allocs[slot].ptr = p;
+      allocs[slot].size = bytes;
+      in_use += bytes;
+      ++n_alloc;
+      *out = (CUdeviceptr)(size_t)p;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  if (!current) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  CUresult r = INVALID_VALUE;
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].ptr && (CUdeviceptr)(size_t)allocs[i].ptr == ptr) {
+      complete_all_locked(); /* cudaFree synchronizes the device */
+      free(allocs[i].ptr);
+      in_use -= allocs[i].size;
+      allocs[i].ptr = NULL;
+      ++n_free;
+      r = SUCCESS;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  if (!current) return INVALID_CONTEXT;
+  *free_bytes = capacity - in_use;
+  *total = capacity;
+  return SUCCESS;
+}
+
+static int event_slot(struct event* e) {
+  for (int i = 0; i < MAX_EVENTS; ++i)
+    if (events[i] == e) return i;
+  return -1;
+}
+CUresult cuEventCreate(struct event** out, unsigned flags) {
+  (void)flags;
+  if (!current) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  int slot = event_slot(NULL);
+  CUresult r = OUT_OF_MEMORY;
+  if (slot >= 0) {
+    events[slot] = calloc(1, sizeof(struct event));
+    *out = events[slot];
+    ++n_event_create;
+    r = SUCCESS;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuEventDestroy_v2(struct event* e) {
+  pthread_mutex_lock(&mu);
+  int slot = e ? event_slot(e) : -1;
+  if (slot >= 0) {
+    free(e);
+    events[slot] = NULL;
+    ++n_event_destroy;
+  }
+  pthread_mutex_unlock(&mu);
+  return slot >= 0 ? SUCCESS : INVALID_HANDLE;
+}
+CUresult cuEventRecord(struct event* e, void* stream) {
+  (void)stream;
+  if (!current) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  int ok = e && event_slot(e) >= 0;
+  if (ok) {
+    e->pending = !idle; /* work queued before it has not run yet */
+    ++n_record;
+  }
+  pthread_mutex_unlock(&mu);
+  return ok ? SUCCESS : INVALID_HANDLE;
+}
+CUresult cuEventQuery(struct event* e) {
+  pthread_mutex_lock(&mu);
+  int ok = e && event_slot(e) >= 0, pending = ok && e->pending;
+  ++n_query;
+  pthread_mutex_unlock(&mu);
+  return !ok ? INVALID_HANDLE : pending ? NOT_READY : SUCCESS;
+}
+CUresult cuEventSynchronize(struct event* e) {
+  pthread_mutex_lock(&mu);
+  int ok = e && event_slot(e) >= 0;
+  if (ok) {
+    e->pending = 0;
+    ++n_event_sync;
+  }
+  pthread_mutex_unlock(&mu);
+  return ok ? SUCCESS : INVALID_HANDLE;
+}
+CUresult cuStreamWaitEvent(void* stream, struct event* e, unsigned flags) {
+  (void)stream;
+  (void)flags;
+  if (!current) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  int ok = e && event_slot(e) >= 0;
+  if (ok) ++n_wait;
+  pthread_mutex_unlock(&mu);
+  return ok ? SUCCESS : INVALID_HANDLE;
+}
+CUresult cuGetErrorName(CUresult r, const char** name) {
+  switch (r) {
+    case SUCCESS: *name = "CUDA_SUCCESS"; return SUCCESS;
+    case INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; return SUCCESS;
+    case OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; return SUCCESS;
+    case INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; return SUCCESS;
+    case INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; return SUCCESS;
+    case NOT_READY: *name = "CUDA_ERROR_NOT_READY"; return SUCCESS;
+    case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; return SUCCESS;
+    default: return INVALID_VALUE;
+  }
+}

@@ -1,0 +1,338 @@
+"""The CUDA driver backend and PyTorch's entry points, against a fake driver.
+
+The fake (tests/cpp/fake_cuda.c) is real host memory behind the driver API:
+the tests write through every pointer the allocator hands out, so an
+overlap or a block handed out twice shows up as corrupted bytes. Its events
+stay pending until the test completes them, which drives the cross-stream
+paths. The driver is loaded once per process, so every test here shares it.
+"""
+import ctypes
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import waterwave as ww
+import waterwave.cuda as wc
+from waterwave import _C
+
+MiB = 1024**2
+ROOT = Path(__file__).resolve().parent.parent
+S1, S2 = 0x1000, 0x2000  # stream handles (opaque to the allocator)
+
+
+def build_fake_driver(out_dir: Path) -> Path:
+    lib = out_dir / "libfakecuda.so"
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-o", str(lib),
+                    str(ROOT / "tests/cpp/fake_cuda.c"), "-lpthread"], check=True)
+    return lib
+
+
+@pytest.fixture(scope="session")
+def fake_path(tmp_path_factory):
+    return build_fake_driver(tmp_path_factory.mktemp("fakecuda"))
+
+
+@pytest.fixture
+def fake(fake_path):
+    """A fresh allocator over the fake driver (1 GiB, one device); checks
+    afterwards that every byte went back to the driver."""
+    lib = ctypes.CDLL(str(fake_path))  # the same handle the backend opens
+    lib.fake_cuda_counter.restype = ctypes.c_longlong
+    lib.fake_cuda_counter.argtypes = [ctypes.c_char_p]
+    lib.fake_cuda_set_capacity.argtypes = [ctypes.c_size_t]
+    lib.fake_cuda_set_capacity(1024 * MiB)
+    lib.fake_cuda_set_device_count(1)
+    lib.fake_cuda_set_idle(0)
+    _C.cuda_reset()
+    lib.fake_cuda_reset_counters()
+    lib.count = lambda name: lib.fake_cuda_counter(name.encode())
+    lib.path = str(fake_path)
+    yield lib
+    lib.fake_cuda_complete_all()
+    _C.cuda_reset()
+    assert lib.count("bytes_in_use") == 0, "the backend leaked driver memory"
+
+
+def use(fake, policy="waterwave", **cfg):
+    wc.configure(policy, "", driver=fake.path, **cfg)
+
+
+def fill(ptr: int, size: int, byte: int) -> None:
+    ctypes.memset(ptr, byte, size)
+
+
+def intact(ptr: int, size: int, byte: int) -> bool:
+    return ctypes.string_at(ptr, size) == bytes([byte]) * size
+
+
+def test_entry_points_are_exported_for_pytorch():
+    """CUDAPluggableAllocator looks the hooks up by name with ctypes."""
+    lib = ctypes.CDLL(_C.__file__)
+    for name in (wc.MALLOC, wc.FREE, wc.RECORD_STREAM, wc.EMPTY_CACHE):
+        assert ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def test_malloc_free_through_the_c_abi(fake, policy):
+    """The calls PyTorch makes, made the way it makes them."""
+    use(fake, policy)
+    lib = ctypes.CDLL(_C.__file__)
+    malloc = lib.waterwave_cuda_malloc
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    free = lib.waterwave_cuda_free
+    free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    p = malloc(3 * MiB, 0, S1)
+    assert p and p % 512 == 0
+    fill(p, 3 * MiB, 0xAB)  # real memory behind it
+    s = wc.memory_stats(0)
+    assert s["allocated_bytes.all.current"] == 3 * MiB
+    assert s["num_device_alloc"] == fake.count("alloc") == 1
+    free(p, 3 * MiB, 0, S1)
+    assert wc.memory_stats(0)["allocated_bytes.all.current"] == 0
+    assert malloc(3 * MiB, 0, S1) == p  # cached: no second cuMemAlloc
+    assert fake.count("alloc") == 1
+    free(p, 3 * MiB, 0, S1)
+    assert malloc(0, 0, S1) is None  # size 0: a null pointer, like native
+    wc.check_invariants(0)
+
+
+def test_driver_calls_run_in_the_primary_context(fake):
+    """The fake refuses memory calls without a current context, as the real
+    driver does; the backend makes the primary context current and gives the
+    caller's back."""
+    use(fake)
+    assert fake.fake_cuda_current_device() == -1
+    p = _C.cuda_malloc(5 * MiB, 0, S1)
+    assert p and fake.count("alloc") == 1
+    assert fake.fake_cuda_current_device() == -1
+    _C.cuda_free(p, 5 * MiB, 0, S1)
+
+
+def test_cross_stream_reuse_waits_on_the_free_event(fake):
+    """waterwave policy: a block freed on stream 1 goes to stream 2 behind
+    an event recorded on stream 1 (an asynchronous wait, the host never
+    blocks), or without a wait once a query finds that event complete."""
+    use(fake)
+    size = 20 * MiB  # a whole segment: no synced remainder to take instead
+    p = _C.cuda_malloc(size, 0, S1)
+    _C.cuda_free(p, size, 0, S1)
+    q = _C.cuda_malloc(size, 0, S2)  # stream 1 still busy: wait on its event
+    s = wc.memory_stats(0)
+    assert q == p and s["served.cross_stream_wait"] == 1
+    assert fake.count("stream_wait") == 1 and fake.count("event_sync") == 0
+    _C.cuda_free(q, size, 0, S2)
+    fake.fake_cuda_set_idle(1)
+    r = _C.cuda_malloc(size, 0, S1)  # stream 2 idle: promoted by a query
+    s = wc.memory_stats(0)
+    assert r == p and s["served.promoted"] == 1 and fake.count("stream_wait") == 1
+    _C.cuda_free(r, size, 0, S1)
+
+
+def test_record_stream_hook_delays_reuse(fake):
+    """pytorch policy: a block used on another stream is reusable only once
+    the event recorded at free time has completed."""
+    use(fake, "pytorch")
+    size = 4 * MiB
+    p = _C.cuda_malloc(size, 0, S1)
+    _C.cuda_record_stream(p, S2)
+    _C.cuda_free(p, size, 0, S1)
+    assert fake.count("event_record") == 1
+    q = _C.cuda_malloc(size, 0, S1)
+    assert q != p  # p waits on stream 2's event
+    fake.fake_cuda_complete_all()
+    _C.cuda_free(q, size, 0, S1)
+    r = _C.cuda_malloc(size, 0, S1)
+    assert r in (p, q)
+    _C.cuda_free(r, size, 0, S1)
+    with pytest.raises(ww.PointerError, match="no Waterwave allocator holds"):
+        _C.cuda_record_stream(0xDEAD000, S2)
+
+
+def test_out_of_memory_names_the_numbers_and_recovers(fake, policy):
+    use(fake, policy)
+    fake.fake_cuda_set_capacity(64 * MiB)
+    p = _C.cuda_malloc(40 * MiB, 0, S1)
+    with pytest.raises(ww.OutOfMemoryError, match="out of memory"):
+        _C.cuda_malloc(40 * MiB, 0, S1)
+    _C.cuda_free(p, 40 * MiB, 0, S1)
+    q = _C.cuda_malloc(40 * MiB, 0, S1)  # the cached block serves it
+    _C.cuda_free(q, 40 * MiB, 0, S1)
+    wc.check_invariants(0)
+
+
+def test_driver_errors_are_reported_with_their_name(fake):
+    use(fake)
+    fake.fake_cuda_fail_next_alloc(700)
+    with pytest.raises(RuntimeError, match=r"cuMemAlloc failed: CUDA_ERROR_ILLEGAL_ADDRESS \(700\)"):
+        _C.cuda_malloc(MiB, 0, S1)
+    p = _C.cuda_malloc(MiB, 0, S1)  # nothing was lost
+    _C.cuda_free(p, MiB, 0, S1)
+    wc.check_invariants(0)
+
+
+def test_bad_frees_never_raise_into_pytorch(fake):
+    """PyTorch frees from destructors: a bad free is reported, not thrown."""
+    use(fake)
+    p = _C.cuda_malloc(MiB, 0, S1)
+    before, _ = wc.free_errors()
+    _C.cuda_free(p + 512, MiB, 0, S1)
+    _C.cuda_free(p, MiB, 0, S1)
+    _C.cuda_free(p, MiB, 0, S1)  # double free
+    _C.cuda_free(p, MiB, 5, S1)  # a device with no allocator
+    count, last = wc.free_errors()
+    assert count == before + 3
+    assert "device 5" in last
+    wc.check_invariants(0)
+
+
+def test_each_device_has_its_own_allocator(fake):
+    fake.fake_cuda_set_device_count(2)
+    use(fake)
+    a = _C.cuda_malloc(MiB, 0, S1)
+    b = _C.cuda_malloc(MiB, 1, S1)
+    assert _C.cuda_devices() == [0, 1]
+    assert wc.memory_stats(1)["allocated_bytes.all.current"] == MiB
+    _C.cuda_free(a, MiB, 0, S1)
+    _C.cuda_free(b, MiB, 1, S1)
+    with pytest.raises(RuntimeError, match="no CUDA device 2: the driver sees 2"):
+        _C.cuda_malloc(MiB, 2, S1)
+
+
+def test_configuration_is_checked_and_frozen_once_used(fake, monkeypatch):
+    with pytest.raises(ww.ConfigError, match="max_split_size_mb"):
+        wc.configure("waterwave", "max_split_size_mb:lots", driver=fake.path)
+    with pytest.raises(ww.ConfigError, match="unknown allocator policy 'fastest'"):
+        wc.configure("fastest", driver=fake.path)
+    monkeypatch.setenv("WATERWAVE_ALLOC_CONF", "policy:pytorch,max_split_size_mb:200")
+    settings = wc.configure(driver=fake.path)
+    assert settings["policy"] == "pytorch" and "max_split_size_mb:200" in settings["config"]
+    p = _C.cuda_malloc(MiB, 0, S1)
+    with pytest.raises(ww.ConfigError, match="already in use"):
+        wc.configure("waterwave", driver=fake.path)
+    with pytest.raises(ww.ConfigError, match="free every tensor first"):
+        _C.cuda_reset()
+    _C.cuda_free(p, MiB, 0, S1)
+
+
+def test_split_policy_keeps_bracketed_values():
+    assert wc.split_policy("roundup_power2_divisions:[256:1,>:4],policy:pytorch") == (
+        "pytorch", "roundup_power2_divisions:[256:1,>:4]")
+    assert wc.split_policy("") == (None, "")
+
+
+def test_plan_on_the_cuda_backend(fake):
+    """A plan's allocations land at arena + offset; a deviation falls back
+    for the rest of the step, and the plan cannot go while its blocks live."""
+    use(fake)
+    slots = [(2 * MiB, 0), (MiB, 2 * MiB), (2 * MiB, 0)]
+    wc.set_plan(slots, 3 * MiB, device=0, stream=S1)
+    wc.begin_step(0)
+    arena = wc.plan_stats(0)["arena"]
+    a = _C.cuda_malloc(2 * MiB, 0, S1)
+    b = _C.cuda_malloc(MiB, 0, S1)
+    assert (a, b) == (arena, arena + 2 * MiB)
+    fill(a, 2 * MiB, 1)
+    fill(b, MiB, 2)
+    _C.cuda_free(a, 2 * MiB, 0, S1)
+    c = _C.cuda_malloc(2 * MiB, 0, S1)  # slot 2 reuses slot 0's bytes
+    assert c == arena and intact(b, MiB, 2)
+    wc.begin_step(0)
+    d = _C.cuda_malloc(3 * MiB, 0, S1)  # not the plan's size: fallback
+    st = wc.plan_stats(0)
+    assert st["deviations"] == 1 and "asks for" in st["last_deviation"]
+    assert not (arena <= d < arena + 3 * MiB)
+    with pytest.raises(ww.ConfigError, match="still in use"):
+        wc.clear_plan(0)
+    for p, n in ((b, MiB), (c, 2 * MiB), (d, 3 * MiB)):
+        _C.cuda_free(p, n, 0, S1)
+    wc.clear_plan(0)
+    assert not _C.cuda_has_plan(0)
+
+
+def test_random_run_never_hands_out_memory_twice(fake, policy):
+    """Random allocations, frees, record_streams and event completions on
+    three streams; every live block holds its own byte pattern, checked at
+    free, and the invariants hold after every step."""
+    use(fake, policy)
+    rng = random.Random(7)
+    streams = [S1, S2, 0x3000]
+    live = {}  # ptr -> (size, stream, byte)
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.5 or not live:
+            size = rng.choice([512, 4096, 200_000, MiB, 3 * MiB, 12 * MiB])
+            stream = rng.choice(streams)
+            p = _C.cuda_malloc(size, 0, stream)
+            assert p not in live
+            byte = step % 251
+            fill(p, size, byte)
+            live[p] = (size, stream, byte)
+        elif r < 0.9:
+            p = rng.choice(list(live))
+            size, stream, byte = live.pop(p)
+            assert intact(p, size, byte), f"step {step}: block {p:#x} was overwritten"
+            _C.cuda_free(p, size, 0, stream)
+        elif r < 0.95:
+            _C.cuda_record_stream(rng.choice(list(live)), rng.choice(streams))
+        else:
+            fake.fake_cuda_complete_all()
+        wc.check_invariants(0)
+    for p, (size, stream, byte) in live.items():
+        assert intact(p, size, byte)
+        _C.cuda_free(p, size, 0, stream)
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=120)
+
+
+def test_missing_driver_is_a_clear_error():
+    r = run_python("""
+        from waterwave import _C
+        try:
+            _C.cuda_malloc(1024, 0, 0)
+        except RuntimeError as e:
+            print(e)
+    """, WATERWAVE_CUDA_DRIVER="/nonexistent/libcuda.so.1")
+    assert "cannot load the CUDA driver /nonexistent/libcuda.so.1" in r.stdout
+    r = run_python("""
+        from waterwave import _C
+        try:
+            _C.cuda_malloc(1024, 0, 0)
+        except RuntimeError as e:
+            print(e)
+    """, WATERWAVE_CUDA_DRIVER="libm.so.6")
+    assert "has no symbol cuInit" in r.stdout
+
+
+def test_install_allocator_registers_with_pytorch(fake_path):
+    """Without a GPU PyTorch still accepts the swap and routes
+    torch.cuda.empty_cache's hook to us (its tensors need a GPU: see the
+    gpu tests)."""
+    pytest.importorskip("torch")
+    r = run_python(f"""
+        import torch, waterwave as ww, waterwave.cuda as wc
+        from waterwave import _C
+        settings = ww.install_allocator(config="policy:pytorch", driver={str(fake_path)!r})
+        print(settings["policy"], torch.cuda.memory.get_allocator_backend())
+        p = _C.cuda_malloc(1 << 20, 0, 0)
+        _C.cuda_free(p, 1 << 20, 0, 0)
+        print(wc.memory_stats(0)["segment.all.current"])
+        torch._C._cuda_emptyCache()  # PyTorch's reset hook: our empty_cache
+        print(wc.memory_stats(0)["segment.all.current"])
+        try:
+            ww.install_allocator()
+        except RuntimeError as e:
+            print(e)
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "pytorch pluggable"
+    assert lines[1:3] == ["1", "0"]
+    assert "already installed" in lines[3]

@@ -1,0 +1,197 @@
+"""The Waterwave allocator on real GPUs, inside PyTorch.
+
+``install_allocator()`` makes PyTorch take every CUDA allocation from
+Waterwave (through ``torch.cuda.memory.CUDAPluggableAllocator``); call it at
+process start, before anything touches CUDA. The C++ core runs over the CUDA
+driver, which is opened at run time (``WATERWAVE_CUDA_DRIVER`` names another
+``libcuda.so``, e.g. the fake driver the tests build).
+
+Settings come from the arguments, else from ``WATERWAVE_ALLOC_CONF``: a
+``PYTORCH_CUDA_ALLOC_CONF``-style string with one more key, ``policy``
+(``waterwave`` or ``pytorch``)::
+
+    WATERWAVE_ALLOC_CONF="policy:waterwave,max_split_size_mb:256" python train.py
+
+PyTorch's own ``torch.cuda.memory_stats()`` does not work with a pluggable
+allocator (PyTorch refuses it); ``waterwave.cuda.memory_stats()`` gives the
+same keys and Waterwave's own.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+from . import _C
+from .allocator import ENV_VAR, POLICIES, config_string
+
+MALLOC = "waterwave_cuda_malloc"
+FREE = "waterwave_cuda_free"
+RECORD_STREAM = "waterwave_cuda_record_stream"
+EMPTY_CACHE = "waterwave_cuda_empty_cache"
+
+_installed: Any = None  # the torch allocator object, kept alive for the process
+
+
+def split_policy(config: str) -> tuple[str | None, str]:
+    """Take the ``policy:NAME`` entry out of a config string:
+    ``"policy:pytorch,max_split_size_mb:200"`` → ``("pytorch", "max_split_size_mb:200")``."""
+    policy = None
+    rest = []
+    depth = 0
+    item = ""
+    items = []
+    for ch in config:  # commas inside [...] belong to a value
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(item)
+            item = ""
+        else:
+            item += ch
+    items.append(item)
+    for entry in items:
+        key, _, value = entry.partition(":")
+        if key.strip() == "policy":
+            policy = value.strip()
+        elif entry.strip():
+            rest.append(entry.strip())
+    return policy, ",".join(rest)
+
+
+def configure(policy: str | None = None, config: str | None = None, driver: str | None = None,
+              **kwargs: Any) -> dict:
+    """Set the policy and configuration the CUDA allocators are created with
+    (they are created at each device's first allocation). Returns the
+    settings. Refused once memory has been allocated."""
+    if config is None:
+        config = os.environ.get(ENV_VAR, "")
+    env_policy, config = split_policy(config)
+    policy = policy or env_policy or "waterwave"
+    if policy not in POLICIES:
+        raise _C.ConfigError(f"unknown allocator policy {policy!r}: choose one of "
+                             f"{', '.join(POLICIES)} (in {ENV_VAR} write e.g. policy:waterwave)")
+    _C.cuda_configure(policy, config_string(config, **kwargs), driver or "")
+    return _C.cuda_settings()
+
+
+def _hook_address(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def install_allocator(policy: str | None = None, config: str | None = None,
+                      driver: str | None = None, **kwargs: Any) -> dict:
+    """Make PyTorch allocate CUDA memory with Waterwave. Call it before
+    anything touches CUDA (PyTorch refuses to swap an allocator in use);
+    once per process. ``policy``: ``"waterwave"`` (default) or
+    ``"pytorch"``; ``config``/keywords as for ``waterwave.Allocator``.
+    Also wires ``Tensor.record_stream`` and ``torch.cuda.empty_cache()``.
+    Returns the settings."""
+    global _installed
+    import torch
+
+    if _installed is not None:
+        raise RuntimeError("the Waterwave allocator is already installed in this process")
+    if not hasattr(torch._C, "_cuda_customAllocator"):
+        raise RuntimeError(f"this torch ({torch.__version__}) is built without CUDA: install a "
+                           "CUDA build of torch to use the Waterwave allocator")
+    settings = configure(policy, config, driver, **kwargs)
+    # Our entry points live in waterwave._C itself: opening it again gives
+    # the module already loaded, so PyTorch and Python share one state.
+    plug = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, MALLOC, FREE)
+    lib = ctypes.CDLL(_C.__file__)
+    plug.allocator().set_record_stream_fn(_hook_address(lib, RECORD_STREAM))
+    plug.allocator().set_reset_fn(_hook_address(lib, EMPTY_CACHE))
+    try:
+        torch.cuda.memory.change_current_allocator(plug)
+    except RuntimeError as e:
+        raise RuntimeError(f"cannot install the Waterwave allocator: {e}. Call "
+                           "waterwave.install_allocator() at process start, before any CUDA "
+                           "tensor or torch.cuda call") from None
+    _installed = plug
+    return settings
+
+
+def is_installed() -> bool:
+    """Whether ``install_allocator()`` ran in this process."""
+    return _installed is not None
+
+
+def _device_index(device) -> int:
+    if device is None:
+        import torch
+
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None and isinstance(device, str):
+        _, _, tail = device.partition(":")
+        index = int(tail) if tail else 0
+    return 0 if index is None else int(index)
+
+
+def memory_stats(device=None) -> dict:
+    """The device's allocator statistics: ``torch.cuda.memory_stats()``'s
+    keys (``allocated_bytes.all.peak`` ...) plus fragmentation, how requests
+    were served, syncs and waits."""
+    return _C.cuda_stats(_device_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C.cuda_reset_peak_stats(_device_index(device))
+
+
+def empty_cache() -> None:
+    """Give every wholly free cached segment back to the driver."""
+    _C.cuda_empty_cache()
+
+
+def sync_and_coalesce(device=None) -> None:
+    """Synchronize the device, mark every free block synced and coalesce."""
+    _C.cuda_sync_and_coalesce(_device_index(device))
+
+
+def check_invariants(device=None) -> None:
+    _C.cuda_check_invariants(_device_index(device))
+
+
+def free_errors() -> tuple[int, str]:
+    """(count, last message) of bad frees PyTorch made: a free cannot raise."""
+    return _C.cuda_free_errors()
+
+
+# Plans ---------------------------------------------------------------------
+def set_plan(slots: list[tuple[int, int]], arena: int, device=None, stream: int | None = None) -> None:
+    """Serve the device's allocations from a plan: the k-th allocation of a
+    step gets ``slots[k] = (size, offset)`` inside one arena of ``arena``
+    bytes; anything else falls back to the online allocator, safely.
+    ``stream``: the stream the plan is for (default: the current one)."""
+    index = _device_index(device)
+    if stream is None:
+        import torch
+
+        stream = torch.cuda.current_stream(index).cuda_stream
+    _C.cuda_set_plan(index, [(int(s), int(o)) for s, o in slots], int(arena), int(stream))
+
+
+def clear_plan(device=None) -> None:
+    _C.cuda_clear_plan(_device_index(device))
+
+
+def begin_step(device=None) -> None:
+    """The next allocation is the first of a planned step."""
+    _C.cuda_begin_step(_device_index(device))
+
+
+def plan_stats(device=None) -> dict:
+    """Planned and fallback allocations, deviations and why the last one happened."""
+    return _C.cuda_plan_stats(_device_index(device))
