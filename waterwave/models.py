@@ -16,8 +16,14 @@ def names() -> list[str]:
     return list(TORCHVISION) + list(TRANSFORMERS)
 
 
-def build(name: str, batch_size: int):
-    """Returns (model, example_inputs, loss_fn)."""
+def build(name: str, batch_size: int, device: str = "cpu"):
+    """Returns (model, example_inputs, loss_fn), with the model, inputs and
+    targets on ``device``."""
+    model, inputs, loss = _build(name, batch_size, device)
+    return model.to(device), inputs, loss
+
+
+def _build(name: str, batch_size: int, device: str):
     import torch
 
     if batch_size < 1:
@@ -27,14 +33,14 @@ def build(name: str, batch_size: int):
 
         if name == "r3d_18":
             model = torchvision.models.video.r3d_18()
-            x = torch.randn(batch_size, 3, 16, 112, 112)
+            x = torch.randn(batch_size, 3, 16, 112, 112, device=device)
         elif name == "inception_v3":
             model = torchvision.models.inception_v3(aux_logits=False, init_weights=False)
-            x = torch.randn(batch_size, 3, 299, 299)
+            x = torch.randn(batch_size, 3, 299, 299, device=device)
         else:
             model = torchvision.models.get_model(name)
-            x = torch.randn(batch_size, 3, 224, 224)
-        target = torch.randint(0, 1000 if name != "r3d_18" else 400, (batch_size,))
+            x = torch.randn(batch_size, 3, 224, 224, device=device)
+        target = torch.randint(0, 1000 if name != "r3d_18" else 400, (batch_size,), device=device)
         loss = torch.nn.CrossEntropyLoss()
         return model, (x,), lambda out: loss(out, target)
     if name in TRANSFORMERS:
@@ -57,7 +63,7 @@ def build(name: str, batch_size: int):
                                                 type_vocab_size=1)
             model = transformers.XLMRobertaForMaskedLM(cfg)
         cfg.use_cache = False
-        ids = torch.randint(0, cfg.vocab_size, (batch_size, SEQ_LEN))
+        ids = torch.randint(0, cfg.vocab_size, (batch_size, SEQ_LEN), device=device)
         ce = torch.nn.CrossEntropyLoss()
 
         def loss(out):

@@ -4,9 +4,9 @@ The captured step (an FX graph of forward, backward and the optimizer's
 in-place update) is reordered into the plan's operator order and run with
 the model's real tensors: parameters and buffers are updated in place, and
 the optimizer state lives in the trainer. On a GPU with the Waterwave
-allocator installed, the step's allocations follow the plan's offsets (see
-``PlanAllocator``); on the CPU the order is applied and results are
-bit-for-bit those of the same math in program order.
+allocator installed, the step's allocations follow the plan's offsets (the
+plan allocator of csrc/core, over the CUDA backend); on the CPU the order is
+applied and results are bit-for-bit those of the same math in program order.
 """
 from __future__ import annotations
 
@@ -67,11 +67,29 @@ def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset())
     return fx.GraphModule(gm, new)
 
 
+def _cuda_index(tensors) -> int | None:
+    """The CUDA device the tensors live on, or None when they are not on one."""
+    for t in tensors:
+        if t.device.type == "cuda":
+            import torch
+
+            return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return None
+
+
 class Trainer:
-    """Runs training steps of ``model`` in the plan's operator order."""
+    """Runs training steps of ``model`` in the plan's operator order.
+
+    With the model on a GPU and the Waterwave allocator installed
+    (``waterwave.install_allocator()``), the plan is installed too: each
+    step's k-th allocation gets its planned offset in one arena, and
+    ``plan_stats()`` says how many did and where the step left the plan.
+    ``use_plan=False`` keeps the order but leaves allocation to the online
+    allocator."""
 
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-                 strategy: str = "greedy", time_limit: float = 10.0, example_targets=None):
+                 strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
+                 use_plan: bool = True):
         import torch
 
         example_inputs = as_tuple(example_inputs)
@@ -101,10 +119,38 @@ class Trainer:
         first = optimizer.state.get(self._params[0], {}).get("step", 0) if self._params else 0
         self._step = int(first)
         self._adam = type(optimizer).__name__ in ("Adam", "AdamW")
+        self._plan_device = self._install_plan() if use_plan else None
+
+    def _install_plan(self) -> int | None:
+        from . import cuda
+        from .allocator import plan_slots
+
+        device = _cuda_index(self._params)
+        if device is None or not cuda.is_installed():
+            return None
+        slots, arena = plan_slots(self.graph, self.plan)
+        cuda.set_plan(slots, arena, device=device)
+        return device
+
+    @property
+    def planned_device(self) -> int | None:
+        """The CUDA device whose allocations follow the plan, or None."""
+        return self._plan_device
+
+    def plan_stats(self) -> dict:
+        """Planned and fallback allocations and deviations (planned GPU runs only)."""
+        from . import cuda
+
+        if self._plan_device is None:
+            raise PlanError("this trainer's allocations do not follow its plan: that needs the "
+                            "model on a GPU and waterwave.install_allocator() at process start")
+        return cuda.plan_stats(self._plan_device)
 
     def step(self, *inputs, targets=None):
         """One training step on ``inputs`` (and ``targets``, if the step was
-        captured with them); returns the loss."""
+        captured with them); returns the loss. On a planned GPU run the loss
+        comes back on the CPU: a GPU copy kept by the caller would occupy
+        planned memory during the next step."""
         import torch
 
         targets = as_tuple(targets)
@@ -116,8 +162,14 @@ class Trainer:
         scalars = [torch.tensor(v) for v in adam_scalars(self.optimizer, self._step)] if self._adam else []
         flat = ([p.detach() for p in self._params] + [b.detach() for b in self._buffers]
                 + self._state + scalars + list(inputs))
+        if self._plan_device is None:
+            with torch.no_grad():
+                return self.module(*flat)
+        from . import cuda
+
+        cuda.begin_step(self._plan_device)
         with torch.no_grad():
-            return self.module(*flat)
+            return self.module(*flat).to("cpu")
 
     @property
     def order(self) -> list[str]:
@@ -125,13 +177,16 @@ class Trainer:
 
 
 def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None, optimizer=None,
-             strategy: str = "greedy", time_limit: float = 10.0, example_targets=None) -> Trainer:
+             strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
+             use_plan: bool = True) -> Trainer:
     """Capture ``model``'s training step, plan it, and return a Trainer that
     runs each step in the planned order. With ``example_targets`` (e.g.
     class labels) the loss is ``loss_fn(model(*inputs), *targets)`` and each
-    step takes ``targets=``."""
+    step takes ``targets=``. On a GPU with ``waterwave.install_allocator()``
+    the step's allocations follow the plan (see ``Trainer``)."""
     import torch
 
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets)
+    return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets,
+                   use_plan)

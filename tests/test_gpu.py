@@ -1,0 +1,136 @@
+"""The allocator inside PyTorch on a real GPU. Skipped without one.
+
+Each test runs in its own process: PyTorch swaps its allocator once per
+process, before CUDA is first used.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def run(code: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=600, check=False,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+TRAIN = """
+    import json, torch, torchvision
+    def train(steps=4):
+        torch.manual_seed(0)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        net = torchvision.models.resnet18().cuda()
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(8, 3, 64, 64, device="cuda")
+        y = torch.randint(0, 1000, (8,), device="cuda")
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+"""
+
+
+@pytest.mark.parametrize("policy", ["waterwave", "pytorch"])
+def test_training_matches_the_native_allocator(policy):
+    native = run(TRAIN + "print(json.dumps({'losses': train()}))")
+    ours = run(TRAIN + f"""
+    import waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy={policy!r})
+    losses = train()
+    s = wc.memory_stats(0)
+    wc.check_invariants(0)
+    print(json.dumps({{'losses': losses, 'backend': torch.cuda.memory.get_allocator_backend(),
+                      'peak': s['allocated_bytes.all.peak'], 'errors': wc.free_errors()[0]}}))
+    """)
+    assert ours["backend"] == "pluggable"
+    assert ours["peak"] > 0 and ours["errors"] == 0
+    assert ours["losses"] == pytest.approx(native["losses"], rel=1e-5)
+
+
+def test_cross_stream_reuse_keeps_data_intact():
+    """A tensor freed while another stream still reads it (record_stream)
+    must not be handed out under that read: the reader's result stays
+    right even when the freeing stream allocates and writes at once."""
+    out = run("""
+    import json, torch, waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave")
+    side = torch.cuda.Stream()
+    bad = 0
+    for trial in range(20):
+        x = torch.full((4096, 4096), float(trial + 1), device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            acc = x.clone()
+            for _ in range(30):      # keep the side stream busy on x
+                acc = acc * 1.0 + x * 0.0
+            total = acc.sum()
+        x.record_stream(side)
+        del x, acc
+        y = torch.zeros((4096, 4096), device="cuda")  # may reuse x's block
+        y += 7
+        torch.cuda.synchronize()
+        bad += int(total.item() != float(trial + 1) * 4096 * 4096)
+        del y, total
+    s = wc.memory_stats(0)
+    wc.check_invariants(0)
+    print(json.dumps({'bad': bad, 'waits': s['num_stream_waits'], 'errors': wc.free_errors()[0]}))
+    """)
+    assert out["bad"] == 0 and out["errors"] == 0
+
+
+def test_out_of_memory_is_an_error_pytorch_survives():
+    out = run("""
+    import json, torch, waterwave as ww
+    ww.install_allocator()
+    free, total = torch.cuda.mem_get_info()
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+        msg = ""
+    except RuntimeError as e:
+        msg = str(e)
+    x = torch.ones(1024, device="cuda")  # still works afterwards
+    print(json.dumps({'msg': msg, 'ok': float(x.sum()) == 1024.0}))
+    """)
+    assert "out of memory" in out["msg"] and out["ok"]
+
+
+def test_planned_trainer_runs_from_the_plan():
+    """waterwave.optimize on the GPU with the allocator installed: losses
+    follow eager training, and the step's allocations come from the plan."""
+    eager = run(TRAIN + "print(json.dumps({'losses': train(4)}))")["losses"]
+    out = run(TRAIN + """
+    import waterwave as ww
+    ww.install_allocator()
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18().cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 1000, (8,), device="cuda")
+    loss_fn = lambda out: torch.nn.functional.cross_entropy(out, y)
+    trainer = ww.optimize(net, (x,), loss_fn, opt, strategy="greedy", time_limit=5)
+    losses = [float(trainer.step(x)) for _ in range(4)]
+    print(json.dumps({'planned': losses, 'device': trainer.planned_device,
+                      'stats': trainer.plan_stats()}))
+    """)
+    assert out["device"] == 0
+    assert out["planned"] == pytest.approx(eager, rel=1e-3)
+    st = out["stats"]
+    assert st["planned"] > 0, st
