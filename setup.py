@@ -21,6 +21,21 @@ sources = sorted(
     + glob.glob("csrc/bindings/*.cpp")
 )
 
+
+class BuildExt(build_ext):
+    """Links against the shared libstdc++ even where the interpreter's own
+    build flags say -static-libstdc++ (some standalone Pythons do): a second,
+    static copy of libstdc++ in _C crashes in iostreams once torch has loaded
+    the shared one (seen on the GPU machine: a segfault in std::codecvt)."""
+
+    def build_extensions(self):
+        for attr in ("linker_so", "linker_so_cxx", "compiler_so", "compiler_cxx"):
+            cmd = getattr(self.compiler, attr, None)
+            if isinstance(cmd, list) and "-static-libstdc++" in cmd:
+                setattr(self.compiler, attr, [a for a in cmd if a != "-static-libstdc++"])
+        super().build_extensions()
+
+
 extra = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]
 if os.environ.get("WATERWAVE_DEBUG"):
     extra = ["-O0", "-g", "-Wall", "-Wextra"]
@@ -36,5 +51,5 @@ setup(
             depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
         )
     ],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": BuildExt},
 )

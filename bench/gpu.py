@@ -129,7 +129,7 @@ def run_child(args) -> dict:
     r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False,
                        timeout=600)
     if r.returncode != 0:
-        return {"error": (r.stderr or r.stdout)[-2000:], "args": args}
+        return {"error": f"exit {r.returncode}: " + (r.stderr or r.stdout)[-2000:], "args": args}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -177,7 +177,7 @@ def print_table(meta, rows):
     native = {r["model"]: r for r in rows if r.get("mode") == "native" and "losses" in r}
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:14} {r['mode']:10} ERROR {r['error'].splitlines()[-1][:80]}")
+            print(f"{r['model']:14} {r['mode']:10} ERROR {r['error'].strip().splitlines()[-1][:80]}")
             continue
         if r["mode"] == "capture":
             c, g = r["cpu"], r["cuda"]
