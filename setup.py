@@ -22,20 +22,6 @@ sources = sorted(
 )
 
 
-class BuildExt(build_ext):
-    """Links against the shared libstdc++ even where the interpreter's own
-    build flags say -static-libstdc++ (some standalone Pythons do): a second,
-    static copy of libstdc++ in _C crashes in iostreams once torch has loaded
-    the shared one (seen on the GPU machine: a segfault in std::codecvt)."""
-
-    def build_extensions(self):
-        for attr in ("linker_so", "linker_so_cxx", "compiler_so", "compiler_cxx"):
-            cmd = getattr(self.compiler, attr, None)
-            if isinstance(cmd, list) and "-static-libstdc++" in cmd:
-                setattr(self.compiler, attr, [a for a in cmd if a != "-static-libstdc++"])
-        super().build_extensions()
-
-
 extra = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]
 if os.environ.get("WATERWAVE_DEBUG"):
     extra = ["-O0", "-g", "-Wall", "-Wextra"]
@@ -48,8 +34,12 @@ setup(
             cxx_std=17,
             extra_compile_args=extra,
             libraries=["dl"],  # the CUDA driver is opened at run time
+            # The shared libstdc++, by name: where a toolchain has only the
+            # static archive at hand (the GPU machine's image), _C got its own
+            # copy of the iostreams and crashed in std::codecvt next to torch's.
+            extra_link_args=["-l:libstdc++.so.6"],
             depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
         )
     ],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": build_ext},
 )
