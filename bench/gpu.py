@@ -192,8 +192,9 @@ def print_table(meta, rows):
         note = ""
         if r["mode"] == "planned":
             p = r["plan"]
-            note = (f"planned {p['planned']}, fallback {p['fallback']}, deviations "
-                    f"{p['deviations']}/{p['steps']}: {p['last_deviation'][:60]}")
+            note = (f"planned {p['planned']}, unplanned {p['unplanned']}, fallback "
+                    f"{p['fallback']}, deviations {p['deviations']}/{p['steps']} "
+                    f"{p['last_deviation'][:70]}")
         print(f"{r['model']:14} {r['mode']:10} {r['peak_reserved'] / MiB:11.0f} MiB "
               f"{r['peak_allocated'] / MiB:7.0f} MiB {r['step_ms_median']:8.1f} {diff:10.2e}  {note}")
 

@@ -20,14 +20,14 @@ pytestmark = [
 
 
 def run(code: str) -> dict:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, timeout=600, check=False,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-TRAIN = """
+TRAIN = textwrap.dedent("""
     import json, torch, torchvision
     def train(steps=4):
         torch.manual_seed(0)
@@ -45,13 +45,13 @@ TRAIN = """
             opt.step()
             losses.append(loss.item())
         return losses
-"""
+""")
 
 
 @pytest.mark.parametrize("policy", ["waterwave", "pytorch"])
 def test_training_matches_the_native_allocator(policy):
     native = run(TRAIN + "print(json.dumps({'losses': train()}))")
-    ours = run(TRAIN + f"""
+    ours = run(TRAIN + textwrap.dedent(f"""
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy={policy!r})
     losses = train()
@@ -59,7 +59,7 @@ def test_training_matches_the_native_allocator(policy):
     wc.check_invariants(0)
     print(json.dumps({{'losses': losses, 'backend': torch.cuda.memory.get_allocator_backend(),
                       'peak': s['allocated_bytes.all.peak'], 'errors': wc.free_errors()[0]}}))
-    """)
+    """))
     assert ours["backend"] == "pluggable"
     assert ours["peak"] > 0 and ours["errors"] == 0
     assert ours["losses"] == pytest.approx(native["losses"], rel=1e-5)
@@ -69,7 +69,7 @@ def test_cross_stream_reuse_keeps_data_intact():
     """A tensor freed while another stream still reads it (record_stream)
     must not be handed out under that read: the reader's result stays
     right even when the freeing stream allocates and writes at once."""
-    out = run("""
+    out = run(textwrap.dedent("""
     import json, torch, waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave")
     side = torch.cuda.Stream()
@@ -92,12 +92,12 @@ def test_cross_stream_reuse_keeps_data_intact():
     s = wc.memory_stats(0)
     wc.check_invariants(0)
     print(json.dumps({'bad': bad, 'waits': s['num_stream_waits'], 'errors': wc.free_errors()[0]}))
-    """)
+    """))
     assert out["bad"] == 0 and out["errors"] == 0
 
 
 def test_out_of_memory_is_an_error_pytorch_survives():
-    out = run("""
+    out = run(textwrap.dedent("""
     import json, torch, waterwave as ww
     ww.install_allocator()
     free, total = torch.cuda.mem_get_info()
@@ -108,7 +108,7 @@ def test_out_of_memory_is_an_error_pytorch_survives():
         msg = str(e)
     x = torch.ones(1024, device="cuda")  # still works afterwards
     print(json.dumps({'msg': msg, 'ok': float(x.sum()) == 1024.0}))
-    """)
+    """))
     assert "out of memory" in out["msg"] and out["ok"]
 
 
@@ -116,7 +116,7 @@ def test_planned_trainer_runs_from_the_plan():
     """waterwave.optimize on the GPU with the allocator installed: losses
     follow eager training, and the step's allocations come from the plan."""
     eager = run(TRAIN + "print(json.dumps({'losses': train(4)}))")["losses"]
-    out = run(TRAIN + """
+    out = run(TRAIN + textwrap.dedent("""
     import waterwave as ww
     ww.install_allocator()
     torch.manual_seed(0)
@@ -129,7 +129,7 @@ def test_planned_trainer_runs_from_the_plan():
     losses = [float(trainer.step(x)) for _ in range(4)]
     print(json.dumps({'planned': losses, 'device': trainer.planned_device,
                       'stats': trainer.plan_stats()}))
-    """)
+    """))
     assert out["device"] == 0
     assert out["planned"] == pytest.approx(eager, rel=1e-3)
     st = out["stats"]

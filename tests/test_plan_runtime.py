@@ -69,20 +69,34 @@ def test_a_plan_with_in_place_sharing_is_served_entirely_when_run_in_place():
     pa.check_invariants()
 
 
-def test_deviations_fall_back_and_are_counted():
+def test_unplanned_requests_are_served_outside_the_arena():
+    """A request of another size than the next slot's (a cuDNN workspace
+    on a GPU) goes to the online allocator; the plan keeps its place."""
     pa = ww.PlanAllocator([(1024, 0), (2048, 1024)], device=ww.SimDevice(64 * MiB, 0.0))
     a = pa.alloc(1000)
-    b = pa.alloc(5000)  # the plan says 2048: deviation
-    c = pa.alloc(100)   # the rest of the step stays off-plan
+    w = pa.alloc(5000)  # the plan waits for 2048: unplanned
+    b = pa.alloc(2048)  # slot 1
     s = pa.plan_stats()
-    assert s["planned"] == 1 and s["fallback"] == 2 and s["deviations"] == 1
-    assert "asks for 5120 bytes, the plan has 2048" in s["last_deviation"]
+    assert s["planned"] == 2 and s["unplanned"] == 1 and s["deviations"] == 0
+    assert (s["last_unplanned_index"], s["last_unplanned_bytes"]) == (1, 5120)
     arena = s["arena"]
-    assert arena <= a < arena + 3072 and not (arena <= b < arena + 3072)
-    for p in (a, b, c):
+    assert (a, b) == (arena, arena + 1024) and not (arena <= w < arena + 3072)
+    for p in (a, w, b):
         pa.free(p)
+    pa.check_invariants()
+
+
+def test_a_step_that_ends_early_is_a_deviation():
+    pa = ww.PlanAllocator([(1024, 0), (2048, 1024)], device=ww.SimDevice(64 * MiB, 0.0))
+    a = pa.alloc(1000)
+    c = pa.alloc(100)   # never the 2048 the plan waits for
     pa.begin_step()
-    assert pa.alloc(1024) == arena  # a new step is back on plan
+    s = pa.plan_stats()
+    assert s["planned"] == 1 and s["fallback"] == 1 and s["deviations"] == 1
+    assert "ended after 1 of the plan's 2 allocations" in s["last_deviation"]
+    pa.free(a)
+    pa.free(c)
+    assert pa.alloc(1024) == s["arena"]  # a new step is back on plan
     pa.check_invariants()
 
 

@@ -60,8 +60,16 @@ void PlanAllocator::deviate(const std::string& why) {
   }
 }
 
+void PlanAllocator::end_step() {
+  if (k_ > 0 && k_ < slots_.size()) {
+    deviate("the step ended after " + std::to_string(k_) + " of the plan's " +
+            std::to_string(slots_.size()) + " allocations");
+  }
+}
+
 void PlanAllocator::begin_step() {
   std::lock_guard<std::mutex> g(mu_);
+  end_step();
   k_ = 0;
   deviated_ = false;
   stats_.steps++;
@@ -85,8 +93,11 @@ Addr PlanAllocator::allocate(std::size_t bytes, StreamId stream) {
         deviate("allocation on stream " + std::to_string(stream) + ", the plan is for stream " +
                 std::to_string(stream_));
       } else if (slots_[k_].size != rounded) {
-        deviate("allocation " + std::to_string(k_) + " asks for " + std::to_string(rounded) +
-                " bytes, the plan has " + std::to_string(slots_[k_].size));
+        // Not the allocation the plan waits for (a library's workspace):
+        // served outside the arena, the plan keeps its place.
+        stats_.unplanned++;
+        stats_.last_unplanned_index = static_cast<std::int64_t>(k_);
+        stats_.last_unplanned_bytes = static_cast<std::int64_t>(rounded);
       } else {
         const Addr addr = arena_ + slots_[k_].offset;
         if (overlaps_live(addr, slots_[k_].size)) {

@@ -1,8 +1,11 @@
 // Replays an offline memory plan: one arena sized by the plan; the k-th
 // allocation of a step gets its planned offset; frees are no-ops for planned
-// blocks. Any deviation (another size, an extra allocation, another stream,
-// a planned slot still occupied) sends the rest of the step to an online
-// allocator, and is counted. A planned block is handed out only if no live
+// blocks. A request of another size than the next slot's is *unplanned*
+// (on a GPU: cuDNN and cuBLAS workspaces the captured graph never saw): the
+// online allocator serves it and the plan waits for its next slot. A
+// deviation (another stream, a planned slot still occupied, more requests
+// than the plan has, a step that ends before its plan does) sends the rest of
+// the step to the online allocator; both are counted. A planned block is handed out only if no live
 // block overlaps it, so a plan that does not match the program can cost
 // memory but never corrupt it.
 #pragma once
@@ -26,6 +29,9 @@ struct PlanStats {
   std::int64_t planned = 0;     // allocations served from the plan
   std::int64_t deviations = 0;  // steps that left the plan
   std::int64_t fallback = 0;    // allocations served by the online allocator
+  std::int64_t unplanned = 0;   // of those, requests no slot was waiting for
+  std::int64_t last_unplanned_index = -1;  // the slot waiting at the last one
+  std::int64_t last_unplanned_bytes = 0;   // its size
   std::int64_t arena_bytes = 0;
   std::int64_t planned_live_bytes = 0;
   std::int64_t last_deviation_index = -1;  // k at the last deviation
@@ -64,6 +70,8 @@ class PlanAllocator final : public Allocator {
  private:
   bool overlaps_live(Addr addr, std::size_t size) const;
   void deviate(const std::string& why);
+  // The step is over: a deviation if it left planned slots unused.
+  void end_step();
 
   Device& device_;
   std::vector<PlanSlot> slots_;
