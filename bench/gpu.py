@@ -10,7 +10,8 @@ process), the same seeded training step (SGD with momentum) runs under:
   pytorch    Waterwave's re-implementation of that policy (install_allocator);
   waterwave  Waterwave's multi-stream policy;
   planned    Waterwave with the trainer of waterwave.optimize: the greedy
-             plan's order, and allocations served from the plan's arena;
+             plan's order; step 1 warms up, step 2 is recorded and packed,
+             later steps are served from that plan's arena;
 and a capture process compares the graph captured with CUDA fake tensors
 against the CPU capture the planner uses, and replays each through the
 simulated pytorch policy. Prints a table and writes JSON. Needs a GPU.
@@ -85,6 +86,7 @@ def child(mode: str, name: str, bs: int, steps: int) -> dict:
         wc.check_invariants(0)
     if mode == "planned":
         out["plan"] = trainer.plan_stats()
+        out["trace_plan"] = trainer.trace_plan
     return out
 
 

@@ -255,6 +255,43 @@ def test_plan_on_the_cuda_backend(fake):
     assert not _C.cuda_has_plan(0)
 
 
+def test_a_recorded_step_becomes_an_exact_plan(fake):
+    """What the trainer does on a GPU: record one step's allocations, pack
+    their lifetimes, and serve the next steps from that plan: every
+    allocation planned, the arena at the trace's peak of live bytes."""
+    use(fake)
+    rng = random.Random(3)
+    sizes = [rng.choice([512, 4096, MiB, 3 * MiB]) for _ in range(40)]
+    # A step: allocate in order, free each block a few allocations later.
+    frees_after = {i: min(len(sizes) - 1, i + rng.randint(0, 5)) for i in range(len(sizes))}
+
+    def one_step():
+        live = {}
+        for i, n in enumerate(sizes):
+            live[i] = _C.cuda_malloc(n, 0, S1)
+            fill(live[i], n, i)
+            for j in [j for j, k in frees_after.items() if k == i and j in live]:
+                assert intact(live[j], sizes[j], j)
+                _C.cuda_free(live.pop(j), sizes[j], 0, S1)
+        assert not live
+
+    wc.start_recording(0, stream=S1)
+    one_step()
+    trace = wc.stop_recording(0)
+    assert [t[0] for t in trace] == sizes and all(f > a for _, a, f in trace)
+    slots, arena, info = wc.plan_from_trace(trace)
+    assert info["status"] == "optimal" and arena == info["bound"]
+    wc.set_plan(slots, arena, device=0, stream=S1)
+    for _ in range(3):
+        wc.begin_step(0)
+        one_step()
+    wc.begin_step(0)
+    st = wc.plan_stats(0)
+    assert st["planned"] == 3 * len(sizes)
+    assert st["unplanned"] == st["deviations"] == 0
+    wc.clear_plan(0)
+
+
 def test_random_run_never_hands_out_memory_twice(fake, policy):
     """Random allocations, frees, record_streams and event completions on
     three streams; every live block holds its own byte pattern, checked at

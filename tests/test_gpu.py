@@ -114,23 +114,27 @@ def test_out_of_memory_is_an_error_pytorch_survives():
 
 def test_planned_trainer_runs_from_the_plan():
     """waterwave.optimize on the GPU with the allocator installed: losses
-    follow eager training, and the step's allocations come from the plan."""
-    eager = run(TRAIN + "print(json.dumps({'losses': train(4)}))")["losses"]
+    follow eager training; after a warm-up step and a recorded one, every
+    allocation of a step comes from the plan."""
+    eager = run(TRAIN + "print(json.dumps({'losses': train(5)}))")["losses"]
     out = run(TRAIN + textwrap.dedent("""
     import waterwave as ww
     ww.install_allocator()
     torch.manual_seed(0)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     net = torchvision.models.resnet18().cuda()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(8, 3, 64, 64, device="cuda")
     y = torch.randint(0, 1000, (8,), device="cuda")
     loss_fn = lambda out: torch.nn.functional.cross_entropy(out, y)
     trainer = ww.optimize(net, (x,), loss_fn, opt, strategy="greedy", time_limit=5)
-    losses = [float(trainer.step(x)) for _ in range(4)]
+    losses = [float(trainer.step(x)) for _ in range(5)]
     print(json.dumps({'planned': losses, 'device': trainer.planned_device,
-                      'stats': trainer.plan_stats()}))
+                      'stats': trainer.plan_stats(), 'packed': trainer.trace_plan}))
     """))
     assert out["device"] == 0
     assert out["planned"] == pytest.approx(eager, rel=1e-3)
     st = out["stats"]
-    assert st["planned"] > 0, st
+    assert st["planned"] == 3 * out["packed"]["allocations"], (st, out["packed"])
+    assert st["unplanned"] == 0 and st["deviations"] == 0, st

@@ -195,3 +195,36 @@ def begin_step(device=None) -> None:
 def plan_stats(device=None) -> dict:
     """Planned and fallback allocations, deviations and why the last one happened."""
     return _C.cuda_plan_stats(_device_index(device))
+
+
+def start_recording(device=None, stream: int | None = None) -> None:
+    """Record the device's allocations on ``stream`` (default: the current
+    one) until ``stop_recording``. Removes any plan (its blocks must be free)."""
+    index = _device_index(device)
+    if stream is None:
+        import torch
+
+        stream = torch.cuda.current_stream(index).cuda_stream
+    _C.cuda_start_recording(index, int(stream))
+
+
+def stop_recording(device=None) -> list[tuple[int, int, int]]:
+    """The recorded blocks in allocation order: ``(size, allocated, freed)``,
+    times counted in allocations and frees, ``freed`` -1 for a block still
+    live at the end."""
+    return [tuple(b) for b in _C.cuda_stop_recording(_device_index(device))]
+
+
+def plan_from_trace(trace: list[tuple[int, int, int]], time_limit: float = 5.0
+                    ) -> tuple[list[tuple[int, int]], int, dict]:
+    """Offsets for a recorded step: the exact packing of its blocks'
+    lifetimes (``waterwave.pack``). Returns (slots in allocation order as
+    (size, offset), arena bytes, {"bound", "status"})."""
+    from .planner import pack
+    from .planner.offsets import Buffer
+
+    end = 1 + max((max(a, f) for _, a, f in trace), default=0)
+    buffers = [Buffer(i, a, f if f >= 0 else end, size) for i, (size, a, f) in enumerate(trace)]
+    offsets, arena, bound, status = pack(buffers, time_limit=time_limit)
+    slots = [(size, offsets[i]) for i, (size, _, _) in enumerate(trace)]
+    return slots, arena, {"bound": bound, "status": status}

@@ -81,9 +81,15 @@ class Trainer:
     """Runs training steps of ``model`` in the plan's operator order.
 
     With the model on a GPU and the Waterwave allocator installed
-    (``waterwave.install_allocator()``), the plan is installed too: each
-    step's k-th allocation gets its planned offset in one arena, and
-    ``plan_stats()`` says how many did and where the step left the plan.
+    (``waterwave.install_allocator()``), allocations follow a plan too. The
+    first step runs in the plan's order on the online allocator (libraries
+    set up their handles and caches); the second is recorded, and its
+    blocks' lifetimes are packed exactly (``waterwave.pack``) into one
+    arena; from the third step on, the k-th allocation of a step gets its
+    offset there. Recording rather than taking the graph's offsets
+    puts into the plan what the captured graph cannot show: cuDNN and cuBLAS
+    workspaces, and outputs a CUDA kernel shapes otherwise than its fake
+    tensor did. ``plan_stats()`` says how many allocations the plan served.
     ``use_plan=False`` keeps the order but leaves allocation to the online
     allocator."""
 
@@ -119,18 +125,25 @@ class Trainer:
         first = optimizer.state.get(self._params[0], {}).get("step", 0) if self._params else 0
         self._step = int(first)
         self._adam = type(optimizer).__name__ in ("Adam", "AdamW")
-        self._plan_device = self._install_plan() if use_plan else None
+        self._plan_device = None
+        if use_plan:
+            from . import cuda
 
-    def _install_plan(self) -> int | None:
+            device = _cuda_index(self._params)
+            if device is not None and cuda.is_installed():
+                self._plan_device = device
+        self._planned_steps = 0  # steps run since the trainer was made, on a GPU plan
+        self._recorded = False
+        self.trace_plan: dict = {}  # the packing of the recorded step
+
+    def _install_recorded_plan(self) -> None:
         from . import cuda
-        from .allocator import plan_slots
 
-        device = _cuda_index(self._params)
-        if device is None or not cuda.is_installed():
-            return None
-        slots, arena = plan_slots(self.graph, self.plan)
-        cuda.set_plan(slots, arena, device=device)
-        return device
+        trace = cuda.stop_recording(self._plan_device)
+        slots, arena, info = cuda.plan_from_trace(trace)
+        cuda.set_plan(slots, arena, device=self._plan_device)
+        self.trace_plan = {"allocations": len(slots), "arena_bytes": arena, **info}
+        self._recorded = True
 
     @property
     def planned_device(self) -> int | None:
@@ -144,6 +157,9 @@ class Trainer:
         if self._plan_device is None:
             raise PlanError("this trainer's allocations do not follow its plan: that needs the "
                             "model on a GPU and waterwave.install_allocator() at process start")
+        if not self._recorded:
+            raise PlanError("the plan is installed after the second step, which it records: "
+                            "run two steps first")
         return cuda.plan_stats(self._plan_device)
 
     def step(self, *inputs, targets=None):
@@ -167,9 +183,22 @@ class Trainer:
                 return self.module(*flat)
         from . import cuda
 
-        cuda.begin_step(self._plan_device)
-        with torch.no_grad():
-            return self.module(*flat).to("cpu")
+        self._planned_steps += 1
+        recording = not self._recorded and self._planned_steps >= 2  # the first one warms up
+        if self._recorded:
+            cuda.begin_step(self._plan_device)
+        elif recording:
+            cuda.start_recording(self._plan_device)
+        try:
+            with torch.no_grad():
+                loss = self.module(*flat).to("cpu")
+        except BaseException:
+            if recording:
+                cuda.stop_recording(self._plan_device)
+            raise
+        if recording:
+            self._install_recorded_plan()
+        return loss
 
     @property
     def order(self) -> list[str]:

@@ -117,17 +117,23 @@ void CudaRuntime::empty_cache() {
   }
 }
 
+void CudaRuntime::drop_plan(PerDevice& d, int device, const char* why) {
+  if (!d.plan) return;
+  if (d.plan->live_planned_blocks() > 0) {
+    throw ConfigError(std::string("cannot ") + why + " on CUDA device " + std::to_string(device) +
+                      ": " + std::to_string(d.plan->live_planned_blocks()) +
+                      " planned blocks are still in use (drop the last step's tensors first)");
+  }
+  d.active = d.online.get();
+  d.plan.reset();  // the arena goes back to the driver
+}
+
 void CudaRuntime::set_plan(int device, std::vector<PlanSlot> slots, std::size_t arena,
                            StreamId stream) {
   PerDevice& d = slot(device);
   std::unique_lock<std::shared_mutex> g(d.swap);
-  if (d.plan && d.plan->live_planned_blocks() > 0) {
-    throw ConfigError("cannot replace the plan on CUDA device " + std::to_string(device) + ": " +
-                      std::to_string(d.plan->live_planned_blocks()) +
-                      " planned blocks are still in use (drop the last step's tensors first)");
-  }
-  d.active = d.online.get();
-  d.plan.reset();  // its arena goes back before the new one is reserved
+  drop_plan(d, device, "replace the plan");
+  d.recorder.reset();
   d.plan = std::make_unique<PlanAllocator>(*d.device, std::move(slots), arena, stream, d.online);
   d.active = d.plan.get();
 }
@@ -136,14 +142,27 @@ void CudaRuntime::clear_plan(int device) {
   PerDevice* d = find(device);
   if (!d) return;
   std::unique_lock<std::shared_mutex> g(d->swap);
-  if (!d->plan) return;
-  if (d->plan->live_planned_blocks() > 0) {
-    throw ConfigError("cannot remove the plan on CUDA device " + std::to_string(device) + ": " +
-                      std::to_string(d->plan->live_planned_blocks()) +
-                      " planned blocks are still in use (drop the last step's tensors first)");
+  drop_plan(*d, device, "remove the plan");
+}
+
+void CudaRuntime::start_recording(int device, StreamId stream) {
+  PerDevice& d = slot(device);
+  std::unique_lock<std::shared_mutex> g(d.swap);
+  drop_plan(d, device, "record over the plan");
+  d.recorder = std::make_unique<TraceRecorder>(d.online, stream);
+  d.active = d.recorder.get();
+}
+
+std::vector<TracedBlock> CudaRuntime::stop_recording(int device) {
+  PerDevice& d = slot(device);
+  std::unique_lock<std::shared_mutex> g(d.swap);
+  if (!d.recorder) {
+    throw ConfigError("CUDA device " + std::to_string(device) + " is not recording");
   }
-  d->active = d->online.get();
-  d->plan.reset();
+  std::vector<TracedBlock> out = d.recorder->trace();
+  d.active = d.online.get();
+  d.recorder.reset();
+  return out;
 }
 
 bool CudaRuntime::has_plan(int device) {

@@ -18,6 +18,7 @@
 
 #include "../core/allocator.h"
 #include "../core/plan_allocator.h"
+#include "../core/trace_recorder.h"
 #include "../device/cuda/cuda_device.h"
 
 #define WATERWAVE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -70,6 +71,10 @@ class CudaRuntime {
     return fn(*d.plan);
   }
   bool has_plan(int device);
+  // Record `stream`'s allocations on the device (removing any plan, whose
+  // blocks must be free) until stop_recording, which returns them.
+  void start_recording(int device, StreamId stream);
+  std::vector<TracedBlock> stop_recording(int device);
 
   std::vector<int> devices();  // devices with an allocator, in order
   std::string policy();
@@ -89,10 +94,13 @@ class CudaRuntime {
     std::unique_ptr<CudaDevice> device;
     std::shared_ptr<Allocator> online;
     std::unique_ptr<PlanAllocator> plan;
+    std::unique_ptr<TraceRecorder> recorder;
     Allocator* active = nullptr;
     std::shared_mutex swap;
   };
   [[noreturn]] static void no_plan(int device);
+  // Drops the plan (refused while its blocks live); caller holds d.swap.
+  static void drop_plan(PerDevice& d, int device, const char* why);
   PerDevice& slot(int device);            // created on first use
   PerDevice* find(int device) const;      // nullptr if none yet
 

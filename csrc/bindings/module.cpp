@@ -159,6 +159,14 @@ void bind_cuda(py::module_& m) {
      py::call_guard<py::gil_scoped_release>());
   m.def("cuda_clear_plan", [rt](int device) { rt().clear_plan(device); }, py::arg("device"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_start_recording", [rt](int device, StreamId stream) { rt().start_recording(device, stream); },
+        py::arg("device"), py::arg("stream"));
+  m.def("cuda_stop_recording", [rt](int device) {
+    py::list out;
+    for (const TracedBlock& b : rt().stop_recording(device))
+      out.append(py::make_tuple(b.size, b.allocated, b.freed));
+    return out;
+  }, py::arg("device"), "The recorded blocks in allocation order: (size, allocated, freed or -1).");
   m.def("cuda_has_plan", [rt](int device) { return rt().has_plan(device); }, py::arg("device"));
   m.def("cuda_begin_step", [rt](int device) {
     rt().with_plan(device, [](PlanAllocator& p) { p.begin_step(); return 0; });

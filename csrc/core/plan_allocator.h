@@ -1,11 +1,11 @@
 // Replays an offline memory plan: one arena sized by the plan; the k-th
 // allocation of a step gets its planned offset; frees are no-ops for planned
-// blocks. A request of another size than the next slot's is *unplanned*
-// (on a GPU: cuDNN and cuBLAS workspaces the captured graph never saw): the
-// online allocator serves it and the plan waits for its next slot. A
-// deviation (another stream, a planned slot still occupied, more requests
-// than the plan has, a step that ends before its plan does) sends the rest of
-// the step to the online allocator; both are counted. A planned block is handed out only if no live
+// blocks. A request of another size than the next slot's, or on another
+// stream, is *unplanned* (on a GPU: a cuDNN workspace the captured graph
+// never saw): the online allocator serves it and the plan waits for its next
+// slot. A deviation (a planned slot still occupied, more requests than the
+// plan has, a step that ends before its plan does) sends the rest of the step
+// to the online allocator; both are counted. A planned block is handed out only if no live
 // block overlaps it, so a plan that does not match the program can cost
 // memory but never corrupt it.
 #pragma once
