@@ -134,6 +134,9 @@ void CudaRuntime::set_plan(int device, std::vector<PlanSlot> slots, std::size_t 
   std::unique_lock<std::shared_mutex> g(d.swap);
   drop_plan(d, device, "replace the plan");
   d.recorder.reset();
+  // The cache the unplanned steps built goes back first: the arena takes
+  // its place rather than adding to it.
+  d.online->empty_cache();
   d.plan = std::make_unique<PlanAllocator>(*d.device, std::move(slots), arena, stream, d.online);
   d.active = d.plan.get();
 }
