@@ -330,23 +330,19 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
                           text=True, env={**os.environ, **env}, timeout=120, check=False)
 
 
-def test_missing_driver_is_a_clear_error():
+@pytest.mark.parametrize("driver, message", [
+    ("/nonexistent/libcuda.so.1", "cannot load the CUDA driver /nonexistent/libcuda.so.1"),
+    ("libm.so.6", "has no symbol cuInit"),  # a library, but not a CUDA driver
+])
+def test_missing_driver_is_a_clear_error(driver, message):
     r = run_python("""
         from waterwave import _C
         try:
             _C.cuda_malloc(1024, 0, 0)
         except RuntimeError as e:
             print(e)
-    """, WATERWAVE_CUDA_DRIVER="/nonexistent/libcuda.so.1")
-    assert "cannot load the CUDA driver /nonexistent/libcuda.so.1" in r.stdout
-    r = run_python("""
-        from waterwave import _C
-        try:
-            _C.cuda_malloc(1024, 0, 0)
-        except RuntimeError as e:
-            print(e)
-    """, WATERWAVE_CUDA_DRIVER="libm.so.6")
-    assert "has no symbol cuInit" in r.stdout
+    """, WATERWAVE_CUDA_DRIVER=driver)
+    assert message in r.stdout
 
 
 def test_install_allocator_registers_with_pytorch(fake_path):

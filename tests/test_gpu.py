@@ -29,7 +29,7 @@ def run(code: str) -> dict:
 
 TRAIN = textwrap.dedent("""
     import json, torch, torchvision
-    def train(steps=4):
+    def setup():
         torch.manual_seed(0)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
@@ -37,6 +37,9 @@ TRAIN = textwrap.dedent("""
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         x = torch.randn(8, 3, 64, 64, device="cuda")
         y = torch.randint(0, 1000, (8,), device="cuda")
+        return net, opt, x, y
+    def train(steps=4):
+        net, opt, x, y = setup()
         losses = []
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
@@ -120,13 +123,7 @@ def test_planned_trainer_runs_from_the_plan():
     out = run(TRAIN + textwrap.dedent("""
     import waterwave as ww
     ww.install_allocator()
-    torch.manual_seed(0)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    net = torchvision.models.resnet18().cuda()
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(8, 3, 64, 64, device="cuda")
-    y = torch.randint(0, 1000, (8,), device="cuda")
+    net, opt, x, y = setup()
     loss_fn = lambda out: torch.nn.functional.cross_entropy(out, y)
     trainer = ww.optimize(net, (x,), loss_fn, opt, strategy="greedy", time_limit=5)
     losses = [float(trainer.step(x)) for _ in range(5)]
