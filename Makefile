@@ -8,7 +8,8 @@ CXX ?= g++
 CORE_SRC := $(wildcard csrc/core/*.cpp) $(wildcard csrc/device/sim/*.cpp)
 HEADERS := $(wildcard csrc/*/*.h csrc/device/*/*.h)
 PLANNER_SRC := $(wildcard csrc/planner/*.cpp)
-ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(wildcard csrc/device/cuda/*.cpp csrc/bench/*.cpp csrc/bindings/*.cpp)
+CUDA_SRC := $(wildcard csrc/device/cuda/*.cpp) csrc/bindings/cuda_hooks.cpp
+ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(CUDA_SRC) $(wildcard csrc/bench/*.cpp csrc/bindings/*.cpp)
 EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin
@@ -46,14 +47,27 @@ $(BIN)/offset_search_run: tests/cpp/offset_search_run.cpp $(PLANNER_SRC) $(HEADE
 	mkdir -p $(BIN)
 	$(CXX) $(SAN_FLAGS) $(PLANNER_SRC) $< -o $@
 
+# The fake CUDA driver (host memory behind the driver API) and the CUDA
+# backend over it, through the entry points PyTorch calls.
+$(BIN)/libfakecuda.so: tests/cpp/fake_cuda.c
+	mkdir -p $(BIN)
+	$(CC) -shared -fPIC -O1 -g -fsanitize=address,undefined -o $@ $< -lpthread
+
+$(BIN)/cuda_backend_run: tests/cpp/cuda_backend_run.cpp $(CORE_SRC) $(CUDA_SRC) $(HEADERS)
+	mkdir -p $(BIN)
+	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $(CUDA_SRC) $< -ldl -o $@
+
 # The allocator under AddressSanitizer and UndefinedBehaviorSanitizer: a long
 # random run of each policy (invariants after every step) and a thread stress;
-# the planner's offset search on random instances.
-sanitize: $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run
+# the CUDA backend over the fake driver; the planner's offset search on random
+# instances.
+sanitize: $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run $(BIN)/cuda_backend_run $(BIN)/libfakecuda.so
 	$(BIN)/random_run waterwave $(RANDOM_RUN_OPS) 1
 	$(BIN)/random_run pytorch $(RANDOM_RUN_OPS) 1
 	$(BIN)/stress_threads waterwave 4 100000 1
 	$(BIN)/stress_threads pytorch 4 100000 1
+	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so waterwave 4 20000 1
+	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so pytorch 4 20000 1
 	$(BIN)/offset_search_run 400 1
 
 test-python: build

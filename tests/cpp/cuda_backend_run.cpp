@@ -1,0 +1,177 @@
+// The CUDA backend and PyTorch's entry points under ASan and UBSan (and
+// runnable under TSan), over the fake driver (tests/cpp/fake_cuda.c, host
+// memory behind the driver API). Threads on their own streams allocate,
+// write a byte pattern through every pointer, check it at free, hand
+// pointers to other threads to free, record streams and empty the cache,
+// all through the C entry points PyTorch calls. Then one thread records a
+// step, packs it back to back (the plan need not be optimal to be served)
+// and replays it. Invariants and the driver's bytes are checked at the end.
+//
+//   cuda_backend_run FAKE_DRIVER.so POLICY THREADS OPS_PER_THREAD SEED
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <iterator>
+#include <thread>
+#include <vector>
+
+#include "../../csrc/bindings/cuda_hooks.h"
+
+using namespace waterwave;
+using waterwave::cuda::CudaRuntime;
+
+namespace {
+
+struct Held {
+  void* ptr;
+  std::size_t size;
+  void* stream;
+  unsigned char byte;
+};
+
+void* stream_of(int tid) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(0x1000 * (tid + 1))); }
+
+bool intact(const Held& b) {
+  const auto* p = static_cast<const unsigned char*>(b.ptr);
+  for (std::size_t i = 0; i < b.size; i += 61)
+    if (p[i] != b.byte) return false;
+  return p[b.size - 1] == b.byte;
+}
+
+// One step of a fixed program, as the planned trainer runs it.
+void program_step(std::vector<void*>& live, void* stream) {
+  static const std::size_t sizes[] = {4096, 3 * kMiB, 512, 2 * kMiB, 700 * kKiB, 3 * kMiB, 64 * kKiB};
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    live.push_back(waterwave_cuda_malloc(sizes[i], 0, stream));
+    std::memset(live.back(), static_cast<int>(i), sizes[i]);
+    if (i % 2 == 1) {  // free the one before: lifetimes overlap in a chain
+      waterwave_cuda_free(live[live.size() - 2], sizes[i - 1], 0, stream);
+      live.erase(live.end() - 2);
+    }
+  }
+  for (void* p : live) waterwave_cuda_free(p, 0, 0, stream);
+  live.clear();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s FAKE_DRIVER.so POLICY THREADS OPS_PER_THREAD SEED\n", argv[0]);
+    return 2;
+  }
+  const std::string driver = argv[1], policy = argv[2];
+  const int threads = std::atoi(argv[3]);
+  const std::uint64_t ops = std::strtoull(argv[4], nullptr, 10);
+  const std::uint64_t seed = std::strtoull(argv[5], nullptr, 10);
+  CudaRuntime& rt = CudaRuntime::get();
+  rt.configure(policy, "", driver);
+
+  std::mutex handoff_mu;
+  std::vector<Held> handoff;
+  std::atomic<bool> failed{false};
+  std::atomic<std::uint64_t> ooms{0};
+  auto fail = [&](const std::string& why) {
+    if (!failed.exchange(true)) std::fprintf(stderr, "FAILED: %s\n", why.c_str());
+  };
+
+  auto worker = [&](int tid) {
+    std::mt19937_64 rng(seed * 7919 + tid);
+    std::vector<Held> mine;
+    void* stream = stream_of(tid);
+    try {
+      for (std::uint64_t i = 0; i < ops && !failed; ++i) {
+        const std::uint64_t r = rng() % 1000;
+        if (r < 450 && mine.size() < 48) {
+          const std::size_t size = 1 + rng() % ((rng() % 10 == 0) ? 12 * kMiB : 256 * kKiB);
+          try {
+            void* p = waterwave_cuda_malloc(size, 0, stream);
+            const auto byte = static_cast<unsigned char>(rng());
+            std::memset(p, byte, size);
+            mine.push_back({p, size, stream, byte});
+          } catch (const OutOfMemoryError&) {
+            ++ooms;
+          }
+        } else if (r < 850 && !mine.empty()) {
+          const std::size_t k = rng() % mine.size();
+          Held b = mine[k];
+          mine[k] = mine.back();
+          mine.pop_back();
+          if (!intact(b)) fail("a live block was overwritten");
+          if (rng() % 4 == 0) {
+            std::lock_guard<std::mutex> g(handoff_mu);
+            handoff.push_back(b);  // another thread frees it
+          } else {
+            waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+          }
+        } else if (r < 900 && !mine.empty()) {
+          waterwave_cuda_record_stream(mine[rng() % mine.size()].ptr, stream_of(static_cast<int>(rng() % threads)));
+        } else if (r < 990) {
+          std::vector<Held> take;
+          {
+            std::lock_guard<std::mutex> g(handoff_mu);
+            take.swap(handoff);
+          }
+          for (const Held& b : take) {
+            if (!intact(b)) fail("a handed-off block was overwritten");
+            waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+          }
+        } else {
+          waterwave_cuda_empty_cache();
+        }
+      }
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    for (const Held& b : mine) waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+  for (auto& t : pool) t.join();
+  for (const Held& b : handoff) waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+
+  // A recorded step becomes a plan (offsets back to back: simple, and
+  // correct whatever the lifetimes) and serves the next steps.
+  void* stream = stream_of(0);
+  std::vector<void*> live;
+  rt.start_recording(0, reinterpret_cast<StreamId>(stream));
+  program_step(live, stream);
+  std::vector<TracedBlock> trace = rt.stop_recording(0);
+  std::vector<PlanSlot> slots;
+  std::size_t arena = 0;
+  for (const TracedBlock& b : trace) {
+    slots.push_back({b.size, arena});
+    arena += b.size;
+  }
+  rt.set_plan(0, slots, arena, reinterpret_cast<StreamId>(stream));
+  for (int step = 0; step < 3; ++step) {
+    rt.with_plan(0, [](PlanAllocator& p) { p.begin_step(); return 0; });
+    program_step(live, stream);
+  }
+  const PlanStats ps = rt.with_plan(0, [](PlanAllocator& p) { return p.plan_stats(); });
+  if (ps.planned != 3 * static_cast<std::int64_t>(trace.size()) || ps.unplanned || ps.deviations)
+    fail("the recorded plan was not followed");
+  rt.with_allocator(0, [](Allocator& a) { a.check_invariants(); return 0; });
+  rt.clear_plan(0);
+  const auto errors = rt.free_errors();
+  if (errors.first) fail("bad frees: " + errors.second);
+  rt.reset();
+  // Everything went back to the driver (the fake counts its bytes).
+  void* fake = dlopen(driver.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  auto counter = fake ? reinterpret_cast<long long (*)(const char*)>(dlsym(fake, "fake_cuda_counter"))
+                      : nullptr;
+  if (!counter) fail("cannot read the fake driver's counters");
+  else if (counter("bytes_in_use") != 0) fail("driver memory leaked");
+  std::printf("cuda_backend_run %s: %d threads x %llu ops, %llu OOMs, plan of %zu slots served %lld "
+              "allocations, %s\n",
+              policy.c_str(), threads, static_cast<unsigned long long>(ops),
+              static_cast<unsigned long long>(ooms.load()), trace.size(),
+              static_cast<long long>(ps.planned), failed ? "FAILED" : "invariants held");
+  return failed ? 1 : 0;
+}
