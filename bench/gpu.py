@@ -232,13 +232,13 @@ def report(meta, rows) -> str:
         "through `waterwave.install_allocator(policy=\"pytorch\")`; `waterwave` the multi-stream "
         "policy; `planned` is `waterwave.optimize(..., strategy=\"greedy\")` with the allocator "
         "installed. Plan statistics per planned run (allocations served from the plan / "
-        "unplanned / deviations over the planned steps):"),
+        "by the online allocator / deviations over the planned steps):"),
     ]
     for name in names:
         pl = by.get((name, "planned"))
         if pl:
             p = pl["plan"]
-            out.append(f"  - {name}: {p['planned']} / {p['unplanned']} / {p['deviations']} over "
+            out.append(f"  - {name}: {p['planned']} / {p['fallback']} / {p['deviations']} over "
                        f"{p['steps']} steps; plan made in {pl['plan_seconds']} s, the recorded "
                        f"step packed in one arena of {tp_status(pl)}.")
     out += [
@@ -295,9 +295,8 @@ def print_table(meta, rows):
         note = ""
         if r["mode"] == "planned":
             p = r["plan"]
-            note = (f"planned {p['planned']}, unplanned {p['unplanned']}, fallback "
-                    f"{p['fallback']}, deviations {p['deviations']}/{p['steps']} "
-                    f"{p['last_deviation'][:70]}")
+            note = (f"planned {p['planned']}, fallback {p['fallback']}, deviations "
+                    f"{p['deviations']}/{p['steps']} {p['last_deviation'][:70]}")
         # a plan allocator's allocated peak leaves out its planned blocks: not comparable
         alloc = "-" if r["mode"] == "planned" else f"{r['peak_allocated'] / MiB:7.0f}"
         print(f"{r['model']:14} {r['mode']:10} {r['peak_reserved'] / MiB:11.0f} MiB "

@@ -134,4 +134,4 @@ def test_planned_trainer_runs_from_the_plan():
     assert out["planned"] == pytest.approx(eager, rel=1e-3)
     st = out["stats"]
     assert st["planned"] == 3 * out["packed"]["allocations"], (st, out["packed"])
-    assert st["unplanned"] == 0 and st["deviations"] == 0, st
+    assert st["fallback"] == 0 and st["deviations"] == 0, st

@@ -24,9 +24,6 @@ py::dict plan_stats_dict(PlanAllocator& plan) {
   d["planned"] = s.planned;
   d["deviations"] = s.deviations;
   d["fallback"] = s.fallback;
-  d["unplanned"] = s.unplanned;
-  d["last_unplanned_index"] = s.last_unplanned_index;
-  d["last_unplanned_bytes"] = s.last_unplanned_bytes;
   d["arena_bytes"] = s.arena_bytes;
   d["planned_live_bytes"] = s.planned_live_bytes;
   d["last_deviation_index"] = s.last_deviation_index;

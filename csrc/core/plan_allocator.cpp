@@ -89,13 +89,12 @@ Addr PlanAllocator::allocate(std::size_t bytes, StreamId stream) {
       const std::size_t rounded = round_to_block(bytes);
       if (k_ >= slots_.size()) {
         deviate("more allocations than the plan has");
-      } else if (stream != stream_ || slots_[k_].size != rounded) {
-        // Not the allocation the plan waits for (a library's workspace, or
-        // work on another stream): served outside the arena, the plan keeps
-        // its place.
-        stats_.unplanned++;
-        stats_.last_unplanned_index = static_cast<std::int64_t>(k_);
-        stats_.last_unplanned_bytes = static_cast<std::int64_t>(rounded);
+      } else if (stream != stream_) {
+        deviate("allocation on stream " + std::to_string(stream) + ", the plan is for stream " +
+                std::to_string(stream_));
+      } else if (slots_[k_].size != rounded) {
+        deviate("allocation " + std::to_string(k_) + " asks for " + std::to_string(rounded) +
+                " bytes, the plan has " + std::to_string(slots_[k_].size));
       } else {
         const Addr addr = arena_ + slots_[k_].offset;
         if (overlaps_live(addr, slots_[k_].size)) {

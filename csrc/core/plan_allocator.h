@@ -1,11 +1,10 @@
 // Replays an offline memory plan: one arena sized by the plan; the k-th
 // allocation of a step gets its planned offset; frees are no-ops for planned
-// blocks. A request of another size than the next slot's, or on another
-// stream, is *unplanned* (on a GPU: a cuDNN workspace the captured graph
-// never saw): the online allocator serves it and the plan waits for its next
-// slot. A deviation (a planned slot still occupied, more requests than the
-// plan has, a step that ends before its plan does) sends the rest of the step
-// to the online allocator; both are counted. A planned block is handed out only if no live
+// blocks. Any deviation (another size, an extra allocation, another stream,
+// a planned slot still occupied, a step that ends before its plan does)
+// sends the rest of the step to an online allocator, and is counted. On a GPU
+// the plan comes from a recorded step (TraceRecorder), so library workspaces
+// are planned allocations like any other. A planned block is handed out only if no live
 // block overlaps it, so a plan that does not match the program can cost
 // memory but never corrupt it.
 #pragma once
@@ -29,9 +28,6 @@ struct PlanStats {
   std::int64_t planned = 0;     // allocations served from the plan
   std::int64_t deviations = 0;  // steps that left the plan
   std::int64_t fallback = 0;    // allocations served by the online allocator
-  std::int64_t unplanned = 0;   // of those, requests no slot was waiting for
-  std::int64_t last_unplanned_index = -1;  // the slot waiting at the last one
-  std::int64_t last_unplanned_bytes = 0;   // its size
   std::int64_t arena_bytes = 0;
   std::int64_t planned_live_bytes = 0;
   std::int64_t last_deviation_index = -1;  // k at the last deviation

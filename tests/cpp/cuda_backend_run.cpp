@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     program_step(live, stream);
   }
   const PlanStats ps = rt.with_plan(0, [](PlanAllocator& p) { return p.plan_stats(); });
-  if (ps.planned != 3 * static_cast<std::int64_t>(trace.size()) || ps.unplanned || ps.deviations)
+  if (ps.planned != 3 * static_cast<std::int64_t>(trace.size()) || ps.fallback || ps.deviations)
     fail("the recorded plan was not followed");
   rt.with_allocator(0, [](Allocator& a) { a.check_invariants(); return 0; });
   rt.clear_plan(0);
