@@ -1,5 +1,6 @@
 """``waterwave.optimize``: training in the planned order gives the same loss
 and parameters as eager PyTorch training."""
+import contextlib
 import copy
 
 import pytest
@@ -142,3 +143,48 @@ def test_a_loss_with_targets_matches_eager():
         torch.testing.assert_close(p2, p1.detach(), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="pass targets= to step"):
         trainer.step(xs[0])
+
+
+@pytest.mark.parametrize("arena_fits", [True, False])
+def test_planned_steps_warm_up_record_then_follow_the_plan(monkeypatch, arena_fits):
+    """The trainer's GPU schedule, with waterwave.cuda stubbed (the real
+    calls are covered by the fake-driver and GPU tests): step 1 warms up,
+    step 2 is recorded and becomes the plan, later steps begin planned
+    steps. An arena that does not fit costs the plan, never a step."""
+    import waterwave as ww
+    from waterwave import cuda
+
+    calls = []
+    monkeypatch.setattr(cuda, "start_recording", lambda device: calls.append("record"))
+    monkeypatch.setattr(cuda, "stop_recording", lambda device: calls.append("stop") or [(512, 0, 1)])
+    monkeypatch.setattr(cuda, "plan_from_trace",
+                        lambda trace: ([(512, 0)], 512, {"bound": 512, "status": "optimal"}))
+
+    def set_plan(slots, arena, device):
+        calls.append("set_plan")
+        if not arena_fits:
+            raise ww.OutOfMemoryError("out of memory: the plan's arena does not fit")
+
+    monkeypatch.setattr(cuda, "set_plan", set_plan)
+    monkeypatch.setattr(cuda, "begin_step", lambda device: calls.append("begin"))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    eager = copy.deepcopy(net)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    x = torch.randn(5, 8)
+    trainer = optimize(net, (x,), lambda out: out.square().mean(),
+                       torch.optim.SGD(net.parameters(), lr=0.1))
+    trainer._plan_device, trainer._loss_to_cpu = 0, True  # as on a GPU with the allocator
+    with pytest.warns(UserWarning, match="without the plan") if not arena_fits else \
+            contextlib.nullcontext():
+        for _ in range(4):
+            opt.zero_grad()
+            loss = eager(x).square().mean()
+            loss.backward()
+            opt.step()
+            torch.testing.assert_close(trainer.step(x), loss.detach())
+    if arena_fits:
+        assert calls == ["record", "stop", "set_plan", "begin", "begin"]
+        assert trainer.trace_plan["status"] == "optimal" and trainer.planned_device == 0
+    else:
+        assert calls == ["record", "stop", "set_plan"] and trainer.planned_device is None

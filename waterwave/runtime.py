@@ -132,17 +132,26 @@ class Trainer:
             device = _cuda_index(self._params)
             if device is not None and cuda.is_installed():
                 self._plan_device = device
+        self._loss_to_cpu = self._plan_device is not None  # see step()
         self._planned_steps = 0  # steps run since the trainer was made, on a GPU plan
         self._recorded = False
         self.trace_plan: dict = {}  # the packing of the recorded step
 
     def _install_recorded_plan(self) -> None:
-        from . import cuda
+        import warnings
+
+        from . import _C, cuda
 
         trace = cuda.stop_recording(self._plan_device)
         slots, arena, info = cuda.plan_from_trace(trace)
-        cuda.set_plan(slots, arena, device=self._plan_device)
         self.trace_plan = {"allocations": len(slots), "arena_bytes": arena, **info}
+        try:
+            cuda.set_plan(slots, arena, device=self._plan_device)
+        except _C.OutOfMemoryError as e:
+            # The step's result is not lost over it: train on without a plan.
+            warnings.warn(f"waterwave: training on without the plan: {e}", stacklevel=3)
+            self._plan_device = None
+            return
         self._recorded = True
 
     @property
@@ -180,7 +189,8 @@ class Trainer:
                 + self._state + scalars + list(inputs))
         if self._plan_device is None:
             with torch.no_grad():
-                return self.module(*flat)
+                loss = self.module(*flat)
+            return loss.to("cpu") if self._loss_to_cpu else loss
         from . import cuda
 
         self._planned_steps += 1
