@@ -10,7 +10,8 @@ applied and results are bit-for-bit those of the same math in program order.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .capture import (
     _state_names,
@@ -31,7 +32,7 @@ def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset())
     Nodes named in ``in_place`` run their operator's in-place overload,
     writing into their first argument (the plan's in-place pairs: that
     argument dies there)."""
-    import torch.fx as fx
+    from torch import fx
 
     old = gm.graph
     by_name = {n.name: n for n in old.nodes}
