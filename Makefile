@@ -9,7 +9,7 @@ CORE_SRC := $(wildcard csrc/core/*.cpp) $(wildcard csrc/device/sim/*.cpp)
 HEADERS := $(wildcard csrc/*/*.h csrc/device/*/*.h)
 PLANNER_SRC := $(wildcard csrc/planner/*.cpp)
 CUDA_SRC := $(wildcard csrc/device/cuda/*.cpp) csrc/bindings/cuda_hooks.cpp
-ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(CUDA_SRC) $(wildcard csrc/bench/*.cpp csrc/bindings/*.cpp)
+ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(wildcard csrc/device/cuda/*.cpp csrc/bench/*.cpp csrc/bindings/*.cpp)
 EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin

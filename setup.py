@@ -21,7 +21,6 @@ sources = sorted(
     + glob.glob("csrc/bindings/*.cpp")
 )
 
-
 extra = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]
 if os.environ.get("WATERWAVE_DEBUG"):
     extra = ["-O0", "-g", "-Wall", "-Wextra"]

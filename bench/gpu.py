@@ -38,10 +38,8 @@ def child(mode: str, name: str, bs: int, steps: int) -> dict:
     from waterwave import cuda as wc
     from waterwave import models
 
-    if mode in ("pytorch", "waterwave"):
-        ww.install_allocator(policy=mode)
-    elif mode == "planned":
-        ww.install_allocator(policy="waterwave")
+    if mode != "native":
+        ww.install_allocator(policy="waterwave" if mode == "planned" else mode)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.manual_seed(0)

@@ -19,6 +19,7 @@ import pytest
 import waterwave as ww
 import waterwave.cuda as wc
 from waterwave import _C
+from waterwave.allocator import split_policy
 
 MiB = 1024**2
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,9 +221,17 @@ def test_configuration_is_checked_and_frozen_once_used(fake, monkeypatch):
 
 
 def test_split_policy_keeps_bracketed_values():
-    assert wc.split_policy("roundup_power2_divisions:[256:1,>:4],policy:pytorch") == (
+    assert split_policy("roundup_power2_divisions:[256:1,>:4],policy:pytorch") == (
         "pytorch", "roundup_power2_divisions:[256:1,>:4]")
-    assert wc.split_policy("") == (None, "")
+    assert split_policy("") == (None, "")
+
+
+def test_the_env_policy_serves_the_simulator_too(monkeypatch):
+    """One WATERWAVE_ALLOC_CONF for both: its policy entry is not a config key."""
+    monkeypatch.setenv("WATERWAVE_ALLOC_CONF", "policy:pytorch,max_split_size_mb:200")
+    a = ww.Allocator()
+    assert a.policy == "pytorch" and "max_split_size_mb:200" in a.config
+    assert ww.Allocator("waterwave").policy == "waterwave"  # an argument wins
 
 
 def test_plan_on_the_cuda_backend(fake):

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from . import _C
 
@@ -47,31 +49,55 @@ def parse_config(config: str) -> str:
     return _C.parse_config(config)
 
 
-def _prepare(policy: str, device, config, role: str = "allocator policy"):
-    """Check the policy name; default the device and the config (from the env)."""
+def split_policy(config: str) -> tuple[str | None, str]:
+    """Take the ``policy:NAME`` entry out of a config string:
+    ``"policy:pytorch,max_split_size_mb:200"`` → ``("pytorch", "max_split_size_mb:200")``."""
+    policy, rest = None, []
+    for entry in re.split(r",(?![^\[]*\])", config):  # commas inside [...] belong to a value
+        key, _, value = entry.partition(":")
+        if key.strip() == "policy":
+            policy = value.strip()
+        elif entry.strip():
+            rest.append(entry.strip())
+    return policy, ",".join(rest)
+
+
+def resolve_settings(policy: str | None, config: str | None,
+                     role: str = "allocator policy") -> tuple[str, str]:
+    """The policy and config string to use. The config is the argument, else
+    ``WATERWAVE_ALLOC_CONF``; its ``policy:`` entry picks the policy unless
+    the argument does; the default is ``waterwave``."""
+    config_policy, config = split_policy(os.environ.get(ENV_VAR, "") if config is None else config)
+    policy = policy or config_policy or "waterwave"
     if policy not in POLICIES:
-        raise _C.ConfigError(f"unknown {role} {policy!r}: choose one of {', '.join(POLICIES)}")
+        raise _C.ConfigError(f"unknown {role} {policy!r}: choose one of {', '.join(POLICIES)} "
+                             f"(in {ENV_VAR} write e.g. policy:waterwave)")
+    return policy, config
+
+
+def _prepare(policy: str | None, device, config, role: str = "allocator policy"):
+    """Resolve the policy and config (see resolve_settings); default the device."""
+    policy, config = resolve_settings(policy, config, role)
     if device is None:
         device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
-    if config is None:
-        config = os.environ.get(ENV_VAR, "")
-    return device, config
+    return policy, device, config
 
 
 class Allocator:
     """A caching allocator policy over a device.
 
     ``policy``: ``"waterwave"`` (the multi-stream allocator of the Waterwave
-    paper) or ``"pytorch"`` (PyTorch 2.14's native caching policy).
+    paper) or ``"pytorch"`` (PyTorch 2.14's native caching policy); when
+    omitted, the ``policy:`` entry of ``WATERWAVE_ALLOC_CONF``, else waterwave.
     ``device``: a ``SimDevice``; by default a 16 GiB simulated GPU.
     ``config``: a PYTORCH_CUDA_ALLOC_CONF-style string; when omitted the
     ``WATERWAVE_ALLOC_CONF`` environment variable is read. Keyword arguments
     (``max_split_size_mb=200`` ...) are applied on top.
     """
 
-    def __init__(self, policy: str = "waterwave", device: _C.SimDevice | None = None,
+    def __init__(self, policy: str | None = None, device: _C.SimDevice | None = None,
                  config: str | None = None, **kwargs: Any) -> None:
-        device, config = _prepare(policy, device, config)
+        policy, device, config = _prepare(policy, device, config)
         self._a = _C._Allocator(policy, device, config_string(config, **kwargs))
         self.device = device
 
@@ -162,7 +188,7 @@ class PlanAllocator(Allocator):
     def __init__(self, plan, device: _C.SimDevice | None = None, fallback: str = "waterwave",
                  stream: int = 0, config: str | None = None, arena: int | None = None,
                  graph=None, **kwargs: Any) -> None:
-        device, config = _prepare(fallback, device, config, role="fallback policy")
+        fallback, device, config = _prepare(fallback, device, config, role="fallback policy")
         if isinstance(plan, (list, tuple)):
             slots = [(int(s), int(o)) for s, o in plan]
             if arena is None:

@@ -19,11 +19,10 @@ same keys and Waterwave's own.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any
 
 from . import _C
-from .allocator import ENV_VAR, POLICIES, config_string
+from .allocator import config_string, resolve_settings
 
 MALLOC = "waterwave_cuda_malloc"
 FREE = "waterwave_cuda_free"
@@ -33,44 +32,12 @@ EMPTY_CACHE = "waterwave_cuda_empty_cache"
 _installed: Any = None  # the torch allocator object, kept alive for the process
 
 
-def split_policy(config: str) -> tuple[str | None, str]:
-    """Take the ``policy:NAME`` entry out of a config string:
-    ``"policy:pytorch,max_split_size_mb:200"`` → ``("pytorch", "max_split_size_mb:200")``."""
-    policy = None
-    rest = []
-    depth = 0
-    item = ""
-    items = []
-    for ch in config:  # commas inside [...] belong to a value
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            items.append(item)
-            item = ""
-        else:
-            item += ch
-    items.append(item)
-    for entry in items:
-        key, _, value = entry.partition(":")
-        if key.strip() == "policy":
-            policy = value.strip()
-        elif entry.strip():
-            rest.append(entry.strip())
-    return policy, ",".join(rest)
-
-
 def configure(policy: str | None = None, config: str | None = None, driver: str | None = None,
               **kwargs: Any) -> dict:
     """Set the policy and configuration the CUDA allocators are created with
     (they are created at each device's first allocation). Returns the
     settings. Refused once memory has been allocated."""
-    if config is None:
-        config = os.environ.get(ENV_VAR, "")
-    env_policy, config = split_policy(config)
-    policy = policy or env_policy or "waterwave"
-    if policy not in POLICIES:
-        raise _C.ConfigError(f"unknown allocator policy {policy!r}: choose one of "
-                             f"{', '.join(POLICIES)} (in {ENV_VAR} write e.g. policy:waterwave)")
+    policy, config = resolve_settings(policy, config)
     _C.cuda_configure(policy, config_string(config, **kwargs), driver or "")
     return _C.cuda_settings()
 

@@ -65,12 +65,8 @@ void CudaRuntime::reset() {
                         " allocated; free every tensor first");
     }
   }
-  for (auto& slot : devices_) {
-    std::unique_ptr<PerDevice> d(slot.exchange(nullptr));
-    if (!d) continue;
-    d->plan.reset();
-    d->online->empty_cache();
-  }
+  // Destroying a device's state gives its arena and segments back.
+  for (auto& slot : devices_) delete slot.exchange(nullptr);
 }
 
 Addr CudaRuntime::allocate(std::size_t bytes, int device, StreamId stream) {
@@ -219,12 +215,11 @@ void CudaRuntime::note_free_error(const std::string& what) {
 }  // namespace waterwave::cuda
 
 using waterwave::Addr;
-using waterwave::StreamId;
 using waterwave::cuda::CudaRuntime;
+using waterwave::cuda::stream_id;
 
 void* waterwave_cuda_malloc(std::size_t size, int device, void* stream) {
-  return reinterpret_cast<void*>(CudaRuntime::get().allocate(
-      size, device, static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(stream))));
+  return reinterpret_cast<void*>(CudaRuntime::get().allocate(size, device, stream_id(stream)));
 }
 
 void waterwave_cuda_free(void* ptr, std::size_t, int device, void*) {
@@ -239,8 +234,7 @@ void waterwave_cuda_free(void* ptr, std::size_t, int device, void*) {
 }
 
 void waterwave_cuda_record_stream(void* ptr, void* stream) {
-  CudaRuntime::get().record_stream(reinterpret_cast<Addr>(ptr),
-                                   static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(stream)));
+  CudaRuntime::get().record_stream(reinterpret_cast<Addr>(ptr), stream_id(stream));
 }
 
 void waterwave_cuda_empty_cache() { CudaRuntime::get().empty_cache(); }

@@ -34,6 +34,14 @@ WATERWAVE_EXPORT void waterwave_cuda_empty_cache();
 
 namespace waterwave::cuda {
 
+// A cudaStream_t as the core's opaque stream handle, and back.
+inline StreamId stream_id(void* stream) {
+  return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(stream));
+}
+inline void* stream_handle(StreamId stream) {
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream));
+}
+
 // Process-wide state behind the entry points.
 class CudaRuntime {
  public:

@@ -39,7 +39,6 @@ std::vector<PlanSlot> to_slots(const std::vector<std::pair<std::size_t, std::siz
   return ps;
 }
 
-
 // An allocator bound to its device; keeps the device alive and, on the
 // simulated device, reports every hand-out to the hazard detector.
 class BoundAllocator {
@@ -120,73 +119,70 @@ py::dict hazard_dict(const Hazard& h) {
 // The allocator on real GPUs (cuda_hooks.h): what PyTorch reaches through the
 // exported C entry points, Python reaches here.
 void bind_cuda(py::module_& m) {
-  using cuda::CudaRuntime;
-  auto rt = [] () -> CudaRuntime& { return CudaRuntime::get(); };
-  m.def("cuda_configure", [rt](const std::string& policy, const std::string& config,
-                               const std::string& driver) { rt().configure(policy, config, driver); },
+  using cuda::stream_handle;
+  cuda::CudaRuntime& rt = cuda::CudaRuntime::get();  // never destroyed
+  m.def("cuda_configure", [&rt](const std::string& policy, const std::string& config,
+                               const std::string& driver) { rt.configure(policy, config, driver); },
         py::arg("policy"), py::arg("config") = "", py::arg("driver") = "");
-  m.def("cuda_reset", [rt]() { rt().reset(); }, py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_devices", [rt]() { return rt().devices(); });
-  m.def("cuda_settings", [rt]() {
+  m.def("cuda_reset", [&rt]() { rt.reset(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_devices", [&rt]() { return rt.devices(); });
+  m.def("cuda_settings", [&rt]() {
     py::dict d;
-    d["policy"] = rt().policy();
-    d["config"] = rt().config();
-    d["driver"] = rt().driver_path();
+    d["policy"] = rt.policy();
+    d["config"] = rt.config();
+    d["driver"] = rt.driver_path();
     return d;
   });
-  m.def("cuda_stats", [rt](int device) {
-    return rt().with_allocator(device, [](Allocator& a) {
+  m.def("cuda_stats", [&rt](int device) {
+    return rt.with_allocator(device, [](Allocator& a) {
       return stats_dict(a.stats(), a.policy() == "pytorch");
     });
   }, py::arg("device"));
-  m.def("cuda_reset_peak_stats", [rt](int device) {
-    rt().with_allocator(device, [](Allocator& a) { a.reset_peak_stats(); return 0; });
+  m.def("cuda_reset_peak_stats", [&rt](int device) {
+    rt.with_allocator(device, [](Allocator& a) { a.reset_peak_stats(); });
   }, py::arg("device"));
-  m.def("cuda_check_invariants", [rt](int device) {
-    rt().with_allocator(device, [](Allocator& a) { a.check_invariants(); return 0; });
+  m.def("cuda_check_invariants", [&rt](int device) {
+    rt.with_allocator(device, [](Allocator& a) { a.check_invariants(); });
   }, py::arg("device"));
-  m.def("cuda_sync_and_coalesce", [rt](int device) {
-    rt().with_allocator(device, [](Allocator& a) { a.sync_and_coalesce(); return 0; });
+  m.def("cuda_sync_and_coalesce", [&rt](int device) {
+    rt.with_allocator(device, [](Allocator& a) { a.sync_and_coalesce(); });
   }, py::arg("device"), py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_empty_cache", [rt]() { rt().empty_cache(); }, py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_set_plan", [rt](int device, const std::vector<std::pair<std::size_t, std::size_t>>& slots,
+  m.def("cuda_empty_cache", [&rt]() { rt.empty_cache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("cuda_set_plan", [&rt](int device, const std::vector<std::pair<std::size_t, std::size_t>>& slots,
                              std::size_t arena, StreamId stream) {
-    rt().set_plan(device, to_slots(slots), arena, stream);
+    rt.set_plan(device, to_slots(slots), arena, stream);
   }, py::arg("device"), py::arg("slots"), py::arg("arena"), py::arg("stream"),
      py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_clear_plan", [rt](int device) { rt().clear_plan(device); }, py::arg("device"),
+  m.def("cuda_clear_plan", [&rt](int device) { rt.clear_plan(device); }, py::arg("device"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_start_recording", [rt](int device, StreamId stream) { rt().start_recording(device, stream); },
+  m.def("cuda_start_recording", [&rt](int device, StreamId stream) { rt.start_recording(device, stream); },
         py::arg("device"), py::arg("stream"));
-  m.def("cuda_stop_recording", [rt](int device) {
+  m.def("cuda_stop_recording", [&rt](int device) {
     py::list out;
-    for (const TracedBlock& b : rt().stop_recording(device))
+    for (const TracedBlock& b : rt.stop_recording(device))
       out.append(py::make_tuple(b.size, b.allocated, b.freed));
     return out;
   }, py::arg("device"), "The recorded blocks in allocation order: (size, allocated, freed or -1).");
-  m.def("cuda_has_plan", [rt](int device) { return rt().has_plan(device); }, py::arg("device"));
-  m.def("cuda_begin_step", [rt](int device) {
-    rt().with_plan(device, [](PlanAllocator& p) { p.begin_step(); return 0; });
+  m.def("cuda_has_plan", [&rt](int device) { return rt.has_plan(device); }, py::arg("device"));
+  m.def("cuda_begin_step", [&rt](int device) {
+    rt.with_plan(device, [](PlanAllocator& p) { p.begin_step(); });
   }, py::arg("device"));
-  m.def("cuda_plan_stats", [rt](int device) {
-    return rt().with_plan(device, [](PlanAllocator& p) { return plan_stats_dict(p); });
+  m.def("cuda_plan_stats", [&rt](int device) {
+    return rt.with_plan(device, [](PlanAllocator& p) { return plan_stats_dict(p); });
   }, py::arg("device"));
   // The entry points PyTorch calls, callable from Python too (errors become
   // exceptions here, where through PyTorch they become RuntimeError).
   m.def("cuda_malloc", [](std::size_t size, int device, StreamId stream) {
-    return reinterpret_cast<Addr>(
-        waterwave_cuda_malloc(size, device, reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream))));
+    return reinterpret_cast<Addr>(waterwave_cuda_malloc(size, device, stream_handle(stream)));
   }, py::arg("size"), py::arg("device"), py::arg("stream"), py::call_guard<py::gil_scoped_release>());
   m.def("cuda_free", [](Addr ptr, std::size_t size, int device, StreamId stream) {
-    waterwave_cuda_free(reinterpret_cast<void*>(ptr), size, device,
-                        reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream)));
+    waterwave_cuda_free(reinterpret_cast<void*>(ptr), size, device, stream_handle(stream));
   }, py::arg("ptr"), py::arg("size"), py::arg("device"), py::arg("stream"),
      py::call_guard<py::gil_scoped_release>());
   m.def("cuda_record_stream", [](Addr ptr, StreamId stream) {
-    waterwave_cuda_record_stream(reinterpret_cast<void*>(ptr),
-                                 reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream)));
+    waterwave_cuda_record_stream(reinterpret_cast<void*>(ptr), stream_handle(stream));
   }, py::arg("ptr"), py::arg("stream"), py::call_guard<py::gil_scoped_release>());
-  m.def("cuda_free_errors", [rt]() { return rt().free_errors(); },
+  m.def("cuda_free_errors", [&rt]() { return rt.free_errors(); },
         "(count, last message) of problems the free hook met; it cannot raise into PyTorch.");
 }
 

@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   // correct whatever the lifetimes) and serves the next steps.
   void* stream = stream_of(0);
   std::vector<void*> live;
-  rt.start_recording(0, reinterpret_cast<StreamId>(stream));
+  rt.start_recording(0, cuda::stream_id(stream));
   program_step(live, stream);
   std::vector<TracedBlock> trace = rt.stop_recording(0);
   std::vector<PlanSlot> slots;
@@ -149,15 +149,15 @@ int main(int argc, char** argv) {
     slots.push_back({b.size, arena});
     arena += b.size;
   }
-  rt.set_plan(0, slots, arena, reinterpret_cast<StreamId>(stream));
+  rt.set_plan(0, slots, arena, cuda::stream_id(stream));
   for (int step = 0; step < 3; ++step) {
-    rt.with_plan(0, [](PlanAllocator& p) { p.begin_step(); return 0; });
+    rt.with_plan(0, [](PlanAllocator& p) { p.begin_step(); });
     program_step(live, stream);
   }
   const PlanStats ps = rt.with_plan(0, [](PlanAllocator& p) { return p.plan_stats(); });
   if (ps.planned != 3 * static_cast<std::int64_t>(trace.size()) || ps.fallback || ps.deviations)
     fail("the recorded plan was not followed");
-  rt.with_allocator(0, [](Allocator& a) { a.check_invariants(); return 0; });
+  rt.with_allocator(0, [](Allocator& a) { a.check_invariants(); });
   rt.clear_plan(0);
   const auto errors = rt.free_errors();
   if (errors.first) fail("bad frees: " + errors.second);
