@@ -12,9 +12,11 @@ process), the same seeded training step (SGD with momentum) runs under:
   planned    Waterwave with the trainer of waterwave.optimize: the greedy
              plan's order; step 1 warms up, step 2 is recorded and packed,
              later steps are served from that plan's arena;
-and a capture process compares the graph captured with CUDA fake tensors
-against the CPU capture the planner uses, and replays each through the
-simulated pytorch policy. Prints a table and writes JSON. Needs a GPU.
+and a capture process captures the model three ways: on the CPU with the
+CPU's kernels, on the CPU with the CUDA kernels the planner emulates
+(waterwave.cuda_kernels), and on the GPU itself; it replays each through the
+simulated pytorch policy and says whether the emulated graph is the GPU's.
+Prints a table and writes JSON. Needs a GPU.
 """
 import argparse
 import json
@@ -108,13 +110,15 @@ def capture_child(name: str, bs: int) -> dict:
     from waterwave.planner.baseline import replay
 
     out = {"mode": "capture", "model": name, "batch_size": bs}
-    for device in ("cpu", "cuda"):
+    # (label, where the model lives, whose kernels the graph records)
+    for label, device, kernels in (("cpu", "cpu", "cpu"), ("emulated", "cpu", "cuda"),
+                                   ("cuda", "cuda", "cuda")):
         torch.manual_seed(0)
         net, inputs, loss_fn = models.build(name, bs, device=device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-        g = capture(net, inputs, loss_fn, opt, name=f"{name}-{device}")
+        g = capture(net, inputs, loss_fn, opt, name=f"{name}-{label}", kernels=kernels)
         ops = collections.Counter(n.op for n in g.nodes)
-        out[device] = {
+        out[label] = {
             "nodes": len(g.nodes),
             "tensors": len(g.tensors),
             "transient_bytes": sum(t.size for t in g.tensors if not t.persistent),
@@ -124,10 +128,14 @@ def capture_child(name: str, bs: int) -> dict:
         }
         del net, opt
         torch.cuda.empty_cache()
-    cpu, gpu = out["cpu"]["ops"], out["cuda"]["ops"]
+    cpu, gpu, emulated = out["cpu"]["ops"], out["cuda"]["ops"], out["emulated"]["ops"]
     out["ops_only_cpu"] = sorted(set(cpu) - set(gpu))
     out["ops_only_cuda"] = sorted(set(gpu) - set(cpu))
-    for d in ("cpu", "cuda"):
+    # Batch norm is left to the CPU's kernel on purpose (cuDNN's keeps the same bytes).
+    out["emulated_ops_not_on_cuda"] = sorted(set(emulated) - set(gpu))
+    out["emulated_same_bytes"] = all(out["emulated"][k] == out["cuda"][k]
+                                     for k in ("transient_bytes", "simulated_baseline_peak"))
+    for d in ("cpu", "emulated", "cuda"):
         del out[d]["ops"]
     return out
 
@@ -243,21 +251,27 @@ def report(meta, rows) -> str:
         "",
         "## What the CPU capture predicts",
         "",
-        ("The planner captures the step with fake tensors on the CPU. Here the same model is "
-        "also captured with CUDA fake tensors, and both graphs are replayed through the "
+        ("The planner captures the step with fake tensors on the CPU, by default with the "
+        "kernels a CUDA device runs (`waterwave/cuda_kernels.py`; a '-' marks a run made "
+        "before that existed). Here the same model is also captured with the CPU's kernels and "
+        "with CUDA fake tensors on the GPU, and every graph is replayed through the "
         "simulated `pytorch` policy (program order), against what native PyTorch reserved "
         "and allocated in eager training (steps 3 onwards; its reserved memory never shrinks, "
-        "so that is also the whole run's)."),
+        "so that is also the whole run's). `tests/test_cuda_kernels.py` checks on the CPU that "
+        "the emulated capture reproduces this run's CUDA captures."),
         "",
-        ("| model | simulated, CPU capture MiB | simulated, CUDA capture MiB | native reserved / "
-        "allocated MiB (steps 3..) | operators only on CUDA |"),
-        "|---|---|---|---|---|",
+        ("| model | simulated, CPU capture MiB | simulated, CPU capture with CUDA kernels MiB | "
+         "simulated, CUDA capture MiB | native reserved / allocated MiB (steps 3..) | "
+         "operators only on CUDA |"),
+        "|---|---|---|---|---|---|",
     ]
     for name in names:
         c, nat = by.get((name, "capture")), by.get((name, "native"))
         if not (c and nat):
             continue
-        out.append(f"| {name} | {_mib(c['cpu']['simulated_baseline_peak'])} | "
+        # runs from before the emulation existed have no "emulated" capture
+        emulated = _mib(c["emulated"]["simulated_baseline_peak"]) if "emulated" in c else "-"
+        out.append(f"| {name} | {_mib(c['cpu']['simulated_baseline_peak'])} | {emulated} | "
                    f"{_mib(c['cuda']['simulated_baseline_peak'])} | {_mib(nat['peak_reserved'])} / "
                    f"{_mib(nat['peak_allocated'])} | "
                    f"{', '.join(o.replace('aten.', '') for o in c['ops_only_cuda'])} |")
@@ -284,7 +298,8 @@ def print_table(meta, rows):
             c, g = r["cpu"], r["cuda"]
             print(f"{r['model']:14} capture    cpu {c['nodes']} nodes, sim peak "
                   f"{c['simulated_baseline_peak'] / MiB:.0f} MiB; cuda {g['nodes']} nodes, sim peak "
-                  f"{g['simulated_baseline_peak'] / MiB:.0f} MiB; only cuda: "
+                  f"{g['simulated_baseline_peak'] / MiB:.0f} MiB; emulated same bytes: "
+                  f"{r.get('emulated_same_bytes', '-')}; only cuda: "
                   f"{','.join(r['ops_only_cuda'])[:60]}")
             continue
         base = native.get(r["model"])

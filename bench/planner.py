@@ -3,7 +3,10 @@
 and the greedy, mxnet, paddle and model plans (peak, gap, time).
 
     python bench/planner.py [--models a,b] [--batch-sizes 1,32] [--time-limit 30]
-        [--out bench/results/planner.json]
+        [--kernels cuda|cpu] [--out bench/results/planner.json]
+
+Steps are captured with the kernels a CUDA device runs (the default) or with
+the CPU's (--kernels cpu).
 
 Writes JSON; bench/planner_report.py turns it into planner.md and a chart.
 Captured graphs are cached under bench/results/graphs/ (not committed).
@@ -24,19 +27,19 @@ from waterwave.planner import check_plan, plan  # noqa: E402
 from waterwave.planner.baseline import replay  # noqa: E402
 
 
-def graph_for(name, bs, cache):
+def graph_for(name, bs, cache, kernels):
     import torch
 
     from waterwave.capture import capture
 
-    path = os.path.join(cache, f"{name}-bs{bs}.json")
+    path = os.path.join(cache, f"{name}-bs{bs}-{kernels}.json")
     timing = path + ".seconds"
     if os.path.exists(path) and os.path.exists(timing):
         return Graph.load(path), float(open(timing).read())
     net, inputs, loss = models.build(name, bs)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     t = time.time()
-    g = capture(net, inputs, loss, opt, name=f"{name}-bs{bs}")
+    g = capture(net, inputs, loss, opt, name=f"{name}-bs{bs}", kernels=kernels)
     took = time.time() - t
     g.save(path)
     with open(timing, "w") as f:
@@ -49,13 +52,17 @@ def main():
     ap.add_argument("--models", default=",".join(models.names()))
     ap.add_argument("--batch-sizes", default="1,32")
     ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--kernels", choices=["cuda", "cpu"], default="cuda",
+                    help="whose kernels the captured steps record (see waterwave.cuda_kernels)")
     ap.add_argument("--out", default="bench/results/planner.json")
     args = ap.parse_args()
     cache = os.path.join(os.path.dirname(args.out), "graphs")
     os.makedirs(cache, exist_ok=True)
     rows = []
     if os.path.exists(args.out):
-        rows = json.load(open(args.out)).get("rows", [])
+        previous = json.load(open(args.out))
+        if previous.get("kernels", "cpu") == args.kernels:  # else start afresh
+            rows = previous.get("rows", [])
     done = {(r["model"], r["batch_size"]) for r in rows}
     for name in args.models.split(","):
         for bs in [int(b) for b in args.batch_sizes.split(",")]:
@@ -63,7 +70,7 @@ def main():
                 continue
             row = {"model": name, "batch_size": bs}
             try:
-                g, took = graph_for(name, bs, cache)
+                g, took = graph_for(name, bs, cache, args.kernels)
                 row.update(nodes=len(g.nodes), tensors=len(g.tensors), capture_seconds=round(took, 2),
                            persistent_bytes=g.persistent_bytes())
                 base = replay(g)
@@ -85,7 +92,7 @@ def main():
                 traceback.print_exc()
             rows.append(row)
             print(json.dumps(row), flush=True)
-            json.dump({"rows": rows, "time_limit": args.time_limit,
+            json.dump({"rows": rows, "time_limit": args.time_limit, "kernels": args.kernels,
                        "where": {"processor": platform.processor() or platform.machine(),
                                  "cores": os.cpu_count()},
                        "date": time.strftime("%Y-%m-%d")}, open(args.out, "w"), indent=1)

@@ -76,6 +76,18 @@ def test_plan_a_torchvision_model_with_table_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 10_000
 
 
+def test_plan_records_whose_kernels_it_captured(tmp_path, capsys):
+    pytest.importorskip("torchvision")
+    from waterwave.graph import Graph
+
+    for kernels in ("cuda", "cpu"):
+        graph = tmp_path / f"{kernels}.json"
+        args = ["plan", "resnet18", "--strategy", "greedy", "--json", "--save-graph", str(graph)]
+        assert cli.main(args + (["--kernels", kernels] if kernels == "cpu" else [])) == 0
+        assert json.loads(capsys.readouterr().out)["kernels"] == kernels
+        assert Graph.load(graph).meta["kernels"] == kernels
+
+
 def test_plan_unknown_model_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model 'resnet1000'"):
         cli.main(["plan", "resnet1000", "--json"])

@@ -26,9 +26,11 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Sequence
 
+from .cuda_kernels import cuda_kernels
 from .graph import Graph, round_size
 
 SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
@@ -217,19 +219,45 @@ def as_tuple(xs) -> tuple:
     return (xs,) if isinstance(xs, torch.Tensor) else tuple(xs)
 
 
+KERNELS = ("cuda", "cpu")
+
+
+def model_device(model, example_inputs) -> str:
+    """The device type ("cpu", "cuda") of the model's tensors, else its inputs'."""
+    torch = _torch()
+    for t in (*model.parameters(), *model.buffers(), *example_inputs):
+        if isinstance(t, torch.Tensor):
+            return t.device.type
+    return "cpu"
+
+
 def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None,
-            optimizer=None, name: str | None = None, targets=None) -> Graph:
+            optimizer=None, name: str | None = None, targets=None,
+            kernels: str = "cuda") -> Graph:
     """Record one training step of ``model`` as a Graph, with fake tensors.
     The loss is ``loss_fn(model(*example_inputs), *targets)``; ``targets``
-    (one tensor or several, e.g. class labels) are optional."""
+    (one tensor or several, e.g. class labels) are optional.
+
+    ``kernels`` is the device whose operators the graph records: "cuda"
+    (the default; for a model on the CPU, dropout and attention take the
+    kernels a CUDA device runs, see ``waterwave.cuda_kernels``) or "cpu"
+    (a model on the CPU, as the CPU runs it)."""
     torch = _torch()
 
+    if kernels not in KERNELS:
+        raise CaptureError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     example_inputs = as_tuple(example_inputs)
-    gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer,
-                                              as_tuple(targets))
-    meta = {"optimizer": type(optimizer).__name__,
+    device = model_device(model, example_inputs)
+    if kernels == "cpu" and device != "cpu":
+        raise CaptureError(f"kernels='cpu' records a model on the CPU, and this one is on "
+                           f"{device}: move it with model.cpu(), or capture with kernels='{device}'")
+    emulate = kernels == "cuda" and device == "cpu"
+    with cuda_kernels() if emulate else contextlib.nullcontext():
+        gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer,
+                                                  as_tuple(targets))
+    meta = {"optimizer": type(optimizer).__name__, "kernels": kernels,
             "input_shapes": [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]}
     return graph_from_trace(gm, roles, names, grads_seen, name or type(model).__name__, meta)
 

@@ -71,7 +71,7 @@ def _demo(args) -> int:
     return 0
 
 
-def _load_or_capture(model: str, batch_size: int, optimizer: str, progress):
+def _load_or_capture(model: str, batch_size: int, optimizer: str, kernels: str, progress):
     from .graph import Graph
 
     if model.endswith(".json"):
@@ -84,8 +84,9 @@ def _load_or_capture(model: str, batch_size: int, optimizer: str, progress):
     net, inputs, loss = models.build(model, batch_size)
     opt = (torch.optim.Adam(net.parameters(), lr=1e-3) if optimizer == "adam"
            else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
-    task = progress.add_task(f"capturing {model} (batch {batch_size}) with fake tensors", total=None)
-    g = capture(net, inputs, loss, opt, name=f"{model}-bs{batch_size}")
+    task = progress.add_task(f"capturing {model} (batch {batch_size}, {kernels} kernels) with fake "
+                             "tensors", total=None)
+    g = capture(net, inputs, loss, opt, name=f"{model}-bs{batch_size}", kernels=kernels)
     progress.remove_task(task)
     return g
 
@@ -101,7 +102,7 @@ def _plan(args) -> int:
     console = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=True, disable=args.json) as progress:
-        g = _load_or_capture(args.model, args.batch_size, args.optimizer, progress)
+        g = _load_or_capture(args.model, args.batch_size, args.optimizer, args.kernels, progress)
         if args.save_graph:
             g.save(args.save_graph)
         task = progress.add_task("replaying program order through the pytorch policy", total=None)
@@ -118,6 +119,7 @@ def _plan(args) -> int:
         plan_memory(g, p, base.peak_reserved, args.plot)
     result = {
         "model": g.name, "nodes": len(g.nodes), "tensors": len(g.tensors),
+        "kernels": g.meta.get("kernels", "cpu"),  # graphs saved before kernels= were the CPU's
         "strategy": p.strategy, "status": p.status,
         "baseline_peak_bytes": base.peak_reserved,
         "baseline_allocated_peak_bytes": base.peak_allocated,
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                            "(0 to insist on a proof of optimality)")
     plan.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
                       help="optimizer in the captured step (SGD with momentum, or Adam)")
+    plan.add_argument("--kernels", choices=["cuda", "cpu"], default="cuda",
+                      help="record the kernels a CUDA device runs (dropout, attention), or the CPU's")
     plan.add_argument("--out", help="write the plan JSON here")
     plan.add_argument("--save-graph", help="write the captured graph JSON here")
     plan.add_argument("--plot", help="draw memory over time to this PNG")

@@ -23,6 +23,9 @@ JSON format (``format: "waterwave-graph"``, ``version: 1``)::
                 "inputs": [0, 1], "outputs": [2], "mutates": [], "deps": [],
                 "inplace_ok": [0]}, ...]}
 
+``meta`` says how the step was captured: ``optimizer``, ``input_shapes`` and
+``kernels``, the device whose operators the graph records (``cuda`` or
+``cpu``; graphs saved before it was recorded are ``cpu``).
 ``kind`` is one of ``input``, ``param``, ``buffer``, ``grad``,
 ``optimizer_state``, ``activation``. ``inplace_ok`` lists inputs that the
 operator could overwrite with its output (pointwise operators of equal size,

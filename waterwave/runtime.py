@@ -19,6 +19,7 @@ from .capture import (
     as_tuple,
     graph_from_trace,
     inplace_variant,
+    model_device,
     trace_step,
     trained_parameters,
 )
@@ -104,10 +105,12 @@ class Trainer:
         self.optimizer = optimizer
         example_targets = as_tuple(example_targets)
         self._takes_targets = bool(example_targets)
+        # The step runs what it traced, so it records its own device's kernels.
         gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer,
                                              example_targets)
+        kernels = model_device(model, example_inputs)
         self.graph = graph_from_trace(gm, roles, names, grads, type(model).__name__,
-                                      {"optimizer": type(optimizer).__name__})
+                                      {"optimizer": type(optimizer).__name__, "kernels": kernels})
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
         check_plan(self.graph, self.plan)
         order_names = [self.graph.nodes[v].name for v in self.plan.order]
