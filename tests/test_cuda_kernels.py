@@ -56,6 +56,42 @@ def test_the_override_ends_with_the_capture():
     torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q), ref)
 
 
+def test_captures_nest():
+    model, x = encoder()
+    with cuda_kernels():
+        assert CUDA_OPS <= ops(model, x)  # the override is in place already: no deadlock
+        with FakeTensorMode():
+            q = torch.randn(2, 4, 16, 8, requires_grad=True)
+            assert F.scaled_dot_product_attention(q, q, q).shape == q.shape
+        with pytest.raises(CaptureError, match="inside cuda_kernels"):
+            ops(model, x, kernels="cpu")  # the override cannot be lifted here
+    assert CPU_OPS <= ops(model, x, kernels="cpu")
+
+
+def test_a_cpu_capture_waits_for_another_threads_cuda_capture():
+    import threading
+
+    model, x = encoder()
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def emulate():
+        with cuda_kernels():
+            inside.set()
+            release.wait(10)
+
+    other = threading.Thread(target=emulate)
+    other.start()
+    inside.wait(10)
+    worker = threading.Thread(target=lambda: seen.update(ops=ops(model, x, kernels="cpu")))
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive()  # blocked while the other thread's override is in place
+    release.set()
+    worker.join(30)
+    other.join(10)
+    assert CPU_OPS <= seen["ops"] and not CUDA_OPS & seen["ops"]
+
+
 def test_real_tensors_meeting_the_override_get_the_same_results():
     q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
     mask = torch.rand(16, 16) > 0.3

@@ -26,11 +26,10 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable, Sequence
 
-from .cuda_kernels import cuda_kernels
+from .cuda_kernels import cuda_kernels, emulating, own_kernels
 from .graph import Graph, round_size
 
 SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
@@ -254,7 +253,10 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
         raise CaptureError(f"kernels='cpu' records a model on the CPU, and this one is on "
                            f"{device}: move it with model.cpu(), or capture with kernels='{device}'")
     emulate = kernels == "cuda" and device == "cpu"
-    with cuda_kernels() if emulate else contextlib.nullcontext():
+    if not emulate and emulating():
+        raise CaptureError(f"kernels='{kernels}' asks for PyTorch's own kernels, and this "
+                           "capture runs inside cuda_kernels(): leave that block first")
+    with cuda_kernels() if emulate else own_kernels():
         gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer,
                                                   as_tuple(targets))
     meta = {"optimizer": type(optimizer).__name__, "kernels": kernels,

@@ -28,7 +28,15 @@ from __future__ import annotations
 import contextlib
 import threading
 
+# One override at a time, process-wide; a nested capture in the same thread
+# finds it in place.
 _lock = threading.Lock()
+_here = threading.local()
+
+
+def emulating() -> bool:
+    """Whether this thread is inside ``cuda_kernels()``."""
+    return getattr(_here, "depth", 0) > 0
 
 
 def _is_fake(t) -> bool:
@@ -97,7 +105,10 @@ def _attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
     import torch.nn.functional as F
 
     aten = torch.ops.aten
-    kernel = _attention_kernel(q, k, v, attn_mask, enable_gqa) if _is_fake(q) else "math"
+    # Real CPU tensors that meet the override (another thread's work) cannot
+    # run the CUDA kernels: the math path gives them the same result.
+    on_cuda = _is_fake(q) or q.is_cuda
+    kernel = _attention_kernel(q, k, v, attn_mask, enable_gqa) if on_cuda else "math"
     if kernel == "flash":
         head_dim = q.shape[-1]
         scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -121,11 +132,35 @@ def _attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 def cuda_kernels():
     """Route dropout and attention to the kernels a CUDA device runs, for
     as long as the context lasts. The override is process-wide (PyTorch
-    keeps one kernel table): real CPU tensors that meet it meanwhile get
-    the same results by other kernels (fused dropout, math attention)."""
+    keeps one kernel table): real tensors that meet it meanwhile in other
+    threads get the same results, CPU tensors by other kernels (fused
+    dropout, math attention), CUDA tensors by the sm80+ choice above."""
     import torch
 
+    if emulating():
+        _here.depth += 1
+        try:
+            yield
+        finally:
+            _here.depth -= 1
+        return
     with _lock, torch.library._scoped_library("aten", "IMPL") as lib:
         lib.impl("dropout", _dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _attention, "CompositeImplicitAutograd")
+        _here.depth = 1
+        try:
+            yield
+        finally:
+            _here.depth = 0
+
+
+@contextlib.contextmanager
+def own_kernels():
+    """PyTorch's own kernels for as long as the context lasts: waits while
+    another thread emulates CUDA's. Inside ``cuda_kernels()`` in this thread
+    the override cannot be lifted: an error."""
+    if emulating():
+        raise RuntimeError("PyTorch's own kernels were asked for inside cuda_kernels(): "
+                           "leave that block first")
+    with _lock:
         yield
