@@ -132,6 +132,18 @@ def test_attention_kernel_choice_and_shapes(dtype, shape, mask, gqa, kernel):
         assert out.shape == q.shape and out.dtype == dtype
 
 
+def test_attention_follows_the_backends_left_enabled():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with FakeTensorMode():
+        q = torch.randn(2, 4, 16, 64, dtype=torch.float16)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            assert _attention_kernel(q, q, q, None, False) == "efficient"
+        with sdpa_kernel(SDPBackend.MATH):
+            assert _attention_kernel(q, q, q, None, False) == "math"
+        assert _attention_kernel(q, q, q, None, False) == "flash"
+
+
 H100 = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "gpu.json")
 
 

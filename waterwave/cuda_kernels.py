@@ -19,7 +19,8 @@ CUDA dispatch (``aten/src/ATen/native/transformers/attention.cpp`` and
 
 Which attention kernel CUDA picks depends on the GPU. This follows
 PyTorch's order on compute capability 8.0 and later (flash, then
-memory-efficient, then math): float32 always gets the memory-efficient
+memory-efficient, then math, among the backends ``sdpa_kernel`` leaves
+enabled): float32 always gets the memory-efficient
 kernel, which an H100 run confirmed (bench/results/gpu.json); half
 precision without a mask gets flash, which no run here has checked.
 """
@@ -58,18 +59,22 @@ def _dropout(x, p: float, train: bool):
 
 
 def _attention_kernel(q, k, v, mask, enable_gqa: bool) -> str:
-    """PyTorch's choice on an sm80+ GPU: "flash", "efficient" or "math"."""
+    """PyTorch's choice on an sm80+ GPU: "flash", "efficient" or "math",
+    among the backends left enabled (``torch.nn.attention.sdpa_kernel``)."""
     import torch
 
+    cuda = torch.backends.cuda
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "math"
     head_dim = q.shape[-1]
     same_heads = q.shape[1] == k.shape[1] == v.shape[1]
     half = q.dtype in (torch.float16, torch.bfloat16)
-    if half and mask is None and head_dim <= 256 and (same_heads or enable_gqa):
+    if (cuda.flash_sdp_enabled() and half and mask is None and head_dim <= 256
+            and (same_heads or enable_gqa)):
         return "flash"
     efficient_dtype = half or q.dtype == torch.float32
-    if efficient_dtype and same_heads and head_dim % (8 if half else 4) == 0:
+    if (cuda.mem_efficient_sdp_enabled() and efficient_dtype and same_heads
+            and head_dim % (8 if half else 4) == 0):
         return "efficient"
     return "math"
 
