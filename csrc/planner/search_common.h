@@ -79,19 +79,25 @@ bool over_capacity(const Sweep& sweep, std::int64_t capacity);
 // each buffer's class is the lowest index of its twins.
 std::vector<int> twin_classes(const std::vector<PackBuffer>& bufs);
 
-// The rank of each of n buffers sorted by keys 0..keys-1 (value(key, i)),
-// the biggest first, ties by index: the searches' static preorders.
+// Sorts buffer indices by keys 0..keys-1 (value(key, i)), the biggest
+// first, ties by index: the searches' preorders.
 template <class Value>
-std::vector<int> rank_biggest_first(int n, int keys, Value value) {
-  std::vector<int> order(n);
-  for (int i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
+void sort_biggest_first(std::vector<int>& items, int keys, Value value) {
+  std::sort(items.begin(), items.end(), [&](int a, int b) {
     for (int k = 0; k < keys; ++k) {
       const std::int64_t va = value(k, a), vb = value(k, b);
       if (va != vb) return va > vb;
     }
     return a < b;
   });
+}
+
+// The rank of each of n buffers in that order.
+template <class Value>
+std::vector<int> rank_biggest_first(int n, int keys, Value value) {
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  sort_biggest_first(order, keys, value);
   std::vector<int> rank(n);
   for (int r = 0; r < n; ++r) rank[order[r]] = r;
   return rank;
