@@ -5,6 +5,7 @@ how long it takes, and which of the two searches does it.
 Families:
   * zero-slack tilings: guillotine cuts of a 40-step x 64-unit rectangle
     (tests/test_planner.py::zero_slack); the buffers tile the memory exactly;
+    also on a 400-step x 1024-unit rectangle;
   * slack at the peak: random lifetimes and sizes with the capacity at their
     max-live bound (tests/test_planner.py::slack_at_peak), tight only at the
     peak, as in MiniMalloc's benchmarks;
@@ -62,7 +63,10 @@ def family_row(label, instances, limit):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pieces", default="60,150,300,450", help="zero-slack tiling sizes")
+    ap.add_argument("--pieces", default="60,150,300,450",
+                    help="zero-slack tiling sizes on the 40-step x 64-unit grid")
+    ap.add_argument("--fine-pieces", default="300,450",
+                    help="zero-slack tiling sizes on a 400-step x 1024-unit grid")
     ap.add_argument("--counts", default="100,200,400", help="slack-at-peak instance sizes")
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--time-limit", type=float, default=10.0)
@@ -89,6 +93,12 @@ def main():
     for n in (int(x) for x in args.pieces.split(",") if x):
         lines.append(family_row(f"zero-slack tiling, {n} buffers",
                                 [(f"seed {s}", zero_slack(s, n)) for s in seeds], limit))
+    # The same cuts on a finer grid: fewer buffers start together and fewer
+    # are one unit wide, closer to the lifetimes of real programs.
+    for n in (int(x) for x in args.fine_pieces.split(",") if x):
+        lines.append(family_row(f"zero-slack tiling on 400 x 1024, {n} buffers",
+                                [(f"seed {s}", zero_slack(s, n, steps=400, units=1024))
+                                 for s in seeds], limit))
     for n in (int(x) for x in args.counts.split(",") if x):
         lines.append(family_row(f"slack at the peak, {n} buffers",
                                 [(f"seed {s}", slack_at_peak(s, n)[0]) for s in seeds], limit))
