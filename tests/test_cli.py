@@ -72,7 +72,7 @@ def test_plan_a_torchvision_model_with_table_and_plot(tmp_path, capsys):
     assert cli.main(["plan", "resnet18", "--batch-size", "1", "--strategy", "greedy",
                      "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "baseline peak" in out and "saving" in out
+    assert "baseline peak" in out and "saving" in out and "cuda kernels" in out
     assert png.stat().st_size > 10_000
 
 

@@ -137,7 +137,8 @@ def _plan(args) -> int:
         print(json.dumps(result, indent=2))
         return 0
     mib = lambda b: f"{b / 2**20:,.1f} MiB"
-    t = Table(title=f"{g.name}: {len(g.nodes)} operators, {len(g.tensors)} tensors")
+    t = Table(title=f"{g.name}: {len(g.nodes)} operators, {len(g.tensors)} tensors, "
+                    f"{result['kernels']} kernels")
     t.add_column("")
     t.add_column("value", justify="right")
     t.add_row("baseline peak (PyTorch policy, program order)", mib(base.peak_reserved))
