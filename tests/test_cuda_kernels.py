@@ -185,3 +185,7 @@ def test_kernels_must_name_a_device_the_model_can_use():
     model, x = encoder()
     with pytest.raises(CaptureError, match="kernels must be one of"):
         ops(model, x, kernels="tpu")
+    # A model elsewhere than on the CPU cannot be captured with the CPU's kernels.
+    model = model.to("meta")
+    with pytest.raises(CaptureError, match="this one is on meta"):
+        ops(model, (x[0].to("meta"),), kernels="cpu")
