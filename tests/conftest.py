@@ -1,6 +1,12 @@
+import os
+
 import pytest
 
 import waterwave as ww
+
+# One CP-SAT worker in the suite: deterministic searches, and none of OR-Tools
+# 9.15's parallel-search aborts (one killed a fresh-clone run of this suite).
+os.environ.setdefault("WATERWAVE_CPSAT_WORKERS", "1")
 
 MiB = 1024**2
 KiB = 1024

@@ -476,3 +476,15 @@ def test_in_place_plans_are_laid_out_exactly(strategy):
     assert p.inplace == mxnet.inplace
     assert p.arena_size == p.lower_bound == (1 << 20) + (16 << 10)  # b and c, at "reduce"
     assert "exact pack" in p.stats["layout"]
+
+
+def test_cpsat_workers_come_from_the_environment(monkeypatch):
+    from waterwave.planner import default_workers
+
+    monkeypatch.setenv("WATERWAVE_CPSAT_WORKERS", "3")
+    assert default_workers() == 3
+    monkeypatch.delenv("WATERWAVE_CPSAT_WORKERS")
+    assert default_workers() == 2
+    monkeypatch.setenv("WATERWAVE_CPSAT_WORKERS", "two")
+    with pytest.raises(ValueError, match="positive whole number, got 'two'"):
+        plan(chain(), "model")

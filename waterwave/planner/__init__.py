@@ -21,6 +21,7 @@ a classic planner's plan where that is smaller still.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from ..graph import Graph
@@ -69,18 +70,32 @@ def _assemble(g: Graph, strategy: str, order, arena_offsets: dict[int, int], t0:
                 round(time.time() - t0, 4), status, list(inplace), dict(stats or {}))
 
 
+def default_workers() -> int:
+    """CP-SAT workers when the caller names none: WATERWAVE_CPSAT_WORKERS, else
+    2. The test suite runs with 1: a single worker searches deterministically,
+    and OR-Tools 9.15's rare native aborts come from its parallel search."""
+    text = os.environ.get("WATERWAVE_CPSAT_WORKERS", "").strip()
+    if not text:
+        return 2
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"WATERWAVE_CPSAT_WORKERS must be a positive whole number, got {text!r}")
+    return int(text)
+
+
 def _layout(g: Graph, order: list[int]):
     bufs = _buffers(g, order)
     offs, arena, how = greedy_pack(bufs)
     return {b.id: offs[i] for i, b in enumerate(bufs)}, arena, how
 
 
-def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: int = 2,
+def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: int | None = None,
          gap_limit: float = 1e-3) -> Plan:
     """Plan one training step. ``model`` skips CP-SAT when the greedy order
     is already within ``gap_limit`` (relative) of a proven lower bound, and
-    otherwise searches up to ``time_limit`` seconds; status ``optimal`` means
-    the gap is zero."""
+    otherwise searches up to ``time_limit`` seconds with ``workers`` CP-SAT
+    workers (default: ``WATERWAVE_CPSAT_WORKERS``, else 2); status
+    ``optimal`` means the gap is zero."""
+    workers = default_workers() if workers is None else workers
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if not 0 <= gap_limit < 1:
