@@ -22,6 +22,7 @@ import traceback
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from waterwave import models  # noqa: E402
+from waterwave.capture import KERNELS  # noqa: E402
 from waterwave.graph import Graph  # noqa: E402
 from waterwave.planner import check_plan, plan  # noqa: E402
 from waterwave.planner.baseline import replay  # noqa: E402
@@ -52,7 +53,7 @@ def main():
     ap.add_argument("--models", default=",".join(models.names()))
     ap.add_argument("--batch-sizes", default="1,32")
     ap.add_argument("--time-limit", type=float, default=30.0)
-    ap.add_argument("--kernels", choices=["cuda", "cpu"], default="cuda",
+    ap.add_argument("--kernels", choices=KERNELS, default=KERNELS[0],
                     help="whose kernels the captured steps record (see waterwave.cuda_kernels)")
     ap.add_argument("--out", default="bench/results/planner.json")
     args = ap.parse_args()

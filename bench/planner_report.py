@@ -10,21 +10,26 @@ import sys
 STRATS = ("greedy", "mxnet", "paddle", "model")
 
 
+KERNEL_WORDS = {
+    "cuda": ("with the kernels a CUDA device runs (fused dropout, memory-efficient attention: "
+             "`waterwave/cuda_kernels.py`)"),
+    "cpu": "with the CPU's kernels",
+}
+
+
 def main(src, dst):
     d = json.load(open(src))
     rows = d["rows"]
     ok = [r for r in rows if "error" not in r]
     mib = lambda b: f"{b / 2**20:,.0f}"
+    kernels = d.get("kernels", "cpu")  # runs from before kernels= were the CPU's
     lines = [
         "# Planner benchmark (MODeL experiment)",
         "",
         f"Measured {d['date']} on this project's CPU machine ({d['where']['cores']} cores), "
-        f"`python bench/planner.py --time-limit {d['time_limit']:g} --kernels {d.get('kernels', 'cpu')}`. Each model's full training "
-        "step (forward, backward, SGD with momentum) was captured with fake tensors, "
-        + ("with the kernels a CUDA device runs (fused dropout, memory-efficient attention: "
-           "`waterwave/cuda_kernels.py`)" if d.get("kernels", "cpu") == "cuda"
-           else "with the CPU's kernels") +
-        "; sizes are "
+        f"`python bench/planner.py --time-limit {d['time_limit']:g} --kernels {kernels}`. Each "
+        "model's full training step (forward, backward, SGD with momentum) was captured with "
+        f"fake tensors, {KERNEL_WORDS[kernels]}; sizes are "
         "what PyTorch's CUDA caching allocator would request. Peaks are computed, not measured on "
         "a GPU: the baseline replays program order through the allocator core's `pytorch` policy "
         "(PyTorch 2.14's caching rules, fragmentation included) on the simulated device.",

@@ -7,6 +7,8 @@ import platform
 import sys
 import time
 
+from .capture import KERNELS
+
 
 def _bench_alloc(args) -> int:
     from . import _C
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                            "(0 to insist on a proof of optimality)")
     plan.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
                       help="optimizer in the captured step (SGD with momentum, or Adam)")
-    plan.add_argument("--kernels", choices=["cuda", "cpu"], default="cuda",
+    plan.add_argument("--kernels", choices=KERNELS, default=KERNELS[0],
                       help="record the kernels a CUDA device runs (dropout, attention), or the CPU's")
     plan.add_argument("--out", help="write the plan JSON here")
     plan.add_argument("--save-graph", help="write the captured graph JSON here")
