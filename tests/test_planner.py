@@ -106,6 +106,82 @@ def test_must_live_bound_proves_a_training_step_optimal_without_search():
     assert p.solve_seconds < 5
 
 
+def all_topological_orders(g, limit=5000):
+    orders, order, indeg = [], [], [len(g.preds(v)) for v in range(len(g.nodes))]
+
+    def extend():
+        if len(orders) >= limit:
+            return
+        if len(order) == len(g.nodes):
+            orders.append(list(order))
+            return
+        for v in range(len(g.nodes)):
+            if indeg[v] == 0 and v not in order:
+                order.append(v)
+                for s in g.succs(v):
+                    indeg[s] -= 1
+                extend()
+                for s in g.succs(v):
+                    indeg[s] += 1
+                order.pop()
+
+    extend()
+    return orders
+
+
+@given(random_graphs(max_nodes=7))
+@FAST
+def test_least_live_is_exact_for_every_node(g):
+    """The cut gives, for each node, exactly the fewest bytes any order has
+    live while it runs (every topological order enumerated), and the cut
+    bound lies between the must-live bound and the best order's peak."""
+    from waterwave.planner.cut_bound import cut_bound, least_live
+    from waterwave.planner.lifetimes import live_profile, must_live_bound
+
+    orders = all_topological_orders(g)
+    assert len(orders) < 5000
+    fewest = [None] * len(g.nodes)
+    for order in orders:
+        for step, live in enumerate(live_profile(g, order)):
+            v = order[step]
+            fewest[v] = live if fewest[v] is None else min(fewest[v], live)
+    assert [least_live(g, v) for v in range(len(g.nodes))] == fewest
+    bound = cut_bound(g)
+    assert bound == max(must_live_bound(g), max(fewest))
+    assert bound <= min(order_peak(g, o) for o in orders)
+
+
+def test_cut_bound_counts_a_tensor_or_what_replaces_it():
+    """GPT-2's GELU backward takes x ** 2 of the layer's input: it may run
+    before the loss, freeing x, but then its output is live instead. The
+    must-live bound counts neither; the cut bound proves program order
+    optimal."""
+    from waterwave.planner.cut_bound import cut_bound
+    from waterwave.planner.lifetimes import must_live_bound
+
+    g = Graph("gelu")
+    x = g.add_tensor("x", 4096, "input")
+    h = g.add_tensor("h", 4096)
+    g.add_node("linear", "aten.mm", [x], [h])
+    loss = g.add_tensor("loss", 512)
+    g.add_node("loss", "aten.sum", [h], [loss])
+    grad = g.add_tensor("grad", 8192)
+    g.add_node("loss_backward", "aten.expand", [loss], [grad])
+    reduced = g.add_tensor("reduced", 1024)
+    g.add_node("reduce", "aten.sum", [grad], [reduced])
+    sq = g.add_tensor("sq", 4096)
+    g.add_node("pow", "aten.pow", [h], [sq])  # needs h only, not the gradient
+    dx = g.add_tensor("dx", 512)
+    g.add_node("gelu_backward", "aten.mul", [reduced, sq], [dx])
+    g.meta["outputs"] = [loss, dx]
+    best = min(order_peak(g, o) for o in all_topological_orders(g))
+    assert must_live_bound(g) < best
+    assert cut_bound(g) == best == order_peak(g, list(range(len(g.nodes))))
+    p = plan(g, "model", time_limit=10)
+    assert p.status == "optimal" and p.stats["gap"] == 0.0
+    assert p.stats["cut_bound"] == best > p.stats["must_live_bound"]
+
+
 def test_greedy_beats_program_order_when_order_matters():
     # Two independent branches: running each to completion keeps memory low.
     g = Graph("branches")

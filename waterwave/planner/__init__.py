@@ -10,8 +10,8 @@ order plus the offset of every tensor). Strategies:
   offsets in spatial and temporal visiting orders;
 - ``model``: the MODeL problem solved with CP-SAT (exact sequential peak),
   warm-started from ``greedy``, then exact offsets for the order found; it
-  reports a proven lower bound (the larger of CP-SAT's and the must-live
-  bound, lifetimes.py) and the gap, and stops once the gap is small enough.
+  reports a proven lower bound (the larger of CP-SAT's and the cut bound,
+  cut_bound.py) and the gap, and stops once the gap is small enough.
 
 ``greedy`` and ``model`` then share an input's memory with an operator's
 output along their order where that lowers the arena (inplace.py), and take
@@ -26,6 +26,7 @@ import time
 
 from ..graph import Graph
 from .check import check_plan
+from .cut_bound import cut_bound
 from .inplace import inplace_layout, inplace_pairs
 from .lifetimes import lifetimes, must_live_bound, order_peak
 from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers
@@ -211,11 +212,14 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
     from .cpsat import solve_joint, solve_order
 
     persistent = g.persistent_bytes()
-    # A bound for every order (see must_live_bound); on training graphs it
-    # often proves the best heuristic order optimal at once.
-    bound = must_live_bound(g) - persistent
+    # Bounds for every order (must_live_bound, and the tighter cut bound
+    # that starts from it); on training graphs they often prove the best
+    # heuristic order optimal at once.
+    must_live = must_live_bound(g)
+    cut = cut_bound(g, order, time_limit=max(0.5, 0.1 * time_limit), must_live=must_live)
+    bound = cut - persistent
     stats = {"warm_start": how, "warm_start_arena": arena + persistent,
-             "must_live_bound": bound + persistent}
+             "must_live_bound": must_live, "cut_bound": cut}
 
     def close_enough(value: int) -> bool:
         return value - bound <= gap_limit * value

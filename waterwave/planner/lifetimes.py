@@ -68,6 +68,22 @@ def node_lower_bound(g: Graph) -> int:
     return persistent + best
 
 
+def reachability(g: Graph):
+    """Two n x n boolean matrices: ``reach[u, v]`` when v == u or v depends
+    on u (a descendant), and its transpose ``ancestors[c, v]`` when v == c
+    or c depends on v."""
+    import numpy as np
+
+    n = len(g.nodes)
+    reach = np.zeros((n, n), dtype=bool)
+    for u in reversed(g.topological_order()):
+        row = reach[u]
+        row[u] = True
+        for s in g.succs(u):
+            row |= reach[s]
+    return reach, np.ascontiguousarray(reach.T)
+
+
 def must_live_bound(g: Graph) -> int:
     """A bound no order can beat, often tight for training graphs: while a
     node v runs, every tensor made by v or an ancestor of v and used by v or
@@ -79,14 +95,7 @@ def must_live_bound(g: Graph) -> int:
     n = len(g.nodes)
     if n == 0:
         return g.persistent_bytes()
-    order = g.topological_order()
-    reach = np.zeros((n, n), dtype=bool)  # reach[u, v]: v == u or v depends on u
-    for u in reversed(order):
-        row = reach[u]
-        row[u] = True
-        for s in g.succs(u):
-            row |= reach[s]
-    ancestors = np.ascontiguousarray(reach.T)  # ancestors[c, v]: v == c or c depends on v
+    reach, ancestors = reachability(g)
     keep = set(g.meta.get("outputs", []))
     live = np.zeros(n, dtype=np.int64)
     for t in g.tensors:
