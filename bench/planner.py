@@ -86,6 +86,7 @@ def main():
                                      "inplace_pairs": len(p.inplace),
                                      "proven_bound": p.stats.get("proven_lower_bound"),
                                      "bound_without_inplace": p.stats.get("bound_without_inplace"),
+                                     "inplace_bound": p.stats.get("inplace_bound"),
                                      "arena_without_inplace": p.stats.get("arena_without_inplace"),
                                      "gap": p.stats.get("gap")}
             except Exception as e:  # record and go on: the report shows failures

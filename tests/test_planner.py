@@ -50,8 +50,14 @@ def test_model_is_never_worse_than_greedy_and_bounds_hold(g):
     assert model.arena_size <= greedy.arena_size
     for s in ("mxnet", "paddle"):  # never worse than a baseline either
         assert model.arena_size <= plan(g, s).arena_size
+    # No plan of any strategy, in-place sharing included, beats the bound
+    # with sharing; a plan that shares is held to it.
+    for s in STRATEGIES:
+        assert plan(g, s).arena_size >= model.stats["inplace_bound"]
     if model.inplace:
-        return  # in-place sharing beat the models, whose bounds assume none
+        assert model.stats["proven_lower_bound"] == model.stats["inplace_bound"]
+        assert 0 <= model.stats["gap"] < 1
+        return  # the bound without sharing does not hold for it
     lb = model.stats["proven_lower_bound"]
     assert lb <= model.arena_size
     # No plan without in-place sharing beats the proven bound.
@@ -149,6 +155,45 @@ def test_least_live_is_exact_for_every_node(g):
     bound = cut_bound(g)
     assert bound == max(must_live_bound(g), max(fewest))
     assert bound <= min(order_peak(g, o) for o in orders)
+
+
+@given(random_graphs(max_nodes=7))
+@FAST
+def test_cut_bound_with_sharing_holds_for_every_order_and_sharing(g):
+    """Every topological order, with in-place sharing along it (the rule of
+    greedy and model) or as MXNet and Paddle share, stays at or above the
+    bound with sharing, which never exceeds the bound without."""
+    from waterwave.planner.classic import mxnet_plan, paddle_plan
+    from waterwave.planner.cut_bound import cut_bound
+    from waterwave.planner.inplace import inplace_pairs
+
+    bound = cut_bound(g, inplace=True)
+    assert bound <= cut_bound(g)
+    for order in all_topological_orders(g):
+        assert order_peak(g, order, inplace_pairs(g, order)) >= bound
+    for classic in (mxnet_plan, paddle_plan):
+        order, _, arena, pairs = classic(g)
+        assert order_peak(g, order, pairs) >= bound and arena >= bound
+
+
+def test_cut_bound_with_sharing_proves_an_in_place_plan_optimal():
+    """A chain of pointwise operators, each allowed to overwrite its input:
+    sharing keeps one buffer per step where two would be live, and the bound
+    with sharing proves that plan optimal."""
+    g = Graph("pointwise")
+    x = g.add_tensor("x", 512, "input")
+    prev = g.add_tensor("a0", 4096)
+    g.add_node("expand", "aten.expand", [x], [prev])
+    for i in range(1, 5):
+        t = g.add_tensor(f"a{i}", 4096)
+        g.add_node(f"relu{i}", "aten.relu", [prev], [t], inplace_ok=[prev])
+        prev = t
+    g.meta["outputs"] = [prev]
+    p = plan(g, "model", time_limit=10)
+    assert p.inplace
+    assert p.arena_size < p.stats["bound_without_inplace"]
+    assert p.arena_size == p.stats["inplace_bound"] == p.stats["proven_lower_bound"] == 4096 + 512
+    assert p.status == "optimal" and p.stats["gap"] == 0.0
 
 
 def test_cut_bound_counts_a_tensor_or_what_replaces_it():

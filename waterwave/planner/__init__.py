@@ -138,7 +138,8 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         p = _share_in_place(g, p, t0)
         if p.order != order:
             p = _share_in_place(g, p, t0, order)
-    return _best_with_inplace(g, p, t0)
+    p = _best_with_inplace(g, p, t0)
+    return _bound_with_sharing(g, p, time_limit) if strategy == "model" else p
 
 
 def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None) -> Plan:
@@ -156,6 +157,20 @@ def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None
     stats = _sharing_stats(p, layout=f"exact pack of the shared storages ({status})")
     return _assemble(g, p.strategy, order, arena_offsets, t0,
                      "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
+
+
+def _bound_with_sharing(g: Graph, p: Plan, time_limit: float) -> Plan:
+    """Records the cut bound with in-place sharing (``inplace_bound``), which
+    holds for every order, layout and sharing; a plan that shares storage
+    takes it as its proven bound, with its gap and status."""
+    bound = cut_bound(g, p.order, time_limit=max(0.5, 0.1 * time_limit), inplace=True)
+    p.stats["inplace_bound"] = bound
+    if p.inplace:
+        p.stats["proven_lower_bound"] = bound
+        p.stats["gap"] = 0.0 if p.arena_size == 0 else 1 - bound / p.arena_size
+        if p.arena_size == bound:
+            p.status = "optimal"
+    return p
 
 
 def _sharing_stats(p: Plan, **extra) -> dict:

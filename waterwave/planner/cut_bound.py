@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 
 from ..graph import Graph
+from .inplace import inplace_pairs
 from .lifetimes import live_profile, must_live_bound, reachability
 
 
@@ -102,6 +103,17 @@ class _CutNetwork:
         return self.always + touching + flow.optimal_flow()
 
 
+def _most_shared_at(g: Graph, v: int, keep: set[int]) -> int:
+    """The most bytes in-place sharing can save at node v's step, under any
+    planner's rule (inplace.py, classic.py): each input v may overwrite
+    counted once, where it matches an output's size and is neither kept nor
+    persistent."""
+    sizes = {g.tensors[t].size for t in g.nodes[v].outputs}
+    return sum(g.tensors[t].size for t in set(g.nodes[v].inplace_ok)
+               if t not in keep and not g.tensors[t].persistent and g.tensors[t].size in sizes
+               and g.tensors[t].size > 0)
+
+
 def least_live(g: Graph, v: int) -> int:
     """The fewest bytes (persistent ones included) that any topological order
     has live while node v runs."""
@@ -109,22 +121,32 @@ def least_live(g: Graph, v: int) -> int:
 
 
 def cut_bound(g: Graph, order: list[int] | None = None, time_limit: float = 5.0,
-              must_live: int | None = None) -> int:
+              must_live: int | None = None, inplace: bool = False) -> int:
     """A lower bound on every order's peak (persistent bytes included):
     the largest ``least_live`` over nodes, never below ``must_live_bound``.
 
+    With ``inplace``, a bound on every order with in-place sharing too
+    (inplace.py): sharing lowers a node's step only, by at most the input
+    its output may overwrite, so that is taken off each node's least (the
+    must-live bound, which assumes no sharing, is then not a floor).
+
     Only nodes that could raise the bound are cut: a node's live bytes in
-    ``order`` (default: program order) are at least its least, so nodes are
-    visited from the fullest step of ``order`` down and the search stops at
-    the first whose bytes there are no more than the bound so far. Past
-    ``time_limit`` seconds it stops early; the bound so far still holds.
-    ``must_live``, when the caller has it, saves computing it again."""
+    ``order`` (default: program order; with ``inplace``, sharing along it)
+    are at least its least, so nodes are visited from the fullest step of
+    ``order`` down and the search stops at the first whose bytes there are
+    no more than the bound so far. Past ``time_limit`` seconds it stops
+    early; the bound so far still holds. ``must_live``, when the caller has
+    it, saves computing it again."""
     persistent = g.persistent_bytes()
-    best = (must_live_bound(g) if must_live is None else must_live) - persistent
+    if inplace:
+        best = 0
+    else:
+        best = (must_live_bound(g) if must_live is None else must_live) - persistent
     if not g.nodes:
         return persistent + best
     order = g.program_order if order is None else order
-    profile = live_profile(g, order)
+    profile = live_profile(g, order, inplace_pairs(g, order) if inplace else ())
+    keep = set(g.meta.get("outputs", []))
     network = None
     deadline = time.monotonic() + time_limit
     for step in sorted(range(len(order)), key=lambda i: -profile[i]):
@@ -132,5 +154,9 @@ def cut_bound(g: Graph, order: list[int] | None = None, time_limit: float = 5.0,
             break
         if network is None:
             network = _CutNetwork(g)
-        best = max(best, network.least_live(order[step]))
+        v = order[step]
+        least = network.least_live(v)
+        if inplace:
+            least -= _most_shared_at(g, v, keep)
+        best = max(best, least)
     return persistent + best
