@@ -15,7 +15,9 @@ order plus the offset of every tensor). Strategies:
 
 ``greedy`` and ``model`` then share an input's memory with an operator's
 output along their order where that lowers the arena (inplace.py), and take
-a classic planner's plan where that is smaller still.
+a classic planner's plan where that is smaller still. A ``model`` plan that
+shares is held to the cut bound with sharing (``stats["inplace_bound"]``,
+recorded for every ``model`` plan).
 
 ``pack(buffers)`` solves offsets alone for fixed lifetimes.
 """
