@@ -20,6 +20,11 @@ problem), solved with OR-Tools' max-flow:
   infinite arcs a_t -> user: a_t may join S, leaving the arc uncut, only when
   all of t's users are in S (a tensor with no producer hangs off the source;
   a graph output, live to the end, is an arc producer -> sink).
+
+With in-place sharing (an operator writing its output into an input that
+dies there), memory is saved only at that operator's step, and by no more
+than the inputs it may overwrite: taking that off each node's least gives a
+bound for every order, layout and sharing.
 """
 from __future__ import annotations
 
@@ -36,7 +41,6 @@ class _CutNetwork:
     def __init__(self, g: Graph):
         import numpy as np
 
-        self.g = g
         n = len(g.nodes)
         keep = set(g.meta.get("outputs", []))
         tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
