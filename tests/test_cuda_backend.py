@@ -300,6 +300,33 @@ def test_a_recorded_step_becomes_an_exact_plan(fake):
     wc.clear_plan(0)
 
 
+def test_a_recorded_run_replays_on_the_simulator_as_it_ran(fake):
+    """A run recorded from its first allocation under the pytorch policy,
+    replayed through the same policy on the simulated device, reserves what
+    the CUDA backend reserved: the simulator's baseline holds for what a GPU
+    records (bench/gpu.py replays real training steps this way)."""
+    from waterwave.planner.baseline import replay_trace
+
+    use(fake, "pytorch")
+    rng = random.Random(11)
+    wc.start_recording(0, stream=S1)
+    live = []
+    for _ in range(2000):  # up to 1 GiB: free at random, and whenever 400 MiB are live
+        if live and (rng.random() < 0.45 or sum(n for _, n in live) > 400 * MiB):
+            p, size = live.pop(rng.randrange(len(live)))
+            _C.cuda_free(p, size, 0, S1)
+        else:
+            size = rng.choice([512, 3000, 200_000, MiB + 512, 3 * MiB, 11 * MiB, 40 * MiB])
+            live.append((_C.cuda_malloc(size, 0, S1), size))
+    trace = wc.stop_recording(0)
+    for p, size in live:
+        _C.cuda_free(p, size, 0, S1)
+    ran = wc.memory_stats(0)
+    replayed = replay_trace(trace, "pytorch")
+    assert replayed.peak_reserved == ran["reserved_bytes.all.peak"]
+    assert replayed.peak_allocated == ran["allocated_bytes.all.peak"]
+
+
 def test_random_run_never_hands_out_memory_twice(fake, policy):
     """Random allocations, frees, record_streams and event completions on
     three streams; every live block holds its own byte pattern, checked at

@@ -412,6 +412,38 @@ def test_baseline_replay_counts_fragmentation():
     assert 0 <= r.fragmentation < 1
 
 
+@given(random_graphs())
+@FAST
+def test_a_trace_of_a_graph_replays_as_the_graph_does(g):
+    """replay_trace, given the blocks a graph's program order allocates (as
+    a GPU recording lists them), reserves what replay(g) reserves."""
+    from waterwave.planner.baseline import replay_trace
+    from waterwave.planner.lifetimes import allocation_events
+
+    clock, blocks, index = 0, [], {}
+    for t in g.tensors:
+        if (t.persistent or t.kind == "input") and t.size:
+            blocks.append([t.size, clock, -1])
+            clock += 1
+    for kind, t in allocation_events(g, list(range(len(g.nodes)))):
+        if kind == "alloc":
+            index[t] = len(blocks)
+            blocks.append([g.tensors[t].size, clock, -1])
+        else:
+            blocks[index.pop(t)][2] = clock
+        clock += 1
+    expected, got = replay(g), replay_trace([tuple(b) for b in blocks])
+    assert (got.peak_reserved, got.peak_allocated) == (expected.peak_reserved, expected.peak_allocated)
+
+
+def test_replay_trace_rejects_what_is_not_a_block():
+    from waterwave.planner.baseline import replay_trace
+
+    for bad in ((0, 0, 1), (512, 3, 3), (512, -1, 2)):
+        with pytest.raises(ValueError, match="trace entry 1"):
+            replay_trace([(512, 0, 5), bad])
+
+
 @st.composite
 def plain_graphs(draw):
     """Small graphs the paper's ILP can express: every node makes a tensor."""

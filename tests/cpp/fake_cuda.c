@@ -2,7 +2,10 @@
  * so the backend's real code runs on a machine without a GPU.
  *
  * Memory is real host memory, so tests can write through the pointers the
- * allocator hands out and catch corruption. Like the real driver, memory
+ * allocator hands out and catch corruption. It is carved from one reserved
+ * address range, lowest free address first, as a GPU's fresh context and the
+ * simulated device hand it out: caching policies break ties by address, so
+ * a run here and its replay on the simulator choose alike. Like the real driver, memory
  * calls need a current context, and events complete only when the test says
  * so (fake_cuda_complete_all), a synchronize waits for them, or the GPU is
  * idle (fake_cuda_set_idle): that is what
@@ -11,6 +14,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -33,6 +37,10 @@ static size_t capacity = (size_t)1 << 30, in_use;
 static struct ctx contexts[MAX_DEVICES];
 static __thread struct ctx* current;
 static struct alloc allocs[MAX_ALLOCS];
+/* Address space for every allocation: reserved, not committed, so only the
+ * pages tests touch cost host memory; freed pages are given back. */
+#define ARENA_BYTES ((size_t)1 << 36)
+static char* arena;
 static int fail_next_alloc;
 static int idle; /* an idle GPU: recorded events complete at once */
 static struct event* events[MAX_EVENTS];
@@ -119,6 +127,32 @@ CUresult cuCtxSynchronize(void) {
   pthread_mutex_unlock(&mu);
   return SUCCESS;
 }
+static size_t round_up(size_t bytes) { return (bytes + 511) / 512 * 512; }
+
+/* The lowest free range of the arena that holds `bytes` (512-byte aligned,
+ * like cudaMalloc's): the start of the arena or the end of a live block. */
+static void* carve_locked(size_t bytes) {
+  if (!arena) {
+    void* a = mmap(NULL, ARENA_BYTES, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (a == MAP_FAILED) return NULL;
+    arena = a;
+  }
+  const size_t need = round_up(bytes);
+  char* best = NULL;
+  for (int c = -1; c < MAX_ALLOCS; ++c) {
+    char* start = c < 0 ? arena : allocs[c].ptr ? (char*)allocs[c].ptr + round_up(allocs[c].size) : NULL;
+    if (!start || start + need > arena + ARENA_BYTES || (best && start >= best)) continue;
+    int clear = 1;
+    for (int i = 0; i < MAX_ALLOCS && clear; ++i) {
+      char* p = allocs[i].ptr;
+      if (p && p < start + need && start < p + round_up(allocs[i].size)) clear = 0;
+    }
+    if (clear) best = start;
+  }
+  return best;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t bytes) {
   if (!current) return INVALID_CONTEXT;
   if (bytes == 0) return INVALID_VALUE;
@@ -133,8 +167,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t bytes) {
     int slot = -1;
     for (int i = 0; i < MAX_ALLOCS && slot < 0; ++i)
       if (!allocs[i].ptr) slot = i;
-    /* 512-byte aligned, like cudaMalloc's (at least 256). */
-    void* p = slot < 0 ? NULL : aligned_alloc(512, (bytes + 511) / 512 * 512);
+    void* p = slot < 0 ? NULL : carve_locked(bytes);
     if (!p) {
       r = OUT_OF_MEMORY;
     } else {
@@ -155,7 +188,7 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
   for (int i = 0; i < MAX_ALLOCS; ++i) {
     if (allocs[i].ptr && (CUdeviceptr)(size_t)allocs[i].ptr == ptr) {
       complete_all_locked(); /* cudaFree synchronizes the device */
-      free(allocs[i].ptr);
+      madvise(allocs[i].ptr, round_up(allocs[i].size), MADV_DONTNEED);
       in_use -= allocs[i].size;
       allocs[i].ptr = NULL;
       ++n_free;

@@ -1,5 +1,8 @@
 """What PyTorch would reserve for a graph's order: replay its allocations
 through the allocator core's ``pytorch`` policy on the simulated device.
+``replay_trace`` does the same for an allocation sequence recorded on a GPU
+(``waterwave.cuda.stop_recording``), which holds what a graph cannot show:
+cuDNN and cuBLAS workspaces, and eager PyTorch's own timing of frees.
 
 Persistent tensors and inputs are allocated first (they exist before the
 step); then, node by node, the outputs are allocated and tensors whose last
@@ -42,3 +45,34 @@ def replay(g: Graph, order: list[int] | None = None, policy: str = "pytorch",
     s = a.stats()
     return Replay(s["reserved_bytes.all.peak"], s["allocated_bytes.all.peak"],
                   s["fragmentation.at_peak_reserved"], order_peak(g, order), policy)
+
+
+def replay_trace(trace, policy: str = "pytorch", config: str = "",
+                 capacity: int = 1 << 50) -> Replay:
+    """Replays recorded blocks ``(size, allocated, freed)``, times counted on
+    one clock of allocations and frees, ``freed`` -1 for a block never freed,
+    through ``policy`` on the simulated device. ``ideal_peak`` is the most
+    bytes live at once."""
+    events = []
+    for i, (size, allocated, freed) in enumerate(trace):
+        if size <= 0 or allocated < 0 or (freed >= 0 and freed <= allocated):
+            raise ValueError(f"trace entry {i} is not a block (size, allocated, freed) with "
+                             f"size > 0 and freed after allocated, or -1: {(size, allocated, freed)}")
+        events.append((allocated, 1, i))
+        if freed >= 0:
+            events.append((freed, 0, i))
+    events.sort()
+    a = Allocator(policy, _C.SimDevice(capacity, 0.0), config)
+    ptr, live, ideal = {}, 0, 0
+    for _, is_alloc, i in events:
+        size = trace[i][0]
+        if is_alloc:
+            ptr[i] = a.alloc(size, 0)
+            live += size
+            ideal = max(ideal, live)
+        else:
+            a.free(ptr.pop(i))
+            live -= size
+    s = a.stats()
+    return Replay(s["reserved_bytes.all.peak"], s["allocated_bytes.all.peak"],
+                  s["fragmentation.at_peak_reserved"], ideal, policy)
