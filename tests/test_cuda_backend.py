@@ -300,7 +300,7 @@ def test_a_recorded_step_becomes_an_exact_plan(fake):
     wc.clear_plan(0)
 
 
-def test_a_recorded_run_replays_on_the_simulator_as_it_ran(fake):
+def test_a_recorded_run_replays_on_the_simulator_as_it_ran(fake, tmp_path):
     """A run recorded from its first allocation under the pytorch policy,
     replayed through the same policy on the simulated device, reserves what
     the CUDA backend reserved: the simulator's baseline holds for what a GPU
@@ -325,6 +325,20 @@ def test_a_recorded_run_replays_on_the_simulator_as_it_ran(fake):
     replayed = replay_trace(trace, "pytorch")
     assert replayed.peak_reserved == ran["reserved_bytes.all.peak"]
     assert replayed.peak_allocated == ran["allocated_bytes.all.peak"]
+
+    # bench/gpu.py keeps such a trace beside its results and reports the replay.
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "gpu.json"
+    row = {"model": "random", "mode": "pytorch", "peak_reserved": ran["reserved_bytes.all.peak"],
+           "trace_file": gpu.save_trace(str(out), "random", "pytorch", trace)}
+    lines = gpu.trace_rows([row], str(tmp_path))
+    reserved = f"{ran['reserved_bytes.all.peak'] / MiB:,.0f}"
+    assert lines == [f"| random | `pytorch` | {len(trace)} | {reserved} | {reserved} | "
+                     f"{replayed.ideal_peak / MiB:,.0f} | - |"]
 
 
 def test_random_run_never_hands_out_memory_twice(fake, policy):
