@@ -141,7 +141,7 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         if p.order != order:
             p = _share_in_place(g, p, t0, order)
     p = _best_with_inplace(g, p, t0)
-    return _bound_with_sharing(g, p, time_limit) if strategy == "model" else p
+    return _bound_with_sharing(g, p, time_limit, t0) if strategy == "model" else p
 
 
 def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None) -> Plan:
@@ -161,7 +161,7 @@ def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None
                      "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
 
 
-def _bound_with_sharing(g: Graph, p: Plan, time_limit: float) -> Plan:
+def _bound_with_sharing(g: Graph, p: Plan, time_limit: float, t0: float) -> Plan:
     """Records the cut bound with in-place sharing (``inplace_bound``), which
     holds for every order, layout and sharing; a plan that shares storage
     takes it as its proven bound, with its gap and status."""
@@ -172,6 +172,7 @@ def _bound_with_sharing(g: Graph, p: Plan, time_limit: float) -> Plan:
         p.stats["gap"] = 0.0 if p.arena_size == 0 else 1 - bound / p.arena_size
         if p.arena_size == bound:
             p.status = "optimal"
+    p.solve_seconds = round(time.time() - t0, 4)
     return p
 
 
