@@ -28,9 +28,9 @@ import time
 
 from ..graph import Graph
 from .check import check_plan
-from .cut_bound import cut_bound
+from .cut_bound import CutBounds
 from .inplace import inplace_layout, inplace_pairs
-from .lifetimes import lifetimes, must_live_bound, order_peak
+from .lifetimes import lifetimes, order_peak
 from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers
 from .plan import Plan, PlanError
 
@@ -133,7 +133,8 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         p = _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
         p = _share_in_place(g, p, t0)
     else:
-        p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0, gap_limit)
+        bounds = CutBounds(g)
+        p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0, gap_limit, bounds)
         # Sharing may favour another order than the one without it: the
         # greedy order with sharing is a candidate too, so model never
         # loses to greedy.
@@ -141,7 +142,7 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         if p.order != order:
             p = _share_in_place(g, p, t0, order)
     p = _best_with_inplace(g, p, t0)
-    return _bound_with_sharing(g, p, time_limit, t0) if strategy == "model" else p
+    return _bound_with_sharing(p, bounds, time_limit, t0) if strategy == "model" else p
 
 
 def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None) -> Plan:
@@ -161,11 +162,16 @@ def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None
                      "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
 
 
-def _bound_with_sharing(g: Graph, p: Plan, time_limit: float, t0: float) -> Plan:
+def _bound_seconds(time_limit: float) -> float:
+    """What each cut bound may spend of a plan's time limit."""
+    return max(0.5, 0.1 * time_limit)
+
+
+def _bound_with_sharing(p: Plan, bounds: CutBounds, time_limit: float, t0: float) -> Plan:
     """Records the cut bound with in-place sharing (``inplace_bound``), which
     holds for every order, layout and sharing; a plan that shares storage
     takes it as its proven bound, with its gap and status."""
-    bound = cut_bound(g, p.order, time_limit=max(0.5, 0.1 * time_limit), inplace=True)
+    bound = bounds.bound(p.order, _bound_seconds(time_limit), inplace=True)
     p.stats["inplace_bound"] = bound
     if p.inplace:
         p.stats["proven_lower_bound"] = bound
@@ -226,18 +232,17 @@ PACK_SECONDS_WITHIN_GAP = 3.0
 
 
 def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
-           gap_limit) -> Plan:
+           gap_limit, bounds: CutBounds) -> Plan:
     from .cpsat import solve_joint, solve_order
 
     persistent = g.persistent_bytes()
     # Bounds for every order (must_live_bound, and the tighter cut bound
     # that starts from it); on training graphs they often prove the best
     # heuristic order optimal at once.
-    must_live = must_live_bound(g)
-    cut = cut_bound(g, order, time_limit=max(0.5, 0.1 * time_limit), must_live=must_live)
+    cut = bounds.bound(order, _bound_seconds(time_limit))
     bound = cut - persistent
     stats = {"warm_start": how, "warm_start_arena": arena + persistent,
-             "must_live_bound": must_live, "cut_bound": cut}
+             "must_live_bound": bounds.must_live(), "cut_bound": cut}
 
     def close_enough(value: int) -> bool:
         return value - bound <= gap_limit * value

@@ -42,9 +42,7 @@ def replay(g: Graph, order: list[int] | None = None, policy: str = "pytorch",
             ptr[t] = a.alloc(g.tensors[t].size, 0)
         else:
             a.free(ptr.pop(t))
-    s = a.stats()
-    return Replay(s["reserved_bytes.all.peak"], s["allocated_bytes.all.peak"],
-                  s["fragmentation.at_peak_reserved"], order_peak(g, order), policy)
+    return _result(a, order_peak(g, order), policy)
 
 
 def replay_trace(trace, policy: str = "pytorch", config: str = "",
@@ -73,6 +71,10 @@ def replay_trace(trace, policy: str = "pytorch", config: str = "",
         else:
             a.free(ptr.pop(i))
             live -= size
+    return _result(a, ideal, policy)
+
+
+def _result(a: Allocator, ideal_peak: int, policy: str) -> Replay:
     s = a.stats()
     return Replay(s["reserved_bytes.all.peak"], s["allocated_bytes.all.peak"],
-                  s["fragmentation.at_peak_reserved"], ideal, policy)
+                  s["fragmentation.at_peak_reserved"], ideal_peak, policy)

@@ -124,43 +124,65 @@ def least_live(g: Graph, v: int) -> int:
     return g.persistent_bytes() + _CutNetwork(g).least_live(v)
 
 
-def cut_bound(g: Graph, order: list[int] | None = None, time_limit: float = 5.0,
-              must_live: int | None = None, inplace: bool = False) -> int:
-    """A lower bound on every order's peak (persistent bytes included):
-    the largest ``least_live`` over nodes, never below ``must_live_bound``.
+class CutBounds:
+    """One graph's bounds, with and without in-place sharing: they share the
+    network, and each node's least is cut once."""
 
-    With ``inplace``, a bound on every order with in-place sharing too
-    (inplace.py): sharing lowers a node's step only, by at most the input
-    its output may overwrite, so that is taken off each node's least (the
-    must-live bound, which assumes no sharing, is then not a floor).
+    def __init__(self, g: Graph):
+        self.g = g
+        self._network: _CutNetwork | None = None
+        self._least: dict[int, int] = {}
+        self._must_live: int | None = None
 
-    Only nodes that could raise the bound are cut: a node's live bytes in
-    ``order`` (default: program order; with ``inplace``, sharing along it)
-    are at least its least, so nodes are visited from the fullest step of
-    ``order`` down and the search stops at the first whose bytes there are
-    no more than the bound so far. Past ``time_limit`` seconds it stops
-    early; the bound so far still holds. ``must_live``, when the caller has
-    it, saves computing it again."""
-    persistent = g.persistent_bytes()
-    if inplace:
-        best = 0
-    else:
-        best = (must_live_bound(g) if must_live is None else must_live) - persistent
-    if not g.nodes:
+    def must_live(self) -> int:
+        if self._must_live is None:
+            self._must_live = must_live_bound(self.g)
+        return self._must_live
+
+    def _least_live(self, v: int) -> int:
+        if v not in self._least:
+            if self._network is None:
+                self._network = _CutNetwork(self.g)
+            self._least[v] = self._network.least_live(v)
+        return self._least[v]
+
+    def bound(self, order: list[int] | None = None, time_limit: float = 5.0,
+              inplace: bool = False) -> int:
+        """A lower bound on every order's peak (persistent bytes included):
+        the largest ``least_live`` over nodes, never below ``must_live_bound``.
+
+        With ``inplace``, a bound on every order with in-place sharing too
+        (inplace.py): sharing lowers a node's step only, by at most the input
+        its output may overwrite, so that is taken off each node's least (the
+        must-live bound, which assumes no sharing, is then not a floor).
+
+        Only nodes that could raise the bound are cut: a node's live bytes in
+        ``order`` (default: program order; with ``inplace``, sharing along it)
+        are at least its least, so nodes are visited from the fullest step of
+        ``order`` down and the search stops at the first whose bytes there are
+        no more than the bound so far. Past ``time_limit`` seconds it stops
+        early; the bound so far still holds."""
+        g = self.g
+        persistent = g.persistent_bytes()
+        best = 0 if inplace else self.must_live() - persistent
+        if not g.nodes:
+            return persistent + best
+        order = g.program_order if order is None else order
+        profile = live_profile(g, order, inplace_pairs(g, order) if inplace else ())
+        keep = set(g.meta.get("outputs", []))
+        deadline = time.monotonic() + time_limit
+        for step in sorted(range(len(order)), key=lambda i: -profile[i]):
+            if profile[step] - persistent <= best or time.monotonic() > deadline:
+                break
+            v = order[step]
+            least = self._least_live(v)
+            if inplace:
+                least -= _most_shared_at(g, v, keep)
+            best = max(best, least)
         return persistent + best
-    order = g.program_order if order is None else order
-    profile = live_profile(g, order, inplace_pairs(g, order) if inplace else ())
-    keep = set(g.meta.get("outputs", []))
-    network = None
-    deadline = time.monotonic() + time_limit
-    for step in sorted(range(len(order)), key=lambda i: -profile[i]):
-        if profile[step] - persistent <= best or time.monotonic() > deadline:
-            break
-        if network is None:
-            network = _CutNetwork(g)
-        v = order[step]
-        least = network.least_live(v)
-        if inplace:
-            least -= _most_shared_at(g, v, keep)
-        best = max(best, least)
-    return persistent + best
+
+
+def cut_bound(g: Graph, order: list[int] | None = None, time_limit: float = 5.0,
+              inplace: bool = False) -> int:
+    """``CutBounds(g).bound(...)``: see there."""
+    return CutBounds(g).bound(order, time_limit, inplace)

@@ -22,24 +22,17 @@ def inplace_pairs(g: Graph, order: list[int]) -> list[tuple[int, int]]:
     pairs = []
     for v in order:
         node = g.nodes[v]
-        for inp in shareable_inputs(g, v, keep):
-            if remaining[inp] == 1:
-                pairs.append((node.outputs[0], inp))
-                break
+        if len(node.outputs) == 1:
+            out = node.outputs[0]
+            for inp in node.inplace_ok:
+                t = g.tensors[inp]
+                if (remaining[inp] == 1 and inp not in keep and not t.persistent
+                        and t.size == g.tensors[out].size and g.tensors[out].size > 0):
+                    pairs.append((out, inp))
+                    break
         for inp in node.inputs:
             remaining[inp] -= 1
     return pairs
-
-
-def shareable_inputs(g: Graph, v: int, keep: set[int]) -> list[int]:
-    """The inputs node v's single output may overwrite where they die at v:
-    the same size, neither kept nor persistent."""
-    node = g.nodes[v]
-    if len(node.outputs) != 1 or g.tensors[node.outputs[0]].size == 0:
-        return []
-    size = g.tensors[node.outputs[0]].size
-    return [inp for inp in node.inplace_ok
-            if inp not in keep and not g.tensors[inp].persistent and g.tensors[inp].size == size]
 
 
 def inplace_layout(g: Graph, order: list[int], inplace, time_limit: float):
