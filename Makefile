@@ -5,11 +5,13 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 CXX ?= g++
-CORE_SRC := $(wildcard csrc/core/*.cpp) $(wildcard csrc/device/sim/*.cpp)
+# The allocator stack over the simulated device; the CUDA runtime over the
+# driver backend; the planner's search. The bindings sit on top of them all.
+CORE_SRC := $(wildcard csrc/core/*.cpp csrc/alloc/*.cpp csrc/device/sim/*.cpp)
 HEADERS := $(wildcard csrc/*/*.h csrc/device/*/*.h)
 PLANNER_SRC := $(wildcard csrc/planner/*.cpp)
-CUDA_SRC := $(wildcard csrc/device/cuda/*.cpp) csrc/bindings/cuda_hooks.cpp
-ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(wildcard csrc/device/cuda/*.cpp csrc/bench/*.cpp csrc/bindings/*.cpp)
+CUDA_SRC := $(wildcard csrc/device/cuda/*.cpp csrc/runtime/*.cpp)
+ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(CUDA_SRC) $(wildcard csrc/bench/*.cpp csrc/bindings/*.cpp)
 EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin
@@ -33,7 +35,7 @@ $(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py
 build: $(EXT)
 
 demo: build
-	$(PY) -m waterwave.cli demo --out out
+	$(PY) -m waterwave demo --out out
 
 $(BIN)/random_run: tests/cpp/random_run.cpp $(CORE_SRC) $(HEADERS)
 	mkdir -p $(BIN)
@@ -76,7 +78,7 @@ test-python: build
 test: build sanitize test-python
 
 bench: build
-	$(PY) -m waterwave.cli bench alloc --json --out bench/results/alloc.json
+	$(PY) -m waterwave bench alloc --json --out bench/results/alloc.json
 	$(PY) bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
 
 clean:

@@ -1,4 +1,5 @@
-"""Builds waterwave._C, the C++17 allocator core, simulator and benchmarks.
+"""Builds waterwave._C: the C++17 allocator stack, the simulated GPU, the CUDA
+runtime, the planner's offset search and the benchmarks.
 
 Needs neither torch nor a CUDA toolkit: the core talks to a device interface;
 the simulator is compiled here, and the CUDA backend only declares the few
@@ -14,8 +15,10 @@ ParallelCompile("WATERWAVE_BUILD_JOBS", default=0).install()
 
 sources = sorted(
     glob.glob("csrc/core/*.cpp")
+    + glob.glob("csrc/alloc/*.cpp")
     + glob.glob("csrc/device/sim/*.cpp")
     + glob.glob("csrc/device/cuda/*.cpp")
+    + glob.glob("csrc/runtime/*.cpp")
     + glob.glob("csrc/bench/*.cpp")
     + glob.glob("csrc/planner/*.cpp")
     + glob.glob("csrc/bindings/*.cpp")

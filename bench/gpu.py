@@ -20,7 +20,7 @@ the GPU did for the same sequence, and how does the eager sequence differ
 from the captured graph's? --report does that part with no GPU.
 And a capture process captures the model three ways: on the CPU with the
 CPU's kernels, on the CPU with the CUDA kernels the planner emulates
-(waterwave.cuda_kernels), and on the GPU itself; it replays each through the
+(waterwave.planner.cuda_kernels), and on the GPU itself; it replays each through the
 simulated pytorch policy and says whether the emulated graph is the GPU's.
 Prints a table and writes JSON. Needs a GPU.
 """
@@ -44,7 +44,7 @@ def child(mode: str, name: str, bs: int, steps: int) -> dict:
 
     import waterwave as ww
     from waterwave import cuda as wc
-    from waterwave import models
+    from waterwave.tools import models
 
     if mode != "native":
         ww.install_allocator(policy="waterwave" if mode == "planned" else mode)
@@ -116,8 +116,8 @@ def capture_child(name: str, bs: int) -> dict:
 
     import torch
 
-    from waterwave import models
-    from waterwave.capture import capture
+    from waterwave.tools import models
+    from waterwave.planner.capture import capture
     from waterwave.planner.baseline import replay
 
     out = {"mode": "capture", "model": name, "batch_size": bs}

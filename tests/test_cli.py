@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from waterwave import cli
+from waterwave.tools import cli
 
 
 def test_bench_alloc_json(capsys):
@@ -46,7 +46,7 @@ def test_demo_writes_plot_and_numbers(tmp_path, capsys):
 
 
 def test_console_script_entry_point():
-    r = subprocess.run([sys.executable, "-m", "waterwave.cli", "--help"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "waterwave", "--help"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "bench" in r.stdout and "demo" in r.stdout
 
@@ -78,7 +78,7 @@ def test_plan_a_torchvision_model_with_table_and_plot(tmp_path, capsys):
 
 def test_plan_records_whose_kernels_it_captured(tmp_path, capsys):
     pytest.importorskip("torchvision")
-    from waterwave.graph import Graph
+    from waterwave.planner.graph import Graph
 
     for kernels in ("cuda", "cpu"):
         graph = tmp_path / f"{kernels}.json"

@@ -19,7 +19,7 @@ import pytest
 import waterwave as ww
 import waterwave.cuda as wc
 from waterwave import _C
-from waterwave.allocator import split_policy
+from waterwave.alloc.settings import split_policy
 
 MiB = 1024**2
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,7 +287,7 @@ def test_a_recorded_step_becomes_an_exact_plan(fake):
     one_step()
     trace = wc.stop_recording(0)
     assert [t[0] for t in trace] == sizes and all(f > a for _, a, f in trace)
-    slots, arena, info = wc.plan_from_trace(trace)
+    slots, arena, info = ww.planner.plan_from_trace(trace)
     assert info["status"] == "optimal" and arena == info["bound"]
     wc.set_plan(slots, arena, device=0, stream=S1)
     for _ in range(3):

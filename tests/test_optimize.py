@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from waterwave.runtime import optimize
+from waterwave.exec import optimize
 
 
 def train_both(model, make_opt, batches, loss_fn, strategy="greedy"):
@@ -153,11 +153,12 @@ def test_planned_steps_warm_up_record_then_follow_the_plan(monkeypatch, arena_fi
     steps. An arena that does not fit costs the plan, never a step."""
     import waterwave as ww
     from waterwave import cuda
+    from waterwave.exec import trainer as trainer_module
 
     calls = []
     monkeypatch.setattr(cuda, "start_recording", lambda device: calls.append("record"))
     monkeypatch.setattr(cuda, "stop_recording", lambda device: calls.append("stop") or [(512, 0, 1)])
-    monkeypatch.setattr(cuda, "plan_from_trace",
+    monkeypatch.setattr(trainer_module, "plan_from_trace",
                         lambda trace: ([(512, 0)], 512, {"bound": 512, "status": "optimal"}))
 
     def set_plan(slots, arena, device):

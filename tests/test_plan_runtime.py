@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from planner_graphs import random_graphs
 
 import waterwave as ww
-from waterwave.allocator import plan_slots
+from waterwave.planner import plan_slots
 from waterwave.planner import plan
 from waterwave.planner.lifetimes import allocation_events
 
@@ -150,3 +150,80 @@ def test_a_wrong_plan_never_hands_out_overlapping_memory(slots, program):
             pa.begin_step()
         pa.check_invariants()
     assert pa.hazards() == []
+
+
+def test_several_streams_each_follow_their_own_plan():
+    """The allocator stack holds one plan per stream: two jobs' steps
+    interleave, each served wholly from its own arena, the arenas count as
+    reserved memory, and another stream's allocations leave neither plan."""
+    a = ww.Allocator("waterwave", ww.SimDevice(64 * MiB, 0.0))
+    plans = {0: [(4096, 0), (8192, 4096), (4096, 12288)], 1: [(1024, 0), (1024, 1024)]}
+    for stream, slots in plans.items():
+        a.set_plan(stream, slots)
+    for _ in range(3):
+        live = []
+        for k in range(3):
+            for stream, slots in plans.items():
+                if k < len(slots):
+                    live.append(a.alloc(slots[k][0], stream))
+            live.append(a.alloc(700, 2))  # an unplanned job beside them
+        arenas = {s: a.plan_stats(s)["arena"] for s in plans}
+        assert live[0] == arenas[0] and live[1] == arenas[1]
+        for p in live:
+            a.free(p)
+        for stream in plans:
+            a.begin_step(stream)
+    for stream, slots in plans.items():
+        st = a.plan_stats(stream)
+        assert st["planned"] == 3 * len(slots) and st["deviations"] == st["fallback"] == 0
+    assert a.stats()["reserved_bytes.all.current"] >= 16384 + 2048
+    with pytest.raises(ww.ConfigError, match="several streams have a plan"):
+        a.plan_stats()
+    a.check_invariants()
+    a.clear_plan()
+    assert a.hazards() == []
+
+
+def test_a_planned_block_used_on_another_stream_is_fenced():
+    """record_stream on a planned block: when it is freed, the plan's stream
+    waits on the other stream's work before the slot's bytes go out again."""
+    a = ww.Allocator("waterwave", ww.SimDevice(64 * MiB, 1.0))
+    a.set_plan(0, [(1024, 0)])
+    p = a.alloc(1024, 0)
+    a.record_stream(p, 1)
+    a.launch(1, 1000.0, [p])  # still running on stream 1
+    a.free(p)
+    a.begin_step(0)
+    assert a.alloc(1024, 0) == p
+    assert a.hazards() == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 8), st.integers(0, 3)), max_size=80),
+       st.integers(1, 6))
+@settings(max_examples=150, deadline=None)
+def test_stream_plans_never_overlap_each_other_or_the_policy(program, unit):
+    """Two streams with plans of overlapping random slots, a third without,
+    record_stream and kernels: no two live blocks ever overlap, no hazards."""
+    a = ww.Allocator("waterwave", ww.SimDevice(64 * MiB, 1.0))
+    a.set_plan(0, [(512 * unit, 512 * k) for k in range(4)])
+    a.set_plan(1, [(512 * unit, 0), (512 * unit, 256)])
+    live = {}
+    for stream, size, action in program:
+        if action == 0 or not live:
+            p = a.alloc(512 * (unit if size % 2 else size), stream)
+            n = a.allocation_size(p)
+            assert all(p + n <= q or q + m <= p for q, (m, _) in live.items()), "overlap"
+            live[p] = (n, stream)
+            a.launch(stream, 10.0 * size, [p])
+        elif action == 1:
+            q = sorted(live)[size % len(live)]
+            a.free(q)
+            del live[q]
+        elif action == 2:
+            q = sorted(live)[size % len(live)]
+            a.record_stream(q, stream)
+            a.launch(stream, 50.0, [q])
+        else:
+            a.begin_step(stream % 2)
+        a.check_invariants()
+    assert a.hazards() == []

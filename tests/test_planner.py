@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner_graphs import random_graphs
-from waterwave.graph import Graph, GraphError
+from waterwave.planner.graph import Graph, GraphError
 from waterwave.planner import STRATEGIES, Buffer, Plan, PlanError, check_plan, order_peak, pack, plan
 from waterwave.planner.baseline import replay
 from waterwave.planner.offsets import greedy_pack, max_live

@@ -1,11 +1,21 @@
 """Waterwave: a GPU memory engine for PyTorch.
 
-The allocator core is C++ (``waterwave._C``); this package wraps it.
-Everything here runs without a GPU: ``SimDevice`` is a simulated GPU with
-virtual memory, stream queues on a virtual clock, events, and a detector of
-cross-stream reuse hazards. On a GPU, ``install_allocator()`` makes PyTorch
-allocate through Waterwave (``waterwave.cuda``).
+The allocator stack is C++ (``waterwave._C``); the packages here are its
+layers, imported one way (each package's docstring says what it may import):
+
+- ``alloc``: the allocator's faces: ``Allocator``/``PlanAllocator`` on the
+  simulated GPU, ``cuda`` (``install_allocator``) on real ones;
+- ``planner``: capture a training step, its graph, plans and their checks;
+- ``exec``: executors that run steps (``optimize``);
+- ``sim``: workloads on the simulated GPU and the demo;
+- ``tools``: the command line, models by name, plots.
+
+Everything runs without a GPU: ``SimDevice`` is a simulated GPU with virtual
+memory, stream queues on a virtual clock, events, and a detector of
+cross-stream reuse hazards.
 """
+import sys as _sys
+
 from ._C import (  # noqa: F401  (re-exported API)
     ConfigError,
     InvariantError,
@@ -13,12 +23,15 @@ from ._C import (  # noqa: F401  (re-exported API)
     PointerError,
     SimDevice,
 )
-from .allocator import Allocator, PlanAllocator, config_string, parse_config  # noqa: F401
-from .capture import capture  # noqa: F401  (imports torch only when called)
-from .cuda import install_allocator  # noqa: F401  (imports torch only when called)
-from .graph import Graph  # noqa: F401
+from .alloc import Allocator, PlanAllocator, config_string, cuda, parse_config  # noqa: F401
+from .alloc.cuda import install_allocator  # noqa: F401  (imports torch only when called)
+from .exec import optimize  # noqa: F401  (imports torch only when called)
 from .planner import Plan, pack, plan  # noqa: F401
-from .runtime import optimize  # noqa: F401
+from .planner.capture import capture  # noqa: F401  (imports torch only when called)
+from .planner.graph import Graph  # noqa: F401
+
+# ``import waterwave.cuda`` names the one module object waterwave.alloc.cuda.
+_sys.modules[__name__ + ".cuda"] = cuda
 
 __all__ = [
     "Allocator",
@@ -31,6 +44,7 @@ __all__ = [
     "config_string",
     "parse_config",
     "capture",
+    "cuda",
     "Graph",
     "Plan",
     "plan",

@@ -1,3 +1,4 @@
+// Allocator micro-benchmarks (alloc_bench.h): the cases and how they are timed.
 #include "alloc_bench.h"
 
 #include <algorithm>
@@ -8,7 +9,7 @@
 #include <memory>
 #include <random>
 
-#include "../core/allocator.h"
+#include "../alloc/stack.h"
 #include "../device/sim/sim_device.h"
 
 namespace waterwave {
@@ -44,12 +45,14 @@ struct GlibcTarget : Target {
   void free(std::uintptr_t p) override { std::free(reinterpret_cast<void*>(p)); }
 };
 
+// A policy as both faces reach it: through the allocator stack, with no
+// plan or recorder installed.
 struct PolicyTarget : Target {
   SimDevice device;
-  std::unique_ptr<Allocator> a;
+  std::unique_ptr<AllocatorStack> a;
   explicit PolicyTarget(const std::string& policy)
       : device(std::size_t{1} << 40, /*launch_overhead_us=*/0.0),
-        a(make_allocator(policy, device, AllocatorConfig{})) {}
+        a(std::make_unique<AllocatorStack>(device, parse_policy(policy), AllocatorConfig{})) {}
   std::uintptr_t alloc(std::size_t n, StreamId s) override { return a->allocate(n, s); }
   void free(std::uintptr_t p) override { a->deallocate(p); }
   void sync() override { a->sync_and_coalesce(); }
@@ -68,6 +71,16 @@ std::unique_ptr<Target> make_target(const std::string& policy) {
   return std::make_unique<PolicyTarget>(policy);
 }
 
+BenchCase new_case(const char* name, const std::string& policy, std::uint64_t pairs,
+                   std::uint64_t free_blocks) {
+  BenchCase c;
+  c.name = name;
+  c.policy = policy;
+  c.pairs = pairs;
+  c.free_blocks = free_blocks;
+  return c;
+}
+
 template <typename Step>
 double time_pairs(std::uint64_t pairs, Step step) {
   for (std::uint64_t i = 0; i < pairs / 10; ++i) step(i);  // warm up
@@ -84,11 +97,7 @@ BenchCase same_stream(const std::string& policy, std::uint64_t pairs,
   auto t = make_target(policy);
   std::uintptr_t window[8] = {};
   for (auto& w : window) w = t->alloc(sizes[0], 0);
-  BenchCase c;
-  c.name = "same_stream";
-  c.policy = policy;
-  c.pairs = pairs;
-  c.free_blocks = 0;
+  BenchCase c = new_case("same_stream", policy, pairs, 0);
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t& slot = window[i & 7];
     t->free(slot);
@@ -104,11 +113,7 @@ BenchCase same_stream(const std::string& policy, std::uint64_t pairs,
 BenchCase synced_path(const std::string& policy, std::uint64_t pairs,
                       const std::vector<std::size_t>& sizes) {
   auto t = make_target(policy);
-  BenchCase c;
-  c.name = "synced_path";
-  c.policy = policy;
-  c.pairs = pairs;
-  c.free_blocks = 0;
+  BenchCase c = new_case("synced_path", policy, pairs, 0);
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t p = t->alloc(sizes[i % sizes.size()], i & 63);
     t->free(p);
@@ -131,11 +136,7 @@ BenchCase cross_stream(const std::string& policy, std::uint64_t pairs,
     pt->device.launch(1, 1e18, {});
   }
   const std::size_t size = 12 * kMiB;
-  BenchCase c;
-  c.name = "cross_stream";
-  c.policy = policy;
-  c.pairs = pairs;
-  c.free_blocks = 0;
+  BenchCase c = new_case("cross_stream", policy, pairs, 0);
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t p = t->alloc(size, i & 1);
     t->free(p);
@@ -153,11 +154,7 @@ BenchCase with_free_blocks(const std::string& policy, std::uint64_t pairs,
   std::vector<std::uintptr_t> blocks(2 * holes);
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = t->alloc(sizes[i % sizes.size()], 0);
   for (std::size_t i = 0; i < blocks.size(); i += 2) t->free(blocks[i]);
-  BenchCase c;
-  c.name = name;
-  c.policy = policy;
-  c.pairs = pairs;
-  c.free_blocks = holes;
+  BenchCase c = new_case(name.c_str(), policy, pairs, holes);
   c.ns_per_pair = time_pairs(pairs, [&](std::uint64_t i) {
     std::uintptr_t p = t->alloc(sizes[(i * 7 + 3) % sizes.size()], 0);
     t->free(p);
@@ -172,7 +169,9 @@ BenchCase with_free_blocks(const std::string& policy, std::uint64_t pairs,
 std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed,
                                             int repeats) {
   const std::vector<std::size_t> sizes = size_sequence(4096, seed);
-  const char* policies[] = {"waterwave", "pytorch", "glibc"};
+  std::vector<std::string> targets;
+  for (const PolicyInfo& p : policies()) targets.push_back(p.name);
+  targets.push_back("glibc");
   using Runner = std::function<BenchCase(const std::string&)>;
   std::vector<Runner> runners = {
       [&](const std::string& p) { return same_stream(p, pairs, sizes); },
@@ -186,9 +185,9 @@ std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t s
   // machine affects all of them alike; the median repetition is reported.
   std::vector<BenchCase> out;
   for (const Runner& run : runners) {
-    std::vector<std::vector<BenchCase>> reps(3);
+    std::vector<std::vector<BenchCase>> reps(targets.size());
     for (int r = 0; r < repeats; ++r) {
-      for (int p = 0; p < 3; ++p) reps[p].push_back(run(policies[p]));
+      for (std::size_t t = 0; t < targets.size(); ++t) reps[t].push_back(run(targets[t]));
     }
     for (auto& runs : reps) {
       std::sort(runs.begin(), runs.end(),

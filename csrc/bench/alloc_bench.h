@@ -1,5 +1,8 @@
 // Allocator micro-benchmarks: nanoseconds per alloc+free pair on the hot
-// paths, for both policies and glibc malloc/free on the same size sequence.
+// paths, for every policy (through the allocator stack, as both faces reach
+// it) and glibc malloc/free on the same size sequence.
+//
+// May include: core/, alloc/, device/sim/.
 #pragma once
 
 #include <cstdint>

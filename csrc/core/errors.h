@@ -1,8 +1,10 @@
-// Exceptions the allocator raises. The bindings map them to Python types:
-// ConfigError -> ValueError, OutOfMemoryError -> waterwave.OutOfMemoryError
-// (a MemoryError), PointerError -> ValueError.
+// Exceptions every layer raises, and how messages spell sizes and addresses.
+// The bindings map them to Python types: ConfigError -> ValueError,
+// OutOfMemoryError -> waterwave.OutOfMemoryError (a MemoryError),
+// PointerError -> ValueError, InvariantError -> AssertionError.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -26,7 +28,9 @@ struct InvariantError : std::logic_error {
   using std::logic_error::logic_error;
 };
 
+// "1.50 MiB", "512 bytes": sizes in messages (errors.cpp).
 std::string format_bytes(std::size_t bytes);
+// "0x7f00c0000000": addresses in messages.
 std::string format_addr(unsigned long long addr);
 
 }  // namespace waterwave

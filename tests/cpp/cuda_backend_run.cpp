@@ -21,7 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/bindings/cuda_hooks.h"
+#include "../../csrc/runtime/cuda_runtime.h"
+#include "../../csrc/runtime/pytorch_abi.h"
 
 using namespace waterwave;
 using waterwave::cuda::CudaRuntime;
@@ -140,25 +141,26 @@ int main(int argc, char** argv) {
   // correct whatever the lifetimes) and serves the next steps.
   void* stream = stream_of(0);
   std::vector<void*> live;
-  rt.start_recording(0, cuda::stream_id(stream));
+  rt.stack(0).start_recording(cuda::stream_id(stream));
   program_step(live, stream);
-  std::vector<TracedBlock> trace = rt.stop_recording(0);
+  std::vector<TracedBlock> trace = rt.stack(0).stop_recording(std::nullopt);
   std::vector<PlanSlot> slots;
   std::size_t arena = 0;
   for (const TracedBlock& b : trace) {
     slots.push_back({b.size, arena});
     arena += b.size;
   }
-  rt.set_plan(0, slots, arena, cuda::stream_id(stream));
+  AllocatorStack& stack = rt.stack(0);
+  stack.set_plan(cuda::stream_id(stream), slots, arena, PlanScope::kDevice, true);
   for (int step = 0; step < 3; ++step) {
-    rt.with_plan(0, [](PlanAllocator& p) { p.begin_step(); });
+    stack.begin_step(std::nullopt);
     program_step(live, stream);
   }
-  const PlanStats ps = rt.with_plan(0, [](PlanAllocator& p) { return p.plan_stats(); });
+  const PlanStats ps = stack.plan_stats(std::nullopt);
   if (ps.planned != 3 * static_cast<std::int64_t>(trace.size()) || ps.fallback || ps.deviations)
     fail("the recorded plan was not followed");
-  rt.with_allocator(0, [](Allocator& a) { a.check_invariants(); });
-  rt.clear_plan(0);
+  stack.check_invariants();
+  stack.clear_plan(std::nullopt);
   const auto errors = rt.free_errors();
   if (errors.first) fail("bad frees: " + errors.second);
   rt.reset();

@@ -1,5 +1,8 @@
-// A long random run of one allocator policy on the simulated GPU, checking
-// every invariant after every step. Built with ASan and UBSan by `make test`.
+// A long random run of one allocator policy on the simulated GPU, through the
+// allocator stack both faces use, checking every invariant after every step.
+// In odd rounds stream 3 has a plan of random slots over the policy: the
+// plan's blocks and the policy's must never overlap, whatever the program
+// does with them. Built with ASan and UBSan by `make test`.
 //
 //   random_run POLICY OPS SEED
 //
@@ -8,11 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "../../csrc/core/allocator.h"
+#include "../../csrc/alloc/stack.h"
 #include "../../csrc/device/sim/sim_device.h"
 
 using namespace waterwave;
@@ -50,12 +54,21 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](std::uint64_t n) { return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng); };
 
-  std::uint64_t ooms = 0, allocs = 0, frees = 0, kernels = 0;
+  std::uint64_t ooms = 0, allocs = 0, frees = 0, kernels = 0, planned = 0;
   const int rounds = 5;
   for (int round = 0; round < rounds; ++round) {
     const std::string config = kConfigs[round % 5];
     SimDevice device(256 * kMiB, 1.0);
-    auto a = make_allocator(policy, device, AllocatorConfig::parse(config));
+    auto a = std::make_unique<AllocatorStack>(device, parse_policy(policy), AllocatorConfig::parse(config));
+    // The plan's slots overlap at random; stream 3 asks for the slot size
+    // half the time, so steps follow the plan for a while, then deviate.
+    constexpr StreamId kPlanned = 3;
+    const std::size_t slot_size = 512 * (1 + uniform(4096));
+    if (round % 2 == 1) {
+      std::vector<PlanSlot> slots;
+      for (int k = 0; k < 12; ++k) slots.push_back({slot_size, 512 * uniform(8192)});
+      a->set_plan(kPlanned, slots, 8192 * 512 + slot_size, PlanScope::kStream, false);
+    }
     std::map<Addr, Live> live;  // shadow: live allocations by address
     const std::uint64_t steps = ops / rounds;
     for (std::uint64_t i = 0; i < steps; ++i) {
@@ -70,6 +83,7 @@ int main(int argc, char** argv) {
           else if (k < 99) size = 10 * kMiB + uniform(90 * kMiB);
           else size = 200 * kMiB + uniform(200 * kMiB);  // often out of memory
           const StreamId s = uniform(4);
+          if (s == kPlanned && uniform(2) == 0) size = slot_size;
           Addr p = 0;
           try {
             p = a->allocate(size, s);
@@ -111,8 +125,10 @@ int main(int argc, char** argv) {
           a->sync_and_coalesce();
         } else if (r < 980) {
           a->empty_cache();
-        } else if (r < 990) {
+        } else if (r < 985) {
           device.advance_host(static_cast<double>(uniform(200)));
+        } else if (r < 990) {
+          if (a->has_plan(kPlanned)) a->begin_step(kPlanned);
         } else {
           device.synchronize_device();
         }
@@ -126,6 +142,8 @@ int main(int argc, char** argv) {
       if (!hz.empty()) return fail("hazard: " + hz.front().describe(), step);
     }
     for (auto& [p, l] : live) a->deallocate(p);
+    if (a->has_plan(kPlanned)) planned += static_cast<std::uint64_t>(a->plan_stats(kPlanned).planned);
+    a->clear_plan(std::nullopt);
     a->sync_and_coalesce();
     a->empty_cache();
     a->check_invariants();
@@ -133,10 +151,11 @@ int main(int argc, char** argv) {
       return fail("empty_cache left memory reserved after everything was freed", ops);
     }
   }
-  std::printf("random_run %s: %llu ops, %llu allocs, %llu frees, %llu kernels, %llu OOMs, 0 hazards, "
-              "invariants held after every step\n",
+  std::printf("random_run %s: %llu ops, %llu allocs, %llu frees, %llu kernels, %llu OOMs, %llu planned, "
+              "0 hazards, invariants held after every step\n",
               policy.c_str(), static_cast<unsigned long long>(ops),
               static_cast<unsigned long long>(allocs), static_cast<unsigned long long>(frees),
-              static_cast<unsigned long long>(kernels), static_cast<unsigned long long>(ooms));
+              static_cast<unsigned long long>(kernels), static_cast<unsigned long long>(ooms),
+              static_cast<unsigned long long>(planned));
   return 0;
 }

@@ -1,18 +1,21 @@
 // Threads on different streams allocate, free, hand pointers to each other
-// and trigger SyncAndCoalesce/empty_cache concurrently. Built with ASan and
-// UBSan (and runnable under TSan). Checks invariants and hazards at the end.
+// and trigger SyncAndCoalesce/empty_cache concurrently, through the allocator
+// stack; thread 0's stream has a plan that it replaces now and then while the
+// others allocate. Built with ASan and UBSan (and runnable under TSan).
+// Checks invariants and hazards at the end.
 //
 //   stress_threads POLICY THREADS OPS_PER_THREAD SEED
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "../../csrc/core/allocator.h"
+#include "../../csrc/alloc/stack.h"
 #include "../../csrc/device/sim/sim_device.h"
 
 using namespace waterwave;
@@ -27,7 +30,15 @@ int main(int argc, char** argv) {
   const std::uint64_t ops = std::strtoull(argv[3], nullptr, 10);
   const std::uint64_t seed = std::strtoull(argv[4], nullptr, 10);
   SimDevice device(512 * kMiB, 0.5);
-  auto a = make_allocator(policy, device, AllocatorConfig{});
+  auto a = std::make_unique<AllocatorStack>(device, parse_policy(policy), AllocatorConfig{});
+  // Thread 0's plan: back-to-back slots of a fixed program it rarely follows.
+  std::vector<PlanSlot> slots;
+  std::size_t arena = 0;
+  for (std::size_t k = 0; k < 16; ++k) {
+    slots.push_back({512 * (1 + (k * 37) % 200), arena});
+    arena += slots.back().size;
+  }
+  a->set_plan(0, slots, arena, PlanScope::kStream, false);
   std::mutex handoff_mu;
   std::vector<Addr> handoff;  // pointers freed by a thread other than their allocator
   std::atomic<std::uint64_t> ooms{0}, total{0};
@@ -77,6 +88,14 @@ int main(int argc, char** argv) {
           a->empty_cache();
         } else if (r < 910) {
           (void)a->stats();
+        } else if (r < 915 && tid == 0) {
+          a->begin_step(stream);
+        } else if (r < 917 && tid == 0) {
+          try {
+            a->set_plan(stream, slots, arena, PlanScope::kStream, false);
+          } catch (const ConfigError&) {
+            // Its blocks are still in use (perhaps by other threads): keep it.
+          }
         }
         ++total;
       }
@@ -94,6 +113,7 @@ int main(int argc, char** argv) {
   for (Addr p : handoff) a->deallocate(p);
   try {
     a->check_invariants();
+    a->clear_plan(std::nullopt);
     a->sync_and_coalesce();
     a->empty_cache();
     a->check_invariants();

@@ -20,19 +20,30 @@ shares is held to the cut bound with sharing (``stats["inplace_bound"]``,
 recorded for every ``model`` plan).
 
 ``pack(buffers)`` solves offsets alone for fixed lifetimes.
+
+The package also holds what feeds the planner and what it feeds: capture
+(``capture.py``: a training step on the CPU with fake tensors, recording
+CUDA's kernels with ``cuda_kernels.py``), the graph it makes (``graph.py``),
+the baseline every saving is measured against (``baseline.py``, a replay
+through the allocator's ``pytorch`` policy), and a plan as the allocation
+sequence a plan allocator serves (``slots.py``).
+
+May import: waterwave._C, waterwave.alloc (the baseline's replays) and this
+package; torch lazily.
 """
 from __future__ import annotations
 
 import os
 import time
 
-from ..graph import Graph
+from .graph import Graph
 from .check import check_plan
 from .cut_bound import CutBounds
 from .inplace import inplace_layout, inplace_pairs
 from .lifetimes import lifetimes, order_peak
 from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers
 from .plan import Plan, PlanError
+from .slots import plan_from_trace, plan_slots
 
 STRATEGIES = ("pytorch", "mxnet", "paddle", "greedy", "model")
 
@@ -46,6 +57,8 @@ __all__ = [
     "order_peak",
     "pack",
     "plan",
+    "plan_from_trace",
+    "plan_slots",
 ]
 
 

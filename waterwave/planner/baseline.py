@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..allocator import Allocator
-from ..graph import Graph
+from ..alloc import Allocator
+from .graph import Graph
 from .. import _C
 from .lifetimes import allocation_events, order_peak
 

@@ -10,23 +10,29 @@ from __future__ import annotations
 
 import bisect
 
-from ..graph import Graph
+from .graph import Graph
 from .plan import Plan, PlanError
 
 
 def check_plan(g: Graph, plan: Plan) -> None:
     """Raise PlanError naming the first problem; return None when the plan is valid."""
+    pos, made_by = _check_order(g, plan)
+    spans, last_use = _spans(g, pos)
+    _check_sizes(g, plan, spans)
+    partner = _legal_inplace(g, plan, made_by, last_use, pos)
+    _check_no_overlap(g, plan, spans, partner)
+
+
+def _check_order(g: Graph, plan: Plan) -> tuple[list[int], dict[int, int]]:
+    """The order is a topological order. Returns each node's position, and
+    each produced tensor's producer."""
     n = len(g.nodes)
-    order = plan.order
-    if sorted(order) != list(range(n)):
+    if sorted(plan.order) != list(range(n)):
         raise PlanError(f"order is not a permutation of the graph's {n} nodes")
     pos = [0] * n
-    for i, v in enumerate(order):
+    for i, v in enumerate(plan.order):
         pos[v] = i
-    made_by = {}
-    for node in g.nodes:
-        for t in node.outputs:
-            made_by[t] = node.id
+    made_by = {t: node.id for node in g.nodes for t in node.outputs}
     for node in g.nodes:
         preds = set(node.deps)
         preds.update(made_by[t] for t in node.inputs if t in made_by)
@@ -34,9 +40,14 @@ def check_plan(g: Graph, plan: Plan) -> None:
             if p != node.id and pos[p] >= pos[node.id]:
                 raise PlanError(f"order runs {g.nodes[node.id].name!r} before its predecessor "
                                 f"{g.nodes[p].name!r}")
-    # Lifetimes, recomputed here.
-    produced_at = {}
-    last_use = {}
+    return pos, made_by
+
+
+def _spans(g: Graph, pos: list[int]) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    """Lifetimes, recomputed here: (first step, last step) per tensor with
+    bytes, and each tensor's last use."""
+    n = len(g.nodes)
+    produced_at, last_use = {}, {}
     for node in g.nodes:
         for t in node.outputs:
             produced_at[t] = pos[node.id]
@@ -53,7 +64,11 @@ def check_plan(g: Graph, plan: Plan) -> None:
             s = produced_at.get(t.id, 0)
             e = n - 1 if t.id in keep else max(last_use.get(t.id, s), s)
             spans[t.id] = (s, e)
-    # Sizes and offsets.
+    return spans, last_use
+
+
+def _check_sizes(g: Graph, plan: Plan, spans) -> None:
+    """Every tensor has its size and an offset; the arena ends at the highest byte used."""
     top = 0
     for tid in spans:
         size = g.tensors[tid].size
@@ -66,9 +81,13 @@ def check_plan(g: Graph, plan: Plan) -> None:
         top = max(top, off + size)
     if top != plan.arena_size:
         raise PlanError(f"arena size {plan.arena_size} is not exact: the highest byte used is {top}")
-    # Legal in-place pairs: out is made by the node that last uses `inp`, and
-    # that node allows overwriting `inp`.
-    partner = {}
+
+
+def _legal_inplace(g: Graph, plan: Plan, made_by, last_use, pos) -> dict[int, set[int]]:
+    """Legal in-place pairs: out is made by the node that last uses `inp`,
+    and that node allows overwriting `inp`. Returns out -> its inputs."""
+    keep = set(g.meta.get("outputs", []))
+    partner: dict[int, set[int]] = {}
     for out, inp in plan.inplace:
         p = g.nodes[made_by[out]] if out in made_by else None
         if p is None or inp not in p.inplace_ok or last_use.get(inp) != pos[p.id] or inp in keep:
@@ -77,12 +96,16 @@ def check_plan(g: Graph, plan: Plan) -> None:
         if g.tensors[inp].persistent:
             raise PlanError(f"in-place pair ({out}, {inp}) overwrites a persistent tensor")
         partner.setdefault(out, set()).add(inp)
-    # Sweep time, keeping the live set sorted by offset.
+    return partner
+
+
+def _check_no_overlap(g: Graph, plan: Plan, spans, partner) -> None:
+    """Sweep time, keeping the live set sorted by offset: tensors live
+    together never overlap, except a legal in-place pair."""
     starts: dict[int, list[int]] = {}
-    for tid, (s, e) in spans.items():
-        starts.setdefault(s, []).append(tid)
     by_end: dict[int, list[int]] = {}
     for tid, (s, e) in spans.items():
+        starts.setdefault(s, []).append(tid)
         by_end.setdefault(e, []).append(tid)
     live: list[tuple[int, int, int]] = []  # (offset, end_offset, tid) sorted
 
@@ -98,9 +121,8 @@ def check_plan(g: Graph, plan: Plan) -> None:
                 return other
         return None
 
-    for step in range(n):
-        new = starts.get(step, [])
-        for tid in new:
+    for step in range(len(g.nodes)):
+        for tid in starts.get(step, []):
             excused = partner.get(tid, set())
             pool = [x for x in live if x[2] not in excused]
             other = conflicts(tid, pool)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..graph import Graph
+from .graph import Graph
 from .lifetimes import lifetimes, live_profile
 
 

@@ -21,7 +21,7 @@ import math
 import subprocess
 import sys
 
-from ..graph import Graph
+from .graph import Graph
 
 
 def solve_paper_ilp(g: Graph, time_limit: float = 60.0):

@@ -3,11 +3,11 @@ overwrite its input (``Node.inplace_ok``) writes its output into that
 input's memory when the input dies there. The order x offset models (MODeL)
 cannot express this; applied to the order they choose, it removes the one
 step where both would be live. The runtime then runs those operators in
-place (``waterwave.runtime``), so the plan is what the program does.
+place (``waterwave.exec.trainer``), so the plan is what the program does.
 """
 from __future__ import annotations
 
-from ..graph import Graph
+from .graph import Graph
 from .lifetimes import lifetimes, share_roots
 from .offsets import Buffer, exact_pack
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..graph import check_header, read_json
+from .graph import check_header, read_json
 
 FORMAT = "waterwave-plan"
 VERSION = 1
@@ -73,6 +73,13 @@ class Plan:
                        [(int(a), int(b)) for a, b in d.get("inplace", [])], dict(d.get("stats", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan file is corrupt: {type(e).__name__}: {e}") from None
+
+    def allocation_slots(self, graph) -> tuple[list[tuple[int, int]], int]:
+        """The allocation sequence a step makes under this plan, as (size,
+        offset) slots and the arena (``slots.plan_slots``)."""
+        from .slots import plan_slots
+
+        return plan_slots(graph, self)
 
     @classmethod
     def load(cls, path: str) -> "Plan":

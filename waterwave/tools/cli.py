@@ -7,11 +7,11 @@ import platform
 import sys
 import time
 
-from .capture import KERNELS
+from ..planner.capture import KERNELS
 
 
 def _bench_alloc(args) -> int:
-    from . import _C
+    from .. import _C
 
     t0 = time.time()
     cases = _C.bench_alloc(args.pairs, args.seed, args.repeats)
@@ -55,7 +55,7 @@ def _cpu_name() -> str:
 
 
 def _demo(args) -> int:
-    from . import demo
+    from ..sim import demo
 
     print("Two training jobs, out of phase, on two streams of a simulated GPU "
           "(launch 5 us, kernels 120 us).")
@@ -74,14 +74,14 @@ def _demo(args) -> int:
 
 
 def _load_or_capture(model: str, batch_size: int, optimizer: str, kernels: str, progress):
-    from .graph import Graph
+    from ..planner.graph import Graph
 
     if model.endswith(".json"):
         return Graph.load(model)
     import torch
 
     from . import models
-    from .capture import capture
+    from ..planner.capture import capture
 
     net, inputs, loss = models.build(model, batch_size)
     opt = (torch.optim.Adam(net.parameters(), lr=1e-3) if optimizer == "adam"
@@ -98,8 +98,8 @@ def _plan(args) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from .planner import check_plan, plan
-    from .planner.baseline import replay
+    from ..planner import check_plan, plan
+    from ..planner.baseline import replay
 
     console = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -159,8 +159,8 @@ def _plan(args) -> int:
 
 
 def _pack(args) -> int:
-    from .planner import pack
-    from .planner.buffer_csv import read_buffer_csv, write_buffer_csv
+    from ..planner import pack
+    from ..planner.buffer_csv import read_buffer_csv, write_buffer_csv
 
     try:
         table = read_buffer_csv(args.file)

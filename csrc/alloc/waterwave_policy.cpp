@@ -16,6 +16,8 @@
 // Frees coalesce only with neighbours in the same unsynced set; merging with
 // synced neighbours is deferred until promotion or SyncAndCoalesce, so a free
 // never turns synced memory into unsynced memory.
+//
+// May include: core/ and this folder.
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -28,66 +30,55 @@ namespace {
 
 constexpr std::size_t kMaxMarkers = 16;  // pending markers kept per stream
 
-class WaterwaveAllocator final : public CachingAllocatorBase {
+class WaterwavePolicy final : public Allocator {
  public:
-  using CachingAllocatorBase::CachingAllocatorBase;
+  WaterwavePolicy(Device& device, const AllocatorConfig& config)
+      : Allocator(PolicyKind::kWaterwave, device, config) {}
 
-  ~WaterwaveAllocator() override {
+  ~WaterwavePolicy() override {
     for (auto& [id, s] : streams_) {
       for (Marker& m : s->markers) release_event(m.event);
     }
   }
 
-  std::string policy() const override { return "waterwave"; }
-
-  Addr allocate(std::size_t bytes, StreamId stream) override {
-    if (bytes == 0) return 0;
-    check_request(bytes);
-    std::unique_lock<std::mutex> lock(mu_);
-    const std::size_t size = rules_.round_size(bytes);
-    const PoolKind pool = SizeRules::pool_for(size);
-    Block* b = nullptr;
-    Served how = Served::kSameStream;
-    for (int attempt = 0;; ++attempt) {
-      StreamState* s = stream_state(stream);  // re-read: the lock may have dropped
-      if ((b = fit(s->unsynced[pool], size))) {
-        how = Served::kSameStream;
-      } else if ((b = fit(synced_[pool], size))) {
-        how = Served::kSynced;
-      } else if (promote_by_query() && (b = fit(synced_[pool], size))) {
-        how = Served::kPromoted;
-      } else if ((b = take_from_other_stream(s, pool, size))) {
-        how = Served::kCrossStreamWait;
-      } else if ((b = reserve_segment(lock, rules_.segment_size(size), pool, stream))) {
-        how = Served::kNewSegment;
-      }
-      if (b) {
-        if (attempt > 0) how = Served::kAfterSync;
-        break;
-      }
-      if (attempt > 0) {
-        stats_.num_ooms++;
-        throw OutOfMemoryError(oom_message(bytes, size, rules_.segment_size(size)));
-      }
-      // Out of device memory: make every free block synced and coalesced,
-      // give wholly free segments back, and try once more.
-      stats_.num_oom_retries++;
-      lock.unlock();
-      sync_and_coalesce();
-      release_free_segments();
-      lock.lock();
-    }
-    hand_out(b, size, pool, stream);
-    mark_allocated(b, bytes, stream);
-    stats_.served[static_cast<int>(how)]++;
-    return b->addr;
+ private:
+  // Steps 1-7 of the file's opening, in order; steps 6-7 when the device is
+  // out of memory.
+  Block* find_block_locked(Lock& lock, const Request& r, Served& how) override {
+    if (Block* b = find_cached_or_new_locked(lock, r, how)) return b;
+    // Out of device memory: make every free block synced and coalesced,
+    // give wholly free segments back, and try once more.
+    stats_.num_oom_retries++;
+    sync_and_coalesce_locked(lock);
+    release_free_segments_locked(lock);
+    Block* b = find_cached_or_new_locked(lock, r, how);
+    how = Served::kAfterSync;
+    return b;
   }
 
-  void deallocate(Addr ptr) override {
-    if (ptr == 0) return;
-    std::lock_guard<std::mutex> g(mu_);
-    Block* b = live_block(ptr);
-    account_free_request(b);
+  Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
+    StreamState* s = stream_state(r.stream);
+    Block* b;
+    if ((b = fit(s->unsynced[r.pool], r.size))) {
+      how = Served::kSameStream;
+    } else if ((b = fit(synced_[r.pool], r.size))) {
+      how = Served::kSynced;
+    } else if (promote_by_query() && (b = fit(synced_[r.pool], r.size))) {
+      how = Served::kPromoted;
+    } else if ((b = take_from_other_stream(s, r.pool, r.size))) {
+      how = Served::kCrossStreamWait;
+    } else if ((b = reserve_segment_locked(lock, rules_.segment_size(r.size), r.pool, r.stream))) {
+      how = Served::kNewSegment;
+    }
+    return b;
+  }
+
+  // A new segment's remainder was never used: it is synced.
+  void file_remainder(Block* remainder, FreeSet* origin, const Request& r) override {
+    insert_free(origin ? *origin : synced_[r.pool], remainder);
+  }
+
+  void on_free(Block* b) override {
     account_free_complete(b);
     StreamState* s = stream_state(b->stream);
     // Other streams that used the block: record an event on each now, so the
@@ -102,29 +93,16 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     b->free_seq = ++free_counter_;
     s->latest_free_seq = b->free_seq;
     FreeSet& set = s->unsynced[b->segment->pool];
-    if (b->prev && b->prev->set == &set) {
-      Block* p = b->prev;
-      erase_free(p);
-      b = merge(p, b);
-    }
-    if (b->next && b->next->set == &set) {
-      Block* n = b->next;
-      erase_free(n);
-      b = merge(b, n);
-    }
-    insert_free(set, b);
+    insert_free(set, merge_neighbours_in(set, b));
   }
 
-  void sync_and_coalesce() override {
-    std::uint64_t covered;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      covered = free_counter_;
-    }
+  void sync_and_coalesce_locked(Lock& lock) override {
+    const std::uint64_t covered = free_counter_;
     // The host waits for the device without holding the lock; frees that
     // arrive meanwhile stay unsynced (their work may be queued after the sync).
+    lock.unlock();
     device_.synchronize_device();
-    std::lock_guard<std::mutex> g(mu_);
+    lock.lock();
     stats_.num_sync_and_coalesce++;
     for (StreamState* s : stream_list_) {
       while (!s->markers.empty() && s->markers.front().covered <= covered) {
@@ -135,30 +113,20 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     }
   }
 
-  void empty_cache() override {
-    sync_and_coalesce();
-    release_free_segments();
+  void empty_cache_locked(Lock& lock) override {
+    sync_and_coalesce_locked(lock);
+    release_free_segments_locked(lock);
   }
 
-  AllocatorStats stats() override {
-    std::lock_guard<std::mutex> g(mu_);
-    AllocatorStats out = stats_;
-    std::size_t largest = 0;
-    for_each_free_set([&](const FreeSet& s) {
-      if (Block* b = s.largest()) largest = std::max(largest, b->size);
-    });
-    out.largest_free_block = static_cast<std::int64_t>(largest);
+  void describe_free(AllocatorStats& out) const override {
     out.synced_free_bytes = static_cast<std::int64_t>(synced_[0].bytes() + synced_[1].bytes());
-    for (StreamState* s : stream_list_) {
+    for (const StreamState* s : stream_list_) {
       out.unsynced_free_bytes[s->id] =
           static_cast<std::int64_t>(s->unsynced[0].bytes() + s->unsynced[1].bytes());
     }
-    return out;
   }
 
-  void check_invariants() override {
-    std::lock_guard<std::mutex> g(mu_);
-    check_common_invariants();
+  void check_policy_invariants() override {
     std::unordered_map<EventId, int> refs;
     for (int p = 0; p < 2; ++p) {
       for (Block* b : synced_[p]) {
@@ -194,8 +162,7 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     if (refs != event_refs_) fail_invariant("event reference counts disagree with their holders");
   }
 
- protected:
-  std::string free_state(const Block* b) const override {
+  const char* free_state(const Block* b) const override {
     return (b->set == &synced_[0] || b->set == &synced_[1]) ? "synced" : "unsynced";
   }
   bool is_pending(const Block*) const override { return false; }
@@ -208,7 +175,6 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     }
   }
 
- private:
   // An event recorded on a stream when the global free counter stood at
   // `covered`: once it completes, every block that stream freed up to then
   // is free of pending work on that stream.
@@ -320,17 +286,7 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
 
   void insert_synced(Block* b) {
     FreeSet& syn = synced_[b->segment->pool];
-    if (b->prev && b->prev->set == &syn) {
-      Block* p = b->prev;
-      erase_free(p);
-      b = merge(p, b);
-    }
-    if (b->next && b->next->set == &syn) {
-      Block* n = b->next;
-      erase_free(n);
-      b = merge(b, n);
-    }
-    insert_free(syn, b);
+    insert_free(syn, merge_neighbours_in(syn, b));
   }
 
   // Step 4: best fit among the other streams' unsynced blocks; the requesting
@@ -353,41 +309,15 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
     return best;
   }
 
-  // Take `b` out of its set (or fresh from a segment), wait on any events it
-  // still carries, and split off a remainder that returns where b came from.
-  void hand_out(Block* b, std::size_t size, PoolKind pool, StreamId stream) {
-    FreeSet* origin = b->set;
-    if (origin) erase_free(b);
-    for (EventId e : b->events) {
-      device_.stream_wait_event(stream, e);
-      stats_.num_stream_waits++;
-    }
-    if (rules_.should_split(pool, b->size, size)) {
-      Block* r = split(b, size);
-      // A new segment's remainder was never used: it is synced.
-      insert_free(origin ? *origin : synced_[pool], r);
-    }
-    for (EventId e : b->events) release_event(e);
-    b->events.clear();
-  }
-
   // Give wholly free synced segments back to the device.
-  void release_free_segments() {
-    std::vector<Segment*> unlinked;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      for (int p = 0; p < 2; ++p) {
-        scratch_.clear();
-        for (Block* b : synced_[p]) {
-          if (!b->is_split()) scratch_.push_back(b);
-        }
-        for (Block* b : scratch_) {
-          erase_free(b);
-          unlinked.push_back(unlink_segment(b));
-        }
+  void release_free_segments_locked(Lock& lock) {
+    std::vector<Block*> whole;
+    for (int p = 0; p < 2; ++p) {
+      for (Block* b : synced_[p]) {
+        if (!b->is_split()) whole.push_back(b);
       }
     }
-    release_unlinked(unlinked);
+    release_segments_locked(lock, whole);
   }
 
   std::unordered_map<StreamId, std::unique_ptr<StreamState>> streams_;
@@ -400,8 +330,8 @@ class WaterwaveAllocator final : public CachingAllocatorBase {
 
 }  // namespace
 
-std::unique_ptr<Allocator> make_waterwave_allocator(Device& device, const AllocatorConfig& config) {
-  return std::make_unique<WaterwaveAllocator>(device, config);
+std::unique_ptr<Allocator> make_waterwave_policy(Device& device, const AllocatorConfig& config) {
+  return std::make_unique<WaterwavePolicy>(device, config);
 }
 
 }  // namespace waterwave

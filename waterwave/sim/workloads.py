@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import _C
-from .allocator import Allocator
+from .. import _C
+from ..alloc import Allocator
 
 MiB = 1024**2
 

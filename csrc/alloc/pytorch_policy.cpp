@@ -8,6 +8,8 @@
 // no cached block fits: garbage collection (fraction + threshold), a new
 // segment, releasing oversize cached blocks (max_split_size), and finally
 // synchronizing all events, freeing every unsplit cached segment and retrying.
+//
+// May include: core/ and this folder.
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -20,63 +22,53 @@ namespace waterwave {
 namespace {
 
 
-class PytorchAllocator final : public CachingAllocatorBase {
+class PytorchPolicy final : public Allocator {
  public:
-  using CachingAllocatorBase::CachingAllocatorBase;
+  PytorchPolicy(Device& device, const AllocatorConfig& config)
+      : Allocator(PolicyKind::kPytorch, device, config) {}
 
-  ~PytorchAllocator() override {
+  ~PytorchPolicy() override {
     for (auto& [id, s] : streams_) {
       for (auto& [e, b] : s->events) release_event(e);
     }
   }
 
-  std::string policy() const override { return "pytorch"; }
-
-  Addr allocate(std::size_t orig, StreamId stream) override {
-    if (orig == 0) return 0;
-    check_request(orig);
-    std::unique_lock<std::mutex> lock(mu_);
+ private:
+  // PyTorch's malloc, as its || chain: a cached block of the stream's pool;
+  // else garbage collection, a new segment, releasing oversize cached blocks
+  // then a new segment, and last releasing every cached block (after
+  // synchronizing their events) then a new segment.
+  Block* find_block_locked(Lock& lock, const Request& r, Served& how) override {
     process_events();
-    const std::size_t size = rules_.round_size(orig);
-    const PoolKind pool = SizeRules::pool_for(size);
-    const std::size_t alloc_size = rules_.segment_size(size);
-    Served how = Served::kSynced;
-    Block* b = get_free_block(stream, pool, size);
+    if (Block* b = get_free_block(r.stream, r.pool, r.size)) {
+      how = Served::kSynced;
+      return b;
+    }
+    if (allowed_max_ != SIZE_MAX && cfg_.garbage_collection_threshold > 0) {
+      garbage_collect_locked(lock);
+    }
+    const std::size_t segment = rules_.segment_size(r.size);
+    how = Served::kNewSegment;
+    Block* b = reserve_segment_locked(lock, segment, r.pool, r.stream);
+    if (!b && release_available_cached_blocks_locked(lock, r.stream, r.pool, r.size)) {
+      b = reserve_segment_locked(lock, segment, r.pool, r.stream);
+    }
     if (!b) {
-      if (allowed_max_ != SIZE_MAX && cfg_.garbage_collection_threshold > 0) {
-        garbage_collect(lock);
-      }
-      how = Served::kNewSegment;
-      b = reserve_segment(lock, alloc_size, pool, stream);
-      if (!b && release_available_cached_blocks(lock, stream, pool, size)) {
-        b = reserve_segment(lock, alloc_size, pool, stream);
-      }
-      if (!b) {
-        release_cached_blocks(lock);
-        stats_.num_alloc_retries++;
-        how = Served::kAfterSync;
-        b = reserve_segment(lock, alloc_size, pool, stream);
-      }
-      if (!b) {
-        stats_.num_ooms++;
-        throw OutOfMemoryError(oom_message(orig, size, alloc_size));
-      }
+      release_cached_blocks_locked(lock);
+      stats_.num_alloc_retries++;
+      how = Served::kAfterSync;
+      b = reserve_segment_locked(lock, segment, r.pool, r.stream);
     }
-    if (b->set) erase_free(b);
-    if (rules_.should_split(pool, b->size, size)) {
-      Block* r = split(b, size);
-      insert_pool(pools(stream)->sets[pool], r);
-    }
-    mark_allocated(b, orig, stream);
-    stats_.served[static_cast<int>(how)]++;
-    return b->addr;
+    return b;
   }
 
-  void deallocate(Addr ptr) override {
-    if (ptr == 0) return;
-    std::lock_guard<std::mutex> g(mu_);
-    Block* b = live_block(ptr);
-    account_free_request(b);
+  void file_remainder(Block* remainder, FreeSet*, const Request& r) override {
+    insert_pool(pools(r.stream)->sets[r.pool], remainder);
+  }
+
+  // A block used on other streams waits for their events; the others are
+  // cached at once.
+  void on_free(Block* b) override {
     if (!b->stream_uses.empty()) {
       insert_events(b);
     } else {
@@ -86,34 +78,21 @@ class PytorchAllocator final : public CachingAllocatorBase {
 
   // PyTorch has no SyncAndCoalesce; the closest operation retires every
   // pending cross-stream free after synchronizing its events.
-  void sync_and_coalesce() override {
-    std::unique_lock<std::mutex> lock(mu_);
+  void sync_and_coalesce_locked(Lock& lock) override {
     stats_.num_sync_and_coalesce++;  // counts calls of this API under both policies
-    synchronize_and_free_events(lock);
+    synchronize_and_free_events_locked(lock);
   }
 
-  void empty_cache() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    release_cached_blocks(lock);
-  }
+  void empty_cache_locked(Lock& lock) override { release_cached_blocks_locked(lock); }
 
-  AllocatorStats stats() override {
-    std::lock_guard<std::mutex> g(mu_);
-    AllocatorStats out = stats_;
-    std::size_t largest = 0, cached = 0;
-    for_each_free_set([&](const FreeSet& s) {
-      if (Block* b = s.largest()) largest = std::max(largest, b->size);
-      cached += s.bytes();
-    });
-    out.largest_free_block = static_cast<std::int64_t>(largest);
+  void describe_free(AllocatorStats& out) const override {
+    std::size_t cached = 0;
+    for_each_free_set([&](const FreeSet& s) { cached += s.bytes(); });
     out.synced_free_bytes = static_cast<std::int64_t>(cached);
     out.pending_free_bytes = static_cast<std::int64_t>(pending_bytes_);
-    return out;
   }
 
-  void check_invariants() override {
-    std::lock_guard<std::mutex> g(mu_);
-    check_common_invariants();
+  void check_policy_invariants() override {
     std::unordered_map<const Block*, int> queued;
     std::size_t pending = 0;
     for (auto& [id, s] : streams_) {
@@ -147,8 +126,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
     if (queued_events != outstanding_events_) fail_invariant("outstanding_events_ drifted");
   }
 
- protected:
-  std::string free_state(const Block* b) const override {
+  const char* free_state(const Block* b) const override {
     return b->set ? "free" : "pending_free";
   }
   bool is_pending(const Block* b) const override { return !b->allocated && b->event_count > 0; }
@@ -159,7 +137,6 @@ class PytorchAllocator final : public CachingAllocatorBase {
     }
   }
 
- private:
   struct StreamPools {
     FreeSet sets[2];  // small, large
     std::deque<std::pair<EventId, Block*>> events;  // events recorded on this stream
@@ -189,17 +166,8 @@ class PytorchAllocator final : public CachingAllocatorBase {
 
   void free_block(Block* b) {
     account_free_complete(b);
-    if (b->prev && b->prev->set) {
-      Block* p = b->prev;
-      erase_free(p);
-      b = merge(p, b);
-    }
-    if (b->next && b->next->set) {
-      Block* n = b->next;
-      erase_free(n);
-      b = merge(b, n);
-    }
-    insert_pool(pools(b->stream)->sets[b->segment->pool], b);
+    FreeSet& set = pools(b->stream)->sets[b->segment->pool];
+    insert_pool(set, merge_neighbours_in(set, b));
   }
 
   void insert_events(Block* b) {
@@ -242,7 +210,7 @@ class PytorchAllocator final : public CachingAllocatorBase {
   // Wait on every outstanding event (host-blocking, outside the lock), then
   // retire the blocks. The events are retained while we wait, so another
   // thread retiring one cannot recycle it under us.
-  void synchronize_and_free_events(std::unique_lock<std::mutex>& lock) {
+  void synchronize_and_free_events_locked(Lock& lock) {
     std::vector<EventId> waiting;
     for (auto& [id, s] : streams_) {
       for (auto& [e, b] : s->events) {
@@ -269,50 +237,29 @@ class PytorchAllocator final : public CachingAllocatorBase {
     for (EventId e : waiting) release_event(e);
   }
 
-  // Unlink wholly free cached segments chosen by `pick` and give them back.
-  template <typename Pick>
-  std::size_t release_blocks(std::unique_lock<std::mutex>& lock, Pick pick) {
-    std::vector<Segment*> unlinked;
-    std::size_t freed = 0;
-    std::vector<Block*> chosen;
-    pick(chosen);
-    for (Block* b : chosen) {
-      freed += b->size;
-      erase_free(b);
-      unlinked.push_back(unlink_segment(b));
-    }
-    if (!unlinked.empty()) {
-      lock.unlock();
-      release_unlinked(unlinked);
-      lock.lock();
-    }
-    return freed;
-  }
-
-  void release_cached_blocks(std::unique_lock<std::mutex>& lock) {
-    synchronize_and_free_events(lock);
-    release_blocks(lock, [&](std::vector<Block*>& out) {
-      for (auto& [id, s] : streams_) {
-        for (int p = 0; p < 2; ++p) {
-          for (Block* b : s->sets[p]) {
-            if (!b->is_split()) out.push_back(b);
-          }
+  void release_cached_blocks_locked(Lock& lock) {
+    synchronize_and_free_events_locked(lock);
+    std::vector<Block*> whole;
+    for (auto& [id, s] : streams_) {
+      for (int p = 0; p < 2; ++p) {
+        for (Block* b : s->sets[p]) {
+          if (!b->is_split()) whole.push_back(b);
         }
       }
-    });
+    }
+    release_segments_locked(lock, whole);
   }
 
   // Only with max_split_size set: free one cached oversize block at least as
   // large as max(size, max_split_size), or several, largest first.
-  bool release_available_cached_blocks(std::unique_lock<std::mutex>& lock, StreamId stream,
-                                       PoolKind pool, std::size_t size) {
+  bool release_available_cached_blocks_locked(Lock& lock, StreamId stream, PoolKind pool,
+                                              std::size_t size) {
     if (!cfg_.max_split_size_set()) return false;
     const std::size_t key = std::max(size, cfg_.max_split_size);
     FreeSet& set = pools(stream)->sets[pool];
     auto it = set.lower_bound(key);
     if (it != set.end()) {
-      Block* b = *it;
-      release_blocks(lock, [&](std::vector<Block*>& out) { out.push_back(b); });
+      release_segments_locked(lock, {*it});
       return true;
     }
     if (it == set.begin()) return false;
@@ -325,13 +272,13 @@ class PytorchAllocator final : public CachingAllocatorBase {
       if (it == set.begin()) break;
       --it;
     }
-    release_blocks(lock, [&](std::vector<Block*>& out) { out = chosen; });
+    release_segments_locked(lock, chosen);
     return total >= key;
   }
 
   // Free aged, unsplit blocks of the large pool until reserved memory is back
   // under garbage_collection_threshold * the allowed maximum.
-  void garbage_collect(std::unique_lock<std::mutex>& lock) {
+  void garbage_collect_locked(Lock& lock) {
     const auto threshold =
         static_cast<std::size_t>(cfg_.garbage_collection_threshold * static_cast<double>(allowed_max_));
     if (reserved_total_ <= threshold) return;
@@ -350,17 +297,17 @@ class PytorchAllocator final : public CachingAllocatorBase {
       }
       if (freeable == 0) break;
       const double mean_age = total_age / static_cast<double>(freeable);
-      std::size_t freed = release_blocks(lock, [&](std::vector<Block*>& out) {
-        // Like PyTorch, a round frees every old-enough block, even past target.
-        for (auto& [id, s] : streams_) {
-          for (Block* b : s->sets[kLargePool]) {
-            if (!b->is_split() &&
-                static_cast<double>(gc_calls_[kLargePool] - b->gc_count_base) >= mean_age) {
-              out.push_back(b);
-            }
+      // Like PyTorch, a round frees every old-enough block, even past target.
+      std::vector<Block*> old;
+      for (auto& [id, s] : streams_) {
+        for (Block* b : s->sets[kLargePool]) {
+          if (!b->is_split() &&
+              static_cast<double>(gc_calls_[kLargePool] - b->gc_count_base) >= mean_age) {
+            old.push_back(b);
           }
         }
-      });
+      }
+      const std::size_t freed = release_segments_locked(lock, old);
       if (freed == 0) break;
       reclaimed += freed;
     }
@@ -377,18 +324,8 @@ class PytorchAllocator final : public CachingAllocatorBase {
 
 }  // namespace
 
-std::unique_ptr<Allocator> make_pytorch_allocator(Device& device, const AllocatorConfig& config) {
-  return std::make_unique<PytorchAllocator>(device, config);
-}
-
-std::unique_ptr<Allocator> make_waterwave_allocator(Device& device, const AllocatorConfig& config);
-
-std::unique_ptr<Allocator> make_allocator(const std::string& policy, Device& device,
-                                          const AllocatorConfig& config) {
-  if (policy == "waterwave") return make_waterwave_allocator(device, config);
-  if (policy == "pytorch") return make_pytorch_allocator(device, config);
-  throw ConfigError("unknown allocator policy '" + policy +
-                    "': choose 'waterwave' (multi-stream) or 'pytorch' (PyTorch's native policy)");
+std::unique_ptr<Allocator> make_pytorch_policy(Device& device, const AllocatorConfig& config) {
+  return std::make_unique<PytorchPolicy>(device, config);
 }
 
 }  // namespace waterwave

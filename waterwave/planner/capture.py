@@ -8,7 +8,7 @@ as in-place operations on the parameter and state tensors (the way
 ``torch.optim``'s single-tensor implementations write it). ``make_fx`` traces
 it with ``tracing_mode="fake"``.
 
-The FX graph becomes a ``waterwave.graph.Graph``:
+The FX graph becomes a ``waterwave.planner.graph.Graph``:
 
 - tensors are storages (``StorageWeakRef``), so views and aliases add no
   tensor and extend their base's lifetime;
@@ -27,6 +27,7 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .cuda_kernels import cuda_kernels, emulating, own_kernels
@@ -104,7 +105,7 @@ def _check_optimizer(optimizer) -> None:
         raise CaptureError("capture does not support Adam(amsgrad=True) yet")
 
 
-def _state_names(optimizer, group: int) -> list[str]:
+def state_names(optimizer, group: int) -> list[str]:
     """The state tensors the optimizer (checked by ``_check_optimizer``)
     keeps per parameter of ``group``."""
     if type(optimizer).__name__ == "SGD":
@@ -131,45 +132,67 @@ def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
             if p.requires_grad and id(p) in group_of]
 
 
-def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-               example_targets: Sequence[Any] = ()):
-    """Trace one training step. Returns (fx GraphModule, placeholder roles,
-    placeholder names, gradient tensors seen while tracing). The module's
-    inputs are: parameters, buffers, optimizer state (per parameter, in
-    ``state_names`` order), [Adam: step_size, bc2_sqrt per group], the
-    model's inputs, then the targets; the loss is
-    ``loss_fn(model(*inputs), *targets)``."""
+@dataclass
+class StepLayout:
+    """How a traced step's flat inputs are laid out: parameters, buffers,
+    optimizer state (per parameter, in ``state_names`` order), [Adam:
+    step_size, bc2_sqrt per group], the model's inputs, then the targets."""
+    param_names: list[str]
+    groups: list[int]             # each parameter's group
+    param_states: list[list[str]]  # each parameter's state tensors
+    buffer_names: list[str]
+    n_scalar: int
+    n_inputs: int
+    n_targets: int
+
+    @classmethod
+    def of(cls, model, optimizer, n_inputs: int, n_targets: int) -> "StepLayout":
+        named_params = trained_parameters(model, optimizer)
+        if not named_params:
+            raise CaptureError("the optimizer updates none of the model's parameters")
+        groups = [k for _, _, k in named_params]
+        adam = type(optimizer).__name__ in ("Adam", "AdamW")
+        return cls([n for n, _, _ in named_params], groups,
+                   [state_names(optimizer, k) for k in groups],
+                   [n for n, _ in model.named_buffers()],
+                   2 * len(optimizer.param_groups) if adam else 0, n_inputs, n_targets)
+
+    def split(self, flat):
+        """(params, buffers, state, scalars, inputs, targets) of the flat inputs."""
+        bounds = [len(self.param_names), len(self.buffer_names),
+                  sum(len(s) for s in self.param_states), self.n_scalar, self.n_inputs]
+        parts, start = [], 0
+        for n in bounds:
+            parts.append(list(flat[start:start + n]))
+            start += n
+        return (*parts, list(flat[start:]))
+
+    def roles(self) -> list[str]:
+        n_state = sum(len(s) for s in self.param_states) + self.n_scalar
+        return (["param"] * len(self.param_names) + ["buffer"] * len(self.buffer_names)
+                + ["optimizer_state"] * n_state + ["input"] * (self.n_inputs + self.n_targets))
+
+    def names(self) -> list[str]:
+        names = self.param_names + self.buffer_names
+        names += [f"{p}.{s}" for p, ss in zip(self.param_names, self.param_states) for s in ss]
+        names += [f"adam.group{k}.{s}" for k in range(self.n_scalar // 2)
+                  for s in ("step_size", "bc2_sqrt")]
+        names += [f"input{i}" for i in range(self.n_inputs)]
+        return names + [f"target{i}" for i in range(self.n_targets)]
+
+
+def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list):
+    """The training step as a pure function of the flat inputs: forward,
+    backward, and the optimizer's update in place; returns the loss."""
     torch = _torch()
     from torch.func import functional_call
-    from torch.fx.experimental.proxy_tensor import make_fx
 
-    _check_optimizer(optimizer)
-    named_params = trained_parameters(model, optimizer)
-    if not named_params:
-        raise CaptureError("the optimizer updates none of the model's parameters")
-    named_buffers = list(model.named_buffers())
-    param_names = [n for n, _, _ in named_params]
-    groups = [k for _, _, k in named_params]
-    state_names = [_state_names(optimizer, k) for k in groups]  # per parameter
-    buffer_names = [n for n, _ in named_buffers]
-    loss_fn = loss_fn or _default_loss
-    n_p, n_b, n_s = len(param_names), len(buffer_names), sum(len(s) for s in state_names)
-    adam = type(optimizer).__name__ in ("Adam", "AdamW")
-    n_scalar = 2 * len(optimizer.param_groups) if adam else 0
-    n_in = len(example_inputs)
-    if example_targets and loss_fn is _default_loss:
-        raise CaptureError("targets need a loss_fn(output, *targets) to go into")
-    grads_seen: list = []
+    adam = layout.n_scalar > 0
 
     def step(*flat):
-        params = list(flat[:n_p])
-        buffers = list(flat[n_p:n_p + n_b])
-        state_flat = flat[n_p + n_b:n_p + n_b + n_s]
-        scalars = flat[n_p + n_b + n_s:n_p + n_b + n_s + n_scalar]
-        data = flat[n_p + n_b + n_s + n_scalar:]
-        inputs, targets = data[:n_in], data[n_in:]
-        tensors = dict(zip(param_names, params))
-        tensors.update(zip(buffer_names, buffers))
+        params, buffers, state_flat, scalars, inputs, targets = layout.split(flat)
+        tensors = dict(zip(layout.param_names, params))
+        tensors.update(zip(layout.buffer_names, buffers))
         out = functional_call(model, tensors, tuple(inputs))
         loss = loss_fn(out, *targets)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -177,37 +200,56 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         grads_seen.extend(grads)
         states = []
         next_state = iter(state_flat)
-        for names, k in zip(state_names, groups):
+        for names, k in zip(layout.param_states, layout.groups):
             st = {name: next(next_state) for name in names}
             if adam:
                 st["step_size"], st["bc2_sqrt"] = scalars[2 * k:2 * k + 2]
             states.append(st)
-        _optimizer_update(optimizer, [p.detach() for p in params], grads, states, groups)
+        _optimizer_update(optimizer, [p.detach() for p in params], grads, states, layout.groups)
         return loss
 
+    return step
+
+
+def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_targets) -> list:
+    """Flat inputs to trace with: copies of the parameters (requiring grad),
+    buffers, zero optimizer state, Adam's step-1 scalars, inputs, targets."""
+    torch = _torch()
     with torch.no_grad():
-        flat = [p.detach().clone().requires_grad_(True) for _, p, _ in named_params]
-        flat += [b.detach().clone() for _, b in named_buffers]
-        for (_, p, _), names in zip(named_params, state_names):
+        params = [p for _, p, _ in trained_parameters(model, optimizer)]
+        flat = [p.detach().clone() for p in params]
+        flat += [b.detach().clone() for _, b in model.named_buffers()]
+        for p, names in zip(params, layout.param_states):
             flat += [torch.zeros_like(p) for _ in names]
-        if adam:
+        if layout.n_scalar:
             flat += [torch.tensor(v) for v in adam_scalars(optimizer, 1)]
         flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x
                  for x in (*example_inputs, *example_targets)]
-    for x in flat[:n_p]:
+    for x in flat[:len(params)]:
         x.requires_grad_(True)
+    return flat
+
+
+def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+               example_targets: Sequence[Any] = ()):
+    """Trace one training step. Returns (fx GraphModule, placeholder roles,
+    placeholder names, gradient tensors seen while tracing). The module's
+    inputs are laid out as ``StepLayout`` says; the loss is
+    ``loss_fn(model(*inputs), *targets)``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    _check_optimizer(optimizer)
+    if example_targets and loss_fn is None:
+        raise CaptureError("targets need a loss_fn(output, *targets) to go into")
+    layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets))
+    grads_seen: list = []
+    step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen)
+    flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
     try:
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
     except Exception as e:
         raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
-    roles = (["param"] * n_p + ["buffer"] * n_b + ["optimizer_state"] * (n_s + n_scalar)
-             + ["input"] * (n_in + len(example_targets)))
-    names = param_names + buffer_names
-    names += [f"{p}.{s}" for p, ss in zip(param_names, state_names) for s in ss]
-    names += [f"adam.group{k}.{s}" for k in range(n_scalar // 2) for s in ("step_size", "bc2_sqrt")]
-    names += [f"input{i}" for i in range(n_in)]
-    names += [f"target{i}" for i in range(len(example_targets))]
-    return gm, roles, names, grads_seen
+    return gm, layout.roles(), layout.names(), grads_seen
 
 
 def as_tuple(xs) -> tuple:
@@ -239,7 +281,7 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
 
     ``kernels`` is the device whose operators the graph records: "cuda"
     (the default; for a model on the CPU, dropout and attention take the
-    kernels a CUDA device runs, see ``waterwave.cuda_kernels``) or "cpu"
+    kernels a CUDA device runs, see ``waterwave.planner.cuda_kernels``) or "cpu"
     (a model on the CPU, as the CPU runs it)."""
     torch = _torch()
 
@@ -285,104 +327,135 @@ def inplace_variant(target):
     return overload
 
 
-def graph_from_trace(gm, roles, names, grads_seen, name: str, meta: dict) -> Graph:
-    """Turn a traced step into a Graph; node names are the FX node names."""
-    torch = _torch()
-    from torch.multiprocessing.reductions import StorageWeakRef
+class _GraphBuilder:
+    """Turns a traced step into a Graph, one FX node at a time. Tensors are
+    storages: the first time a storage is seen it becomes a tensor (of the
+    placeholder's role, or an activation or gradient made by a node)."""
 
-    g = Graph(name, meta)
-    storage_tensor: dict = {}  # StorageWeakRef -> tensor id
-    keep_alive = []  # hold storages so that weak refs are not reused
+    def __init__(self, name: str, meta: dict, grads_seen):
+        torch = _torch()
+        from torch.multiprocessing.reductions import StorageWeakRef
 
-    def storages_of(val):
+        self.torch, self.ref = torch, StorageWeakRef
+        self.g = Graph(name, meta)
+        self.tensor_of: dict = {}  # StorageWeakRef -> tensor id
+        self.keep_alive = []  # hold storages so that weak refs are not reused
+        self.grad_refs = {StorageWeakRef(t.untyped_storage()) for t in grads_seen
+                          if isinstance(t, torch.Tensor)}
+        self.last_writer: dict[int, int] = {}
+        self.readers: dict[int, list[int]] = {}
+
+    def storages_of(self, val) -> list:
+        """(StorageWeakRef, bytes) of each tensor in a value or nested sequence."""
         out = []
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, self.torch.Tensor):
             st = val.untyped_storage()
-            keep_alive.append(st)
-            out.append((StorageWeakRef(st), st.nbytes()))
+            self.keep_alive.append(st)
+            out.append((self.ref(st), st.nbytes()))
         elif isinstance(val, (list, tuple)):
             for v in val:
-                out.extend(storages_of(v))
+                out.extend(self.storages_of(v))
         return out
 
-    grad_refs = {StorageWeakRef(t.untyped_storage()) for t in grads_seen
-                 if isinstance(t, torch.Tensor)}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, role, nm in zip(placeholders, roles, names):
-        for ref, nbytes in storages_of(node.meta.get("val")):
-            if ref not in storage_tensor:
-                storage_tensor[ref] = g.add_tensor(nm, round_size(nbytes), role,
-                                                   persistent=role != "input")
-    last_writer: dict[int, int] = {}
-    readers: dict[int, list[int]] = {}
-
-    def arg_storages(arg):
+    def arg_storages(self, arg) -> list:
         out = []
-        if isinstance(arg, torch.fx.Node):
-            out.extend(storages_of(arg.meta.get("val")))
+        if isinstance(arg, self.torch.fx.Node):
+            out.extend(self.storages_of(arg.meta.get("val")))
         elif isinstance(arg, (list, tuple)):
             for a in arg:
-                out.extend(arg_storages(a))
+                out.extend(self.arg_storages(a))
         elif isinstance(arg, dict):
             for a in arg.values():
-                out.extend(arg_storages(a))
+                out.extend(self.arg_storages(a))
         return out
 
+    def known(self, arg, once: bool = True) -> list[int]:
+        """The tensors an argument holds, in order (``once``: each once)."""
+        out = []
+        for r, _ in self.arg_storages(arg):
+            t = self.tensor_of.get(r)
+            if t is not None and not (once and t in out):
+                out.append(t)
+        return out
+
+    def add_placeholders(self, placeholders, roles, names) -> None:
+        for node, role, nm in zip(placeholders, roles, names):
+            for ref, nbytes in self.storages_of(node.meta.get("val")):
+                if ref not in self.tensor_of:
+                    self.tensor_of[ref] = self.g.add_tensor(nm, round_size(nbytes), role,
+                                                            persistent=role != "input")
+
+    def mutated(self, node) -> list[int]:
+        """Tensors the node writes in place, from its schema's alias info."""
+        out = []
+        schema = getattr(node.target, "_schema", None)
+        for i, a in enumerate(schema.arguments if schema is not None else ()):
+            if a.alias_info is not None and a.alias_info.is_write:
+                val = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+                out.extend(self.known(val, once=False))
+        return out
+
+    def new_outputs(self, node) -> list[int]:
+        """Tensors the node creates; views, aliases and in-place results add none."""
+        outs = []
+        for r, nbytes in self.storages_of(node.meta.get("val")):
+            if r in self.tensor_of or nbytes == 0:
+                continue
+            kind = "grad" if r in self.grad_refs else "activation"
+            self.tensor_of[r] = self.g.add_tensor(node.name, round_size(nbytes), kind)
+            outs.append(self.tensor_of[r])
+        return outs
+
+    def inplace_candidates(self, node, outs: list[int]) -> list[int]:
+        """The node's first input, if a pointwise in-place overload could
+        write its output there: same shape, dtype and contiguous layout, the
+        whole storage, not persistent and not a graph input."""
+        torch = self.torch
+        if not (torch.Tag.pointwise in getattr(node.target, "tags", ()) and len(outs) == 1
+                and node.args and isinstance(node.args[0], torch.fx.Node)
+                and inplace_variant(node.target) is not None):
+            return []
+        mine, made = node.args[0].meta.get("val"), node.meta.get("val")
+        if not (isinstance(mine, torch.Tensor) and isinstance(made, torch.Tensor)
+                and mine.shape == made.shape and mine.dtype == made.dtype
+                and mine.is_contiguous() and made.is_contiguous() and mine.storage_offset() == 0
+                and mine.untyped_storage().nbytes() == made.untyped_storage().nbytes()):
+            return []
+        t = self.tensor_of.get(self.ref(mine.untyped_storage()))
+        if t is None or self.g.tensors[t].persistent or self.g.tensors[t].kind == "input":
+            return []
+        return [t]
+
+    def add_call(self, node) -> None:
+        ins = self.known(list(node.args) + list(node.kwargs.values()))
+        mutated = self.mutated(node)
+        outs = self.new_outputs(node)
+        if not outs and not mutated:
+            return  # pure views and metadata ops move no memory
+        v = len(self.g.nodes)
+        deps = {self.last_writer[t] for t in ins if t in self.last_writer}  # read after write
+        for t in mutated:
+            deps.update(self.readers.get(t, []))  # write after read
+        deps.discard(v)
+        self.g.add_node(node.name, str(node.target), ins, outs, mutated, sorted(deps),
+                        self.inplace_candidates(node, outs))
+        for t in ins:
+            self.readers.setdefault(t, []).append(v)
+        for t in mutated:
+            self.last_writer[t] = v
+            self.readers[t] = []
+
+
+def graph_from_trace(gm, roles, names, grads_seen, name: str, meta: dict) -> Graph:
+    """Turn a traced step into a Graph; node names are the FX node names."""
+    b = _GraphBuilder(name, meta, grads_seen)
+    b.add_placeholders([n for n in gm.graph.nodes if n.op == "placeholder"], roles, names)
     outputs = []
     for node in gm.graph.nodes:
         if node.op == "output":
-            outputs = [storage_tensor[r] for r, _ in arg_storages(node.args) if r in storage_tensor]
-            continue
-        if node.op != "call_function":
-            continue
-        ins = []
-        for r, _ in arg_storages(list(node.args) + list(node.kwargs.values())):
-            if r in storage_tensor and storage_tensor[r] not in ins:
-                ins.append(storage_tensor[r])
-        mutated = []
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None:
-            for i, a in enumerate(schema.arguments):
-                if a.alias_info is not None and a.alias_info.is_write:
-                    val = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
-                    for r, _ in arg_storages(val):
-                        if r in storage_tensor:
-                            mutated.append(storage_tensor[r])
-        outs = []
-        for r, nbytes in storages_of(node.meta.get("val")):
-            if r in storage_tensor or nbytes == 0:
-                continue  # a view, an alias, or the result of an in-place write
-            kind = "grad" if r in grad_refs else "activation"
-            storage_tensor[r] = g.add_tensor(node.name, round_size(nbytes), kind)
-            outs.append(storage_tensor[r])
-        if not outs and not mutated:
-            continue  # pure views and metadata ops move no memory
-        inplace_ok = []
-        if (torch.Tag.pointwise in getattr(node.target, "tags", ()) and len(outs) == 1
-                and node.args and isinstance(node.args[0], torch.fx.Node)
-                and inplace_variant(node.target) is not None):
-            mine, made = node.args[0].meta.get("val"), node.meta.get("val")
-            if (isinstance(mine, torch.Tensor) and isinstance(made, torch.Tensor)
-                    and mine.shape == made.shape and mine.dtype == made.dtype
-                    and mine.is_contiguous() and made.is_contiguous() and mine.storage_offset() == 0
-                    and mine.untyped_storage().nbytes() == made.untyped_storage().nbytes()):
-                t = storage_tensor.get(StorageWeakRef(mine.untyped_storage()))
-                if t is not None and not g.tensors[t].persistent and g.tensors[t].kind != "input":
-                    inplace_ok = [t]
-        v = len(g.nodes)
-        deps = set()
-        for t in ins:
-            if t in last_writer:
-                deps.add(last_writer[t])  # read after write
-        for t in mutated:
-            deps.update(readers.get(t, []))  # write after read
-        deps.discard(v)
-        g.add_node(node.name, str(node.target), ins, outs, mutated, sorted(deps), inplace_ok)
-        for t in ins:
-            readers.setdefault(t, []).append(v)
-        for t in mutated:
-            last_writer[t] = v
-            readers[t] = []
-    g.meta["outputs"] = sorted(set(outputs))
-    g.validate()
-    return g
+            outputs = b.known(node.args)
+        elif node.op == "call_function":
+            b.add_call(node)
+    b.g.meta["outputs"] = sorted(set(outputs))
+    b.g.validate()
+    return b.g

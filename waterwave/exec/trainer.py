@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .capture import (
-    _state_names,
+from ..planner.capture import (
+    state_names,
     adam_scalars,
     as_tuple,
     graph_from_trace,
@@ -23,8 +23,8 @@ from .capture import (
     trace_step,
     trained_parameters,
 )
-from .planner import Plan, PlanError, check_plan
-from .planner import plan as make_plan
+from ..planner import Plan, PlanError, check_plan, plan_from_trace
+from ..planner import plan as make_plan
 
 
 def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset()):
@@ -124,14 +124,14 @@ class Trainer:
         self._state = []
         for _, p, group in trained:
             st = optimizer.state.get(p, {})
-            for name in _state_names(optimizer, group):
+            for name in state_names(optimizer, group):
                 self._state.append(st[name].detach() if name in st else torch.zeros_like(p))
         first = optimizer.state.get(self._params[0], {}).get("step", 0) if self._params else 0
         self._step = int(first)
         self._adam = type(optimizer).__name__ in ("Adam", "AdamW")
         self._plan_device = None
         if use_plan:
-            from . import cuda
+            from ..alloc import cuda
 
             device = _cuda_index(self._params)
             if device is not None and cuda.is_installed():
@@ -144,10 +144,11 @@ class Trainer:
     def _install_recorded_plan(self) -> None:
         import warnings
 
-        from . import _C, cuda
+        from .. import _C
+        from ..alloc import cuda
 
         trace = cuda.stop_recording(self._plan_device)
-        slots, arena, info = cuda.plan_from_trace(trace)
+        slots, arena, info = plan_from_trace(trace)
         self.trace_plan = {"allocations": len(slots), "arena_bytes": arena, **info}
         try:
             cuda.set_plan(slots, arena, device=self._plan_device)
@@ -165,7 +166,7 @@ class Trainer:
 
     def plan_stats(self) -> dict:
         """Planned and fallback allocations and deviations (planned GPU runs only)."""
-        from . import cuda
+        from ..alloc import cuda
 
         if self._plan_device is None:
             raise PlanError("this trainer's allocations do not follow its plan: that needs the "
@@ -195,7 +196,7 @@ class Trainer:
             with torch.no_grad():
                 loss = self.module(*flat)
             return loss.to("cpu") if self._loss_to_cpu else loss
-        from . import cuda
+        from ..alloc import cuda
 
         self._planned_steps += 1
         recording = not self._recorded and self._planned_steps >= 2  # the first one warms up

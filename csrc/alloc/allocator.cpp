@@ -1,34 +1,14 @@
-#include <algorithm>
-#include <cstdio>
-#include <sstream>
-
+// The shared machinery of allocator.h: the public calls and what every
+// policy's hooks build on.
 #include "allocator.h"
+
+#include <algorithm>
+#include <sstream>
 
 namespace waterwave {
 
-std::string format_bytes(std::size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= kGiB) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / kGiB);
-  } else if (bytes >= kMiB) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / kMiB);
-  } else if (bytes >= kKiB) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", b / kKiB);
-  } else {
-    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
-  }
-  return buf;
-}
-
-std::string format_addr(unsigned long long addr) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", addr);
-  return buf;
-}
-
-CachingAllocatorBase::CachingAllocatorBase(Device& device, const AllocatorConfig& config)
-    : device_(device), cfg_(config), rules_{cfg_} {
+Allocator::Allocator(PolicyKind kind, Device& device, const AllocatorConfig& config)
+    : device_(device), cfg_(config), rules_{cfg_}, kind_(kind) {
   if (cfg_.per_process_memory_fraction < 1.0) {
     allowed_max_ = static_cast<std::size_t>(cfg_.per_process_memory_fraction *
                                             static_cast<double>(device_.total_memory()));
@@ -37,7 +17,7 @@ CachingAllocatorBase::CachingAllocatorBase(Device& device, const AllocatorConfig
       cfg_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(cfg_.max_split_size);
 }
 
-CachingAllocatorBase::~CachingAllocatorBase() {
+Allocator::~Allocator() {
   // Give every segment back; live allocations die with the allocator, as
   // they do when a CUDA context is destroyed.
   for (auto& [addr, seg] : segments_) {
@@ -62,29 +42,111 @@ CachingAllocatorBase::~CachingAllocatorBase() {
   }
 }
 
-EventId CachingAllocatorBase::take_event() {
-  EventId e;
-  if (event_pool_.empty()) {
-    e = device_.create_event();
-  } else {
-    e = event_pool_.back();
-    event_pool_.pop_back();
+
+// ---- The public calls: check, lock, shared part, hooks. ----
+
+Addr Allocator::allocate(std::size_t bytes, StreamId stream) {
+  if (bytes == 0) return 0;
+  if (bytes >= kMaxRequest) {  // refused before touching any state
+    throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
+                           std::to_string(bytes) + " bytes); the size is probably corrupt");
   }
-  event_refs_[e] = 1;
-  return e;
+  Lock lock(mu_);
+  const std::size_t size = rules_.round_size(bytes);
+  const Request r{bytes, size, SizeRules::pool_for(size), stream};
+  Served how = Served::kSynced;
+  Block* b = find_block_locked(lock, r, how);
+  if (!b) {
+    stats_.num_ooms++;
+    throw OutOfMemoryError(oom_message(r));
+  }
+  hand_out(b, r);
+  stats_.served[static_cast<int>(how)]++;
+  return b->addr;
 }
 
-void CachingAllocatorBase::release_event(EventId e) {
-  auto it = event_refs_.find(e);
-  if (it == event_refs_.end()) fail_invariant("released an event with no references");
-  if (--it->second == 0) {
-    event_refs_.erase(it);
-    event_pool_.push_back(e);
+void Allocator::deallocate(Addr ptr) {
+  if (ptr == 0) return;
+  Lock lock(mu_);
+  Block* b = live_block(ptr, "free");
+  account_free_request(b);
+  on_free(b);
+}
+
+void Allocator::record_stream(Addr ptr, StreamId stream) {
+  Lock lock(mu_);
+  Block* b = live_block(ptr, "record_stream on");
+  if (stream == b->stream) return;
+  // Both policies note other streams' uses the same way; they differ in what
+  // a free then does with them.
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
   }
 }
 
-Block* CachingAllocatorBase::reserve_segment(std::unique_lock<std::mutex>& lock, std::size_t bytes,
-                                             PoolKind pool, StreamId stream) {
+void Allocator::sync_and_coalesce() {
+  Lock lock(mu_);
+  sync_and_coalesce_locked(lock);
+}
+
+void Allocator::empty_cache() {
+  Lock lock(mu_);
+  empty_cache_locked(lock);
+}
+
+AllocatorStats Allocator::stats() {
+  Lock lock(mu_);
+  AllocatorStats out = stats_;
+  std::size_t largest = 0;
+  for_each_free_set([&](const FreeSet& s) {
+    if (Block* b = s.largest()) largest = std::max(largest, b->size);
+  });
+  out.largest_free_block = static_cast<std::int64_t>(largest);
+  describe_free(out);
+  return out;
+}
+
+void Allocator::reset_peak_stats() {
+  Lock lock(mu_);
+  stats_.reset_peaks();
+}
+
+std::vector<SegmentInfo> Allocator::snapshot() {
+  Lock lock(mu_);
+  std::vector<SegmentInfo> out;
+  out.reserve(segments_.size());
+  for (const auto& [addr, seg] : segments_) {
+    SegmentInfo si{seg->addr, seg->size, seg->pool, seg->stream, {}};
+    for (Block* b = seg->head; b; b = b->next) {
+      std::string state = b->allocated ? "allocated" : free_state(b);
+      si.blocks.push_back({b->addr, b->size, b->requested, b->stream, state});
+    }
+    out.push_back(std::move(si));
+  }
+  return out;
+}
+
+
+void Allocator::check_invariants() {
+  Lock lock(mu_);
+  check_common_invariants();
+  check_policy_invariants();
+}
+
+std::size_t Allocator::allocation_size(Addr ptr) {
+  Lock lock(mu_);
+  return live_block(ptr, "look up")->size;
+}
+
+bool Allocator::owns(Addr ptr) {
+  Lock lock(mu_);
+  return live_.find(ptr) != nullptr;
+}
+
+// ---- Segments. ----
+
+Block* Allocator::reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind pool,
+                                         StreamId stream) {
   if (reserved_total_ + bytes > allowed_max_) return nullptr;
   // Count the bytes before dropping the lock so that concurrent reservations
   // cannot overshoot the memory-fraction limit together.
@@ -119,34 +181,66 @@ Block* CachingAllocatorBase::reserve_segment(std::unique_lock<std::mutex>& lock,
   return b;
 }
 
-Segment* CachingAllocatorBase::unlink_segment(Block* whole) {
-  Segment* seg = whole->segment;
-  if (whole->prev || whole->next || whole->allocated || whole->set || whole->addr != seg->addr ||
-      whole->size != seg->size) {
-    fail_invariant("unlink_segment called on a block that is not a whole free segment");
+std::size_t Allocator::release_segments_locked(Lock& lock, const std::vector<Block*>& whole) {
+  std::vector<Segment*> unlinked;
+  std::size_t bytes = 0;
+  for (Block* b : whole) {
+    Segment* seg = b->segment;
+    if (b->set) erase_free(b);
+    if (b->prev || b->next || b->allocated || b->addr != seg->addr || b->size != seg->size) {
+      fail_invariant("release_segments_locked given a block that is not a whole free segment");
+    }
+    segments_.erase(seg->addr);
+    reserved_total_ -= seg->size;
+    bytes += seg->size;
+    stats_.segment.decrease(seg->pool, 1);
+    stats_.reserved_bytes.decrease(seg->pool, static_cast<std::int64_t>(seg->size));
+    stats_.num_device_free++;
+    if (seg->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
+    stats_.note_reserved_change();
+    for (EventId e : b->events) release_event(e);
+    b->events.clear();
+    block_pool_.recycle(b);
+    seg->head = nullptr;
+    unlinked.push_back(seg);
   }
-  segments_.erase(seg->addr);
-  reserved_total_ -= seg->size;
-  stats_.segment.decrease(seg->pool, 1);
-  stats_.reserved_bytes.decrease(seg->pool, static_cast<std::int64_t>(seg->size));
-  stats_.num_device_free++;
-  if (seg->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
-  stats_.note_reserved_change();
-  for (EventId e : whole->events) release_event(e);
-  whole->events.clear();
-  block_pool_.recycle(whole);
-  seg->head = nullptr;
-  return seg;
-}
-
-void CachingAllocatorBase::release_unlinked(const std::vector<Segment*>& segments) {
-  for (Segment* seg : segments) {
+  if (unlinked.empty()) return 0;
+  // Releasing may block (cudaFree synchronizes the device): not under mu_.
+  lock.unlock();
+  for (Segment* seg : unlinked) {
     device_.release(seg->addr, seg->size);
     delete seg;
   }
+  lock.lock();
+  return bytes;
 }
 
-Block* CachingAllocatorBase::split(Block* b, std::size_t size) {
+// ---- Events. ----
+
+EventId Allocator::take_event() {
+  EventId e;
+  if (event_pool_.empty()) {
+    e = device_.create_event();
+  } else {
+    e = event_pool_.back();
+    event_pool_.pop_back();
+  }
+  event_refs_[e] = 1;
+  return e;
+}
+
+void Allocator::release_event(EventId e) {
+  auto it = event_refs_.find(e);
+  if (it == event_refs_.end()) fail_invariant("released an event with no references");
+  if (--it->second == 0) {
+    event_refs_.erase(it);
+    event_pool_.push_back(e);
+  }
+}
+
+// ---- Blocks. ----
+
+Block* Allocator::split(Block* b, std::size_t size) {
   Block* r = block_pool_.make();
   r->addr = b->addr + size;
   r->size = b->size - size;
@@ -163,7 +257,21 @@ Block* CachingAllocatorBase::split(Block* b, std::size_t size) {
   return r;
 }
 
-Block* CachingAllocatorBase::merge(Block* lo, Block* hi) {
+Block* Allocator::merge_neighbours_in(FreeSet& set, Block* b) {
+  if (b->prev && b->prev->set == &set) {
+    Block* lo = b->prev;
+    erase_free(lo);
+    b = merge(lo, b);
+  }
+  if (b->next && b->next->set == &set) {
+    Block* hi = b->next;
+    erase_free(hi);
+    b = merge(b, hi);
+  }
+  return b;
+}
+
+Block* Allocator::merge(Block* lo, Block* hi) {
   lo->size += hi->size;
   lo->next = hi->next;
   if (hi->next) hi->next->prev = lo;
@@ -180,30 +288,33 @@ Block* CachingAllocatorBase::merge(Block* lo, Block* hi) {
   return lo;
 }
 
-void CachingAllocatorBase::check_request(std::size_t bytes) {
-  if (bytes >= kMaxRequest) {
-    throw OutOfMemoryError("out of memory: tried to allocate more than 1 EiB (" +
-                           std::to_string(bytes) + " bytes); the size is probably corrupt");
+void Allocator::hand_out(Block* b, const Request& r) {
+  FreeSet* origin = b->set;
+  if (origin) erase_free(b);
+  // Events from record_stream uses: the taking stream waits on them.
+  for (EventId e : b->events) {
+    device_.stream_wait_event(r.stream, e);
+    stats_.num_stream_waits++;
   }
-}
-
-void CachingAllocatorBase::mark_allocated(Block* b, std::size_t requested, StreamId stream) {
+  if (rules_.should_split(r.pool, b->size, r.size)) file_remainder(split(b, r.size), origin, r);
+  for (EventId e : b->events) release_event(e);
+  b->events.clear();
   b->allocated = true;
-  b->requested = requested;
-  b->stream = stream;
+  b->requested = r.bytes;
+  b->stream = r.stream;
   live_.insert(b->addr, b);
   const PoolKind pool = b->segment->pool;
   const auto size = static_cast<std::int64_t>(b->size);
   stats_.allocation.increase(pool, 1);
   stats_.allocated_bytes.increase(pool, size);
-  stats_.requested_bytes.increase(pool, static_cast<std::int64_t>(requested));
+  stats_.requested_bytes.increase(pool, static_cast<std::int64_t>(r.bytes));
   stats_.active.increase(pool, 1);
   stats_.active_bytes.increase(pool, size);
   if (b->size >= cfg_.max_split_size) stats_.oversize_allocations.increase(1);
   stats_.note_allocated_change();
 }
 
-void CachingAllocatorBase::account_free_request(Block* b) {
+void Allocator::account_free_request(Block* b) {
   const PoolKind pool = b->segment->pool;
   b->allocated = false;
   live_.erase(b->addr);
@@ -212,7 +323,7 @@ void CachingAllocatorBase::account_free_request(Block* b) {
   if (b->size >= cfg_.max_split_size) stats_.oversize_allocations.decrease(1);
 }
 
-void CachingAllocatorBase::account_free_complete(Block* b) {
+void Allocator::account_free_complete(Block* b) {
   const PoolKind pool = b->segment->pool;
   stats_.active.decrease(pool, 1);
   stats_.active_bytes.decrease(pool, static_cast<std::int64_t>(b->size));
@@ -220,27 +331,29 @@ void CachingAllocatorBase::account_free_complete(Block* b) {
   b->requested = 0;
 }
 
-void CachingAllocatorBase::on_free_set_insert(const Block* b) {
+void Allocator::insert_free(FreeSet& set, Block* b) {
+  set.insert(b);
   if (b->is_split()) {
     stats_.inactive_split.increase(b->segment->pool, 1);
     stats_.inactive_split_bytes.increase(b->segment->pool, static_cast<std::int64_t>(b->size));
   }
 }
 
-void CachingAllocatorBase::on_free_set_erase(const Block* b) {
+void Allocator::erase_free(Block* b) {
+  b->set->erase(b);
   if (b->is_split()) {
     stats_.inactive_split.decrease(b->segment->pool, 1);
     stats_.inactive_split_bytes.decrease(b->segment->pool, static_cast<std::int64_t>(b->size));
   }
 }
 
-Block* CachingAllocatorBase::live_block(Addr ptr) {
+Block* Allocator::live_block(Addr ptr, const char* action) {
   Block* b = live_.find(ptr);
-  if (!b) throw_bad_pointer(ptr, "free");
+  if (!b) throw_bad_pointer(ptr, action);
   return b;
 }
 
-void CachingAllocatorBase::throw_bad_pointer(Addr ptr, const char* action) {
+void Allocator::throw_bad_pointer(Addr ptr, const char* action) {
   const std::string p = format_addr(ptr);
   auto it = segments_.upper_bound(ptr);
   if (it != segments_.begin()) {
@@ -270,48 +383,11 @@ void CachingAllocatorBase::throw_bad_pointer(Addr ptr, const char* action) {
                      ": it was not allocated by this allocator (policy '" + policy() + "')");
 }
 
-std::size_t CachingAllocatorBase::allocation_size(Addr ptr) {
-  std::lock_guard<std::mutex> g(mu_);
-  Block* b = live_.find(ptr);
-  if (!b) throw_bad_pointer(ptr, "look up");
-  return b->size;
+void Allocator::fail_invariant(const std::string& what) const {
+  throw InvariantError("allocator invariant broken (policy '" + std::string(policy()) + "'): " + what);
 }
 
-void CachingAllocatorBase::record_stream(Addr ptr, StreamId stream) {
-  std::lock_guard<std::mutex> g(mu_);
-  Block* b = live_.find(ptr);
-  if (!b) throw_bad_pointer(ptr, "record_stream on");
-  if (stream == b->stream) return;
-  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
-    b->stream_uses.push_back(stream);
-  }
-}
-
-std::vector<SegmentInfo> CachingAllocatorBase::snapshot() {
-  std::lock_guard<std::mutex> g(mu_);
-  std::vector<SegmentInfo> out;
-  out.reserve(segments_.size());
-  for (const auto& [addr, seg] : segments_) {
-    SegmentInfo si{seg->addr, seg->size, seg->pool, seg->stream, {}};
-    for (Block* b = seg->head; b; b = b->next) {
-      std::string state = b->allocated ? "allocated" : free_state(b);
-      si.blocks.push_back({b->addr, b->size, b->requested, b->stream, state});
-    }
-    out.push_back(std::move(si));
-  }
-  return out;
-}
-
-void CachingAllocatorBase::reset_peak_stats() {
-  std::lock_guard<std::mutex> g(mu_);
-  stats_.reset_peaks();
-}
-
-void CachingAllocatorBase::fail_invariant(const std::string& what) const {
-  throw InvariantError("allocator invariant broken (policy '" + policy() + "'): " + what);
-}
-
-void CachingAllocatorBase::check_common_invariants() {
+void Allocator::check_common_invariants() {
   std::unordered_map<const FreeSet*, std::pair<std::size_t, std::size_t>> in_set;  // count, bytes
   std::size_t reserved = 0, allocated = 0, allocated_count = 0, pending_bytes = 0,
               pending_count = 0, split_free = 0, split_free_bytes = 0;
@@ -390,14 +466,13 @@ void CachingAllocatorBase::check_common_invariants() {
   eq("inactive_split_bytes", stats_.inactive_split_bytes.all().current, split_free_bytes);
 }
 
-std::string CachingAllocatorBase::oom_message(std::size_t requested, std::size_t rounded,
-                                              std::size_t segment_bytes) {
+std::string Allocator::oom_message(const Request& r) {
   std::ostringstream os;
   const std::size_t total = device_.total_memory();
   const std::size_t free = device_.free_memory();
   const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
-  os << "out of memory: tried to allocate " << format_bytes(rounded) << " (requested "
-     << requested << " bytes; needs a new " << format_bytes(segment_bytes) << " segment). "
+  os << "out of memory: tried to allocate " << format_bytes(r.size) << " (requested "
+     << r.bytes << " bytes; needs a new " << format_bytes(rules_.segment_size(r.size)) << " segment). "
      << "The device has a total capacity of " << format_bytes(total) << " of which "
      << format_bytes(free) << " is free.";
   if (allowed_max_ != SIZE_MAX) {

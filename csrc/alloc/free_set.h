@@ -2,6 +2,8 @@
 //
 // The std::set nodes come from a private free list, so inserting and erasing
 // on the hot path does not go to malloc once the set has warmed up.
+//
+// May include: block.h.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,6 @@
 // Blocks and segments: the address-ordered chains the allocator carves.
+//
+// May include: core/types.h.
 #pragma once
 
 #include <cstddef>
@@ -6,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "types.h"
+#include "../core/types.h"
 
 namespace waterwave {
 

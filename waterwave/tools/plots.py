@@ -1,8 +1,8 @@
 """Plots: memory over time for a baseline order and a plan."""
 from __future__ import annotations
 
-from .graph import Graph
-from .planner.lifetimes import live_profile
+from ..planner.graph import Graph
+from ..planner.lifetimes import live_profile
 
 MiB = 1024**2
 

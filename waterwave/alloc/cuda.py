@@ -15,14 +15,20 @@ Settings come from the arguments, else from ``WATERWAVE_ALLOC_CONF``: a
 PyTorch's own ``torch.cuda.memory_stats()`` does not work with a pluggable
 allocator (PyTorch refuses it); ``waterwave.cuda.memory_stats()`` gives the
 same keys and Waterwave's own.
+
+Each device has one allocator stack (csrc/alloc/stack.h): the online policy,
+and per stream at most one plan or recording over it. Plans come from the
+planner (``waterwave.planner.plan_from_trace`` packs a recording).
+
+May import: waterwave._C and this package (torch, lazily).
 """
 from __future__ import annotations
 
 import ctypes
 from typing import Any
 
-from . import _C
-from .allocator import config_string, resolve_settings
+from .. import _C
+from .settings import config_string, resolve_settings
 
 MALLOC = "waterwave_cuda_malloc"
 FREE = "waterwave_cuda_free"
@@ -137,61 +143,55 @@ def free_errors() -> tuple[int, str]:
 
 
 # Plans ---------------------------------------------------------------------
-def set_plan(slots: list[tuple[int, int]], arena: int, device=None, stream: int | None = None) -> None:
-    """Serve the device's allocations from a plan: the k-th allocation of a
+def _current_stream(index: int) -> int:
+    import torch
+
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def set_plan(slots: list[tuple[int, int]], arena: int, device=None, stream: int | None = None,
+             scope: str = "device") -> None:
+    """Serve ``stream``'s allocations from a plan: the k-th allocation of a
     step gets ``slots[k] = (size, offset)`` inside one arena of ``arena``
-    bytes; anything else falls back to the online allocator, safely.
-    ``stream``: the stream the plan is for (default: the current one)."""
+    bytes; anything else falls back to the online allocator, safely. The
+    device's cached memory is given back first, so the arena takes its place.
+    ``stream``: the stream the plan is for (default: the current one).
+    ``scope``: ``"device"`` (the plan is the device's whole step: another
+    stream's allocation leaves it for the step) or ``"stream"`` (its stream's
+    allocations only, so several jobs' plans can share the device)."""
     index = _device_index(device)
-    if stream is None:
-        import torch
-
-        stream = torch.cuda.current_stream(index).cuda_stream
-    _C.cuda_set_plan(index, [(int(s), int(o)) for s, o in slots], int(arena), int(stream))
+    stream = _current_stream(index) if stream is None else stream
+    _C.cuda_set_plan(index, [(int(s), int(o)) for s, o in slots], int(arena), int(stream), scope)
 
 
-def clear_plan(device=None) -> None:
-    _C.cuda_clear_plan(_device_index(device))
+def clear_plan(device=None, stream: int | None = None) -> None:
+    """Remove the stream's plan (every plan of the device, by default); refused
+    while its blocks are in use."""
+    _C.cuda_clear_plan(_device_index(device), stream)
 
 
-def begin_step(device=None) -> None:
-    """The next allocation is the first of a planned step."""
-    _C.cuda_begin_step(_device_index(device))
+def begin_step(device=None, stream: int | None = None) -> None:
+    """The next allocation is the first of a planned step. ``stream`` names
+    the plan when the device has several."""
+    _C.cuda_begin_step(_device_index(device), stream)
 
 
-def plan_stats(device=None) -> dict:
+def plan_stats(device=None, stream: int | None = None) -> dict:
     """Planned and fallback allocations, deviations and why the last one happened."""
-    return _C.cuda_plan_stats(_device_index(device))
+    return _C.cuda_plan_stats(_device_index(device), stream)
 
 
 def start_recording(device=None, stream: int | None = None) -> None:
     """Record the device's allocations on ``stream`` (default: the current
-    one) until ``stop_recording``. Removes any plan (its blocks must be free)."""
+    one) until ``stop_recording``. Removes that stream's plan (its blocks
+    must be free)."""
     index = _device_index(device)
-    if stream is None:
-        import torch
-
-        stream = torch.cuda.current_stream(index).cuda_stream
+    stream = _current_stream(index) if stream is None else stream
     _C.cuda_start_recording(index, int(stream))
 
 
-def stop_recording(device=None) -> list[tuple[int, int, int]]:
+def stop_recording(device=None, stream: int | None = None) -> list[tuple[int, int, int]]:
     """The recorded blocks in allocation order: ``(size, allocated, freed)``,
     times counted in allocations and frees, ``freed`` -1 for a block still
-    live at the end."""
-    return [tuple(b) for b in _C.cuda_stop_recording(_device_index(device))]
-
-
-def plan_from_trace(trace: list[tuple[int, int, int]], time_limit: float = 5.0
-                    ) -> tuple[list[tuple[int, int]], int, dict]:
-    """Offsets for a recorded step: the exact packing of its blocks'
-    lifetimes (``waterwave.pack``). Returns (slots in allocation order as
-    (size, offset), arena bytes, {"bound", "status"})."""
-    from .planner import pack
-    from .planner.offsets import Buffer
-
-    end = 1 + max((max(a, f) for _, a, f in trace), default=0)
-    buffers = [Buffer(i, a, f if f >= 0 else end, size) for i, (size, a, f) in enumerate(trace)]
-    offsets, arena, bound, status = pack(buffers, time_limit=time_limit)
-    slots = [(size, offsets[i]) for i, (size, _, _) in enumerate(trace)]
-    return slots, arena, {"bound": bound, "status": status}
+    live at the end. ``stream`` names the recording when there are several."""
+    return [tuple(b) for b in _C.cuda_stop_recording(_device_index(device), stream)]

@@ -1,6 +1,8 @@
 // Address -> Block* for live allocations: open addressing with linear probing
 // and backward-shift deletion, so the hot path never calls malloc (a node-
 // based unordered_map allocated once per allocation).
+//
+// May include: block.h.
 #pragma once
 
 #include <cstddef>

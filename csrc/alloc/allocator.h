@@ -1,0 +1,186 @@
+// The online caching allocator: the narrow interface both faces call, and the
+// caching machinery every policy shares (segments, splitting and merging
+// blocks, the live-pointer map, statistics, snapshots, invariant checks).
+//
+// In RMM's manner, the public calls are non-virtual: they check their
+// arguments, take the lock, do the shared part and call a few private hooks
+// that a policy (waterwave_policy.cpp, pytorch_policy.cpp) overrides. A policy
+// is chosen by its kind through one factory (policies.h).
+//
+// Lock discipline. One mutex, mu_, guards every field. Public calls take it
+// and never call one another. A function named *_locked is called with mu_
+// held through the `Lock&` it receives; it may drop the lock around a device
+// call that can block (reserving, releasing, synchronizing) and holds it again
+// when it returns, so the caller must re-read any state it cached.
+//
+// May include: core/ (vocabulary, device interface) and this folder.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../core/config.h"
+#include "../core/device.h"
+#include "../core/errors.h"
+#include "../core/stats.h"
+#include "block.h"
+#include "free_set.h"
+#include "policies.h"
+#include "ptr_map.h"
+
+namespace waterwave {
+
+struct BlockInfo {
+  Addr addr;
+  std::size_t size;
+  std::size_t requested;
+  StreamId stream;
+  std::string state;  // "allocated", "pending_free", "unsynced", "synced", "free"
+};
+
+struct SegmentInfo {
+  Addr addr;
+  std::size_t size;
+  PoolKind pool;
+  StreamId stream;
+  std::vector<BlockInfo> blocks;
+};
+
+class Allocator {
+ public:
+  using Lock = std::unique_lock<std::mutex>;
+
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+  virtual ~Allocator();
+
+  // Returns a device address for `bytes` usable on `stream`; 0 for 0 bytes.
+  // Throws OutOfMemoryError with the statistics when nothing can be found.
+  Addr allocate(std::size_t bytes, StreamId stream);
+  // Frees a pointer returned by allocate. Throws PointerError for an unknown
+  // pointer, a double free, or a pointer into the middle of an allocation.
+  void deallocate(Addr ptr);
+  // The block at `ptr` is also used on `stream` (PyTorch's record_stream).
+  void record_stream(Addr ptr, StreamId stream);
+  // Synchronize the device, then make every free block reusable by any stream
+  // and coalesce (the pytorch policy: retire pending cross-stream frees).
+  void sync_and_coalesce();
+  // Return every wholly free cached segment to the device.
+  void empty_cache();
+
+  AllocatorStats stats();
+  void reset_peak_stats();
+  std::vector<SegmentInfo> snapshot();
+  // Throws InvariantError describing the first broken invariant.
+  void check_invariants();
+  // Size of the live allocation starting at ptr (PointerError otherwise).
+  std::size_t allocation_size(Addr ptr);
+  // Whether ptr is a live allocation of this allocator; never throws.
+  bool owns(Addr ptr);
+
+  PolicyKind kind() const { return kind_; }
+  const char* policy() const { return policy_info(kind_).name; }
+  const AllocatorConfig& config() const { return cfg_; }
+
+ protected:
+  Allocator(PolicyKind kind, Device& device, const AllocatorConfig& config);
+
+  // What the policy's search is asked for: `size` is the rounded request.
+  struct Request {
+    std::size_t bytes;
+    std::size_t size;
+    PoolKind pool;
+    StreamId stream;
+  };
+
+  // ---- Shared machinery, for the policies. Every call needs mu_ held. ----
+
+  // Reserve a segment (mu_ dropped around the device call). Returns the new
+  // segment's single free block, in no set, or nullptr when the device is out
+  // of memory.
+  Block* reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind pool, StreamId stream);
+  // Unlink wholly free segments (their blocks are taken out of their sets)
+  // and give them back to the device with mu_ dropped. Returns the bytes.
+  std::size_t release_segments_locked(Lock& lock, const std::vector<Block*>& whole);
+
+  // Split `b` so it keeps the front `size` bytes; returns the remainder.
+  Block* split(Block* b, std::size_t size);
+  // Merge `b` with its address neighbours that are free in `set`, taking
+  // them out of it. Returns the merged block (in no set).
+  Block* merge_neighbours_in(FreeSet& set, Block* b);
+
+  // Account the free request (allocated_bytes drop) and the free completing
+  // (active/requested drop: later for blocks that wait on events).
+  void account_free_complete(Block* b);
+
+  // inactive_split bookkeeping rides on every entry to and exit from a set.
+  void insert_free(FreeSet& set, Block* b);
+  void erase_free(Block* b);
+
+  // Events are pooled and reference-counted: a split block's remainder keeps
+  // depending on the events of its parent.
+  EventId take_event();  // a fresh reference, count 1
+  void retain_event(EventId e) { ++event_refs_[e]; }
+  void release_event(EventId e);
+
+  [[noreturn]] void fail_invariant(const std::string& what) const;
+
+  Device& device_;
+  const AllocatorConfig cfg_;
+  const SizeRules rules_;
+  std::mutex mu_;
+  AllocatorStats stats_;
+  std::map<Addr, Segment*> segments_;
+  std::size_t reserved_total_ = 0;      // == stats_.reserved_bytes.all().current
+  std::size_t allowed_max_ = SIZE_MAX;  // from per_process_memory_fraction
+  std::unordered_map<EventId, int> event_refs_;
+
+ private:
+  // ---- Policy hooks, all called with mu_ held. ----
+
+  // The policy's search for a free block of r.size bytes, down to a new
+  // segment and what it tries when the device is out of memory. The block
+  // may still sit in a free set. nullptr: nothing could be found.
+  virtual Block* find_block_locked(Lock& lock, const Request& r, Served& how) = 0;
+  // Where the remainder of a block split for a request goes; `origin` is the
+  // set the block came from (nullptr for a new segment).
+  virtual void file_remainder(Block* remainder, FreeSet* origin, const Request& r) = 0;
+  // A freed block, already out of the live map and allocated_bytes.
+  virtual void on_free(Block* b) = 0;
+  virtual void sync_and_coalesce_locked(Lock& lock) = 0;
+  virtual void empty_cache_locked(Lock& lock) = 0;
+  // The free-memory figures of stats(): synced, unsynced and pending bytes.
+  virtual void describe_free(AllocatorStats& out) const = 0;
+  // Policy-specific invariants, checked after the shared ones.
+  virtual void check_policy_invariants() = 0;
+  // The state name of a free block (for snapshots), whether a free block is
+  // waiting on events outside every set, and the policy's sets.
+  virtual const char* free_state(const Block* b) const = 0;
+  virtual bool is_pending(const Block* b) const = 0;
+  virtual void for_each_free_set(const std::function<void(const FreeSet&)>& fn) const = 0;
+
+  // Take a found block out of its set, make the stream wait on any events it
+  // carries, split it, and account it as allocated.
+  void hand_out(Block* b, const Request& r);
+  void account_free_request(Block* b);
+  // `lo` absorbs its next neighbour `hi`; hi is recycled. Returns lo.
+  Block* merge(Block* lo, Block* hi);
+  // The live block at ptr, or throws a PointerError that says what ptr is.
+  Block* live_block(Addr ptr, const char* action);
+  [[noreturn]] void throw_bad_pointer(Addr ptr, const char* action);
+  void check_common_invariants();
+  std::string oom_message(const Request& r);
+
+  const PolicyKind kind_;
+  BlockPool block_pool_;
+  PtrMap live_;  // allocated blocks by address
+  std::vector<EventId> event_pool_;
+};
+
+}  // namespace waterwave

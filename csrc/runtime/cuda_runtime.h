@@ -1,0 +1,82 @@
+// The allocator on real GPUs: one allocator stack (alloc/stack.h) per CUDA
+// device, over the driver backend (device/cuda), created at the device's
+// first allocation. PyTorch reaches it through the C entry points
+// (pytorch_abi.h), Python through waterwave._C (bindings/bind_cuda.cpp).
+//
+// May include: core/, alloc/, device/cuda/.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../alloc/stack.h"
+#include "../device/cuda/cuda_device.h"
+
+namespace waterwave::cuda {
+
+// A cudaStream_t as the core's opaque stream handle, and back.
+inline StreamId stream_id(void* stream) {
+  return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(stream));
+}
+inline void* stream_handle(StreamId stream) {
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream));
+}
+
+// Process-wide state behind the entry points.
+class CudaRuntime {
+ public:
+  static CudaRuntime& get();
+
+  // Policy, config string and driver library for stacks created from now
+  // on. Refused once any device has one (reset() first).
+  void configure(const std::string& policy, const std::string& config, const std::string& driver);
+  // Drops every device's stack, giving cached memory and arenas back.
+  // Refused while any allocation is live. For tests and for re-configuring.
+  void reset();
+
+  // The device's stack, created on first use; it lives until reset().
+  AllocatorStack& stack(int device);
+
+  // The allocation path, as PyTorch's hooks call it.
+  Addr allocate(std::size_t bytes, int device, StreamId stream) {
+    return stack(device).allocate(bytes, stream);
+  }
+  void deallocate(Addr ptr, int device);
+  // The hook names no device: the pointer belongs to the one stack that
+  // holds it.
+  void record_stream(Addr ptr, StreamId stream);
+  void empty_cache();
+
+  std::vector<int> devices();  // devices with a stack, in order
+  std::string policy();
+  std::string config();
+  std::string driver_path();
+
+  // Problems the free hook met (it may not throw): count and the last one.
+  std::pair<long long, std::string> free_errors();
+  void note_free_error(const std::string& what);
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  struct PerDevice {
+    std::unique_ptr<CudaDevice> device;
+    std::unique_ptr<AllocatorStack> stack;  // destroyed before its device
+    ~PerDevice() { stack.reset(); }
+  };
+  PerDevice* find(int device) const;  // nullptr if none yet
+
+  std::mutex mu_;  // configuration and device creation, never the hot path
+  PolicyKind policy_ = PolicyKind::kWaterwave;
+  std::string config_;
+  std::string driver_;
+  std::array<std::atomic<PerDevice*>, kMaxDevices> devices_{};
+  std::atomic<long long> free_errors_{0};
+  std::string last_free_error_;  // under mu_
+};
+
+}  // namespace waterwave::cuda

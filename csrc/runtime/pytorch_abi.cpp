@@ -1,0 +1,28 @@
+#include "pytorch_abi.h"
+
+#include "cuda_runtime.h"
+
+using waterwave::Addr;
+using waterwave::cuda::CudaRuntime;
+using waterwave::cuda::stream_id;
+
+void* waterwave_cuda_malloc(std::size_t size, int device, void* stream) {
+  return reinterpret_cast<void*>(CudaRuntime::get().allocate(size, device, stream_id(stream)));
+}
+
+void waterwave_cuda_free(void* ptr, std::size_t, int device, void*) {
+  if (!ptr) return;
+  try {
+    CudaRuntime::get().deallocate(reinterpret_cast<Addr>(ptr), device);
+  } catch (const std::exception& e) {
+    CudaRuntime::get().note_free_error(e.what());
+  } catch (...) {
+    CudaRuntime::get().note_free_error("free of an unknown pointer failed");
+  }
+}
+
+void waterwave_cuda_record_stream(void* ptr, void* stream) {
+  CudaRuntime::get().record_stream(reinterpret_cast<Addr>(ptr), stream_id(stream));
+}
+
+void waterwave_cuda_empty_cache() { CudaRuntime::get().empty_cache(); }
