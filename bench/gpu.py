@@ -116,9 +116,9 @@ def capture_child(name: str, bs: int) -> dict:
 
     import torch
 
-    from waterwave.tools import models
-    from waterwave.planner.capture import capture
     from waterwave.planner.baseline import replay
+    from waterwave.planner.capture import capture
+    from waterwave.tools import models
 
     out = {"mode": "capture", "model": name, "batch_size": bs}
     # (label, where the model lives, whose kernels the graph records)

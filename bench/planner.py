@@ -21,11 +21,11 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from waterwave.tools import models  # noqa: E402
-from waterwave.planner.capture import KERNELS  # noqa: E402
-from waterwave.planner.graph import Graph  # noqa: E402
 from waterwave.planner import check_plan, plan  # noqa: E402
 from waterwave.planner.baseline import replay  # noqa: E402
+from waterwave.planner.capture import KERNELS  # noqa: E402
+from waterwave.planner.graph import Graph  # noqa: E402
+from waterwave.tools import models  # noqa: E402
 
 
 def graph_for(name, bs, cache, kernels):

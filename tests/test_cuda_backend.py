@@ -15,9 +15,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import waterwave.cuda as wc
 
 import waterwave as ww
-import waterwave.cuda as wc
 from waterwave import _C
 from waterwave.alloc.settings import split_policy
 

@@ -5,8 +5,7 @@ from hypothesis import strategies as st
 from planner_graphs import random_graphs
 
 import waterwave as ww
-from waterwave.planner import plan_slots
-from waterwave.planner import plan
+from waterwave.planner import plan, plan_slots
 from waterwave.planner.lifetimes import allocation_events
 
 MiB = 1024**2

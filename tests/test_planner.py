@@ -4,11 +4,20 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from planner_graphs import random_graphs
-from waterwave.planner.graph import Graph, GraphError
-from waterwave.planner import STRATEGIES, Buffer, Plan, PlanError, check_plan, order_peak, pack, plan
+
+from waterwave.planner import (
+    STRATEGIES,
+    Buffer,
+    Plan,
+    PlanError,
+    check_plan,
+    order_peak,
+    pack,
+    plan,
+)
 from waterwave.planner.baseline import replay
+from waterwave.planner.graph import Graph, GraphError
 from waterwave.planner.offsets import greedy_pack, max_live
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

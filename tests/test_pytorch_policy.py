@@ -1,9 +1,9 @@
 """The pytorch policy decides as PyTorch 2.14's CUDACachingAllocator does
 (reference section 2), rule by rule."""
 import pytest
+from conftest import MiB, make
 
 import waterwave as ww
-from conftest import MiB, make
 
 
 def P(**kw):

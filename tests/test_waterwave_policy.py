@@ -2,9 +2,9 @@
 import threading
 
 import pytest
+from conftest import MiB, make
 
 import waterwave as ww
-from conftest import MiB, make
 
 
 def served(a):

@@ -257,20 +257,6 @@ Block* Allocator::split(Block* b, std::size_t size) {
   return r;
 }
 
-Block* Allocator::merge_neighbours_in(FreeSet& set, Block* b) {
-  if (b->prev && b->prev->set == &set) {
-    Block* lo = b->prev;
-    erase_free(lo);
-    b = merge(lo, b);
-  }
-  if (b->next && b->next->set == &set) {
-    Block* hi = b->next;
-    erase_free(hi);
-    b = merge(b, hi);
-  }
-  return b;
-}
-
 Block* Allocator::merge(Block* lo, Block* hi) {
   lo->size += hi->size;
   lo->next = hi->next;
@@ -331,19 +317,14 @@ void Allocator::account_free_complete(Block* b) {
   b->requested = 0;
 }
 
-void Allocator::insert_free(FreeSet& set, Block* b) {
-  set.insert(b);
-  if (b->is_split()) {
+void Allocator::note_split_free(const Block* b, int sign) {
+  const auto bytes = static_cast<std::int64_t>(b->size);
+  if (sign > 0) {
     stats_.inactive_split.increase(b->segment->pool, 1);
-    stats_.inactive_split_bytes.increase(b->segment->pool, static_cast<std::int64_t>(b->size));
-  }
-}
-
-void Allocator::erase_free(Block* b) {
-  b->set->erase(b);
-  if (b->is_split()) {
+    stats_.inactive_split_bytes.increase(b->segment->pool, bytes);
+  } else {
     stats_.inactive_split.decrease(b->segment->pool, 1);
-    stats_.inactive_split_bytes.decrease(b->segment->pool, static_cast<std::int64_t>(b->size));
+    stats_.inactive_split_bytes.decrease(b->segment->pool, bytes);
   }
 }
 

@@ -113,15 +113,39 @@ class Allocator {
   Block* split(Block* b, std::size_t size);
   // Merge `b` with its address neighbours that are free in `set`, taking
   // them out of it. Returns the merged block (in no set).
-  Block* merge_neighbours_in(FreeSet& set, Block* b);
+  Block* merge_neighbours_in(FreeSet& set, Block* b) {
+    if (b->prev && b->prev->set == &set) {
+      Block* lo = b->prev;
+      erase_free(lo);
+      b = merge(lo, b);
+    }
+    if (b->next && b->next->set == &set) {
+      Block* hi = b->next;
+      erase_free(hi);
+      b = merge(b, hi);
+    }
+    return b;
+  }
+
+  // `lo` absorbs its next neighbour `hi`; hi is recycled. Returns lo.
+  Block* merge(Block* lo, Block* hi);
+  // inactive_split statistics for a split block entering (+1) or leaving (-1) a set.
+  void note_split_free(const Block* b, int sign);
 
   // Account the free request (allocated_bytes drop) and the free completing
   // (active/requested drop: later for blocks that wait on events).
   void account_free_complete(Block* b);
 
   // inactive_split bookkeeping rides on every entry to and exit from a set.
-  void insert_free(FreeSet& set, Block* b);
-  void erase_free(Block* b);
+  // Inline: the fast paths enter and leave sets on every call.
+  void insert_free(FreeSet& set, Block* b) {
+    set.insert(b);
+    if (b->is_split()) note_split_free(b, 1);
+  }
+  void erase_free(Block* b) {
+    b->set->erase(b);
+    if (b->is_split()) note_split_free(b, -1);
+  }
 
   // Events are pooled and reference-counted: a split block's remainder keeps
   // depending on the events of its parent.
@@ -169,8 +193,6 @@ class Allocator {
   // carries, split it, and account it as allocated.
   void hand_out(Block* b, const Request& r);
   void account_free_request(Block* b);
-  // `lo` absorbs its next neighbour `hi`; hi is recycled. Returns lo.
-  Block* merge(Block* lo, Block* hi);
   // The live block at ptr, or throws a PointerError that says what ptr is.
   Block* live_block(Addr ptr, const char* action);
   [[noreturn]] void throw_bad_pointer(Addr ptr, const char* action);

@@ -43,11 +43,17 @@ class WaterwavePolicy final : public Allocator {
 
  private:
   // Steps 1-7 of the file's opening, in order; steps 6-7 when the device is
-  // out of memory.
+  // out of memory (7: nullptr, and the base raises OutOfMemoryError).
   Block* find_block_locked(Lock& lock, const Request& r, Served& how) override {
     if (Block* b = find_cached_or_new_locked(lock, r, how)) return b;
-    // Out of device memory: make every free block synced and coalesced,
-    // give wholly free segments back, and try once more.
+    return find_after_sync_locked(lock, r, how);
+  }
+
+  // Out of device memory: make every free block synced and coalesced, give
+  // wholly free segments back, and try once more. The slow path: kept out of
+  // line, so that the fast one above inlines its search.
+  [[gnu::noinline, gnu::cold]] Block* find_after_sync_locked(Lock& lock, const Request& r,
+                                                            Served& how) {
     stats_.num_oom_retries++;
     sync_and_coalesce_locked(lock);
     release_free_segments_locked(lock);
@@ -56,7 +62,8 @@ class WaterwavePolicy final : public Allocator {
     return b;
   }
 
-  Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
+  // Steps 1-5, inlined into both callers.
+  [[gnu::always_inline]] Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
     StreamState* s = stream_state(r.stream);
     Block* b;
     if ((b = fit(s->unsynced[r.pool], r.size))) {

@@ -4,6 +4,8 @@
 
 namespace waterwave::bindings {
 
+using namespace pybind11::literals;
+
 void bind_bench(py::module_& m) {
   m.def("bench_alloc", [](std::size_t pairs, std::uint64_t seed, int repeats) {
         std::vector<BenchCase> cases;
@@ -13,19 +15,11 @@ void bind_bench(py::module_& m) {
         }
         py::list out;
         for (const BenchCase& c : cases) {
-          py::dict d;
-          d["name"] = c.name;
-          d["policy"] = c.policy;
-          d["ns_per_pair"] = c.ns_per_pair;
-          d["pairs"] = c.pairs;
-          d["free_blocks"] = c.free_blocks;
-          d["min_ns"] = c.min_ns;
-          d["max_ns"] = c.max_ns;
-          d["repeats"] = c.repeats;
-          py::dict served;
-          for (const auto& [k, v] : c.served) served[py::str(k)] = v;
-          d["served"] = served;
-          out.append(d);
+          out.append(py::dict("name"_a = c.name, "policy"_a = c.policy,
+                              "ns_per_pair"_a = c.ns_per_pair, "pairs"_a = c.pairs,
+                              "free_blocks"_a = c.free_blocks, "min_ns"_a = c.min_ns,
+                              "max_ns"_a = c.max_ns, "repeats"_a = c.repeats,
+                              "served"_a = c.served));
         }
         return out;
       }, py::arg("pairs") = 200000, py::arg("seed") = 1, py::arg("repeats") = 5);

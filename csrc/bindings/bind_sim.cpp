@@ -36,16 +36,12 @@ class SimStack {
   AllocatorStack stack_;  // destroyed before the device it holds a reference to
 };
 
+using namespace pybind11::literals;
+
 py::dict hazard_dict(const Hazard& h) {
-  py::dict d;
-  d["addr"] = h.addr;
-  d["size"] = h.size;
-  d["stream"] = h.stream;
-  d["other_stream"] = h.other_stream;
-  d["kernel"] = h.kernel;
-  d["host_time_us"] = h.host_time_us;
-  d["message"] = h.describe();
-  return d;
+  return py::dict("addr"_a = h.addr, "size"_a = h.size, "stream"_a = h.stream,
+                  "other_stream"_a = h.other_stream, "kernel"_a = h.kernel,
+                  "host_time_us"_a = h.host_time_us, "message"_a = h.describe());
 }
 
 void bind_sim_device(py::module_& m) {

@@ -3,6 +3,8 @@
 
 namespace waterwave::bindings {
 
+using namespace pybind11::literals;
+
 py::dict stats_dict(const AllocatorStats& s, PolicyKind policy) {
   py::dict d;
   for (const auto& [k, v] : s.flatten(policy_info(policy).pool_stats)) {
@@ -20,17 +22,11 @@ py::dict stats_dict(const AllocatorStats& s, PolicyKind policy) {
 }
 
 py::dict plan_stats_dict(const PlanStats& s) {
-  py::dict d;
-  d["steps"] = s.steps;
-  d["planned"] = s.planned;
-  d["deviations"] = s.deviations;
-  d["fallback"] = s.fallback;
-  d["arena_bytes"] = s.arena_bytes;
-  d["planned_live_bytes"] = s.planned_live_bytes;
-  d["last_deviation_index"] = s.last_deviation_index;
-  d["last_deviation"] = s.last_deviation;
-  d["arena"] = s.arena;
-  return d;
+  return py::dict("steps"_a = s.steps, "planned"_a = s.planned, "deviations"_a = s.deviations,
+                  "fallback"_a = s.fallback, "arena_bytes"_a = s.arena_bytes,
+                  "planned_live_bytes"_a = s.planned_live_bytes,
+                  "last_deviation_index"_a = s.last_deviation_index,
+                  "last_deviation"_a = s.last_deviation, "arena"_a = s.arena);
 }
 
 py::list segments_list(const std::vector<SegmentInfo>& segments) {
@@ -38,21 +34,12 @@ py::list segments_list(const std::vector<SegmentInfo>& segments) {
   for (const SegmentInfo& s : segments) {
     py::list blocks;
     for (const BlockInfo& b : s.blocks) {
-      py::dict bd;
-      bd["addr"] = b.addr;
-      bd["size"] = b.size;
-      bd["requested"] = b.requested;
-      bd["stream"] = b.stream;
-      bd["state"] = b.state;
-      blocks.append(bd);
+      blocks.append(py::dict("addr"_a = b.addr, "size"_a = b.size, "requested"_a = b.requested,
+                             "stream"_a = b.stream, "state"_a = b.state));
     }
-    py::dict sd;
-    sd["addr"] = s.addr;
-    sd["size"] = s.size;
-    sd["pool"] = s.pool == kSmallPool ? "small" : "large";
-    sd["stream"] = s.stream;
-    sd["blocks"] = blocks;
-    segs.append(sd);
+    segs.append(py::dict("addr"_a = s.addr, "size"_a = s.size,
+                         "pool"_a = s.pool == kSmallPool ? "small" : "large",
+                         "stream"_a = s.stream, "blocks"_a = blocks));
   }
   return segs;
 }

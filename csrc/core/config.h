@@ -1,5 +1,7 @@
 // Allocator configuration, parsed from a PYTORCH_CUDA_ALLOC_CONF-style string
 // ("max_split_size_mb:200,roundup_power2_divisions:[256:1,>:4]").
+//
+// May include: types.h, errors.h.
 #pragma once
 
 #include <array>

@@ -3,6 +3,8 @@
 // Implementations: csrc/device/sim (a simulated GPU with a hazard detector) and
 // a CUDA driver backend. The policies never call CUDA directly, so every rule
 // can be exercised and checked on a machine without a GPU.
+//
+// May include: types.h.
 #pragma once
 
 #include <cstddef>

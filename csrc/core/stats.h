@@ -1,6 +1,8 @@
 // Allocator statistics, with PyTorch's Stat semantics (reference section 2.13)
 // plus the Waterwave-specific counters: how each request was served, syncs,
 // waits, and fragmentation.
+//
+// May include: types.h.
 #pragma once
 
 #include <array>

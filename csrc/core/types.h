@@ -1,4 +1,10 @@
 // Basic vocabulary shared by every layer of the allocator.
+//
+// csrc/core is the vocabulary every layer shares: types, errors, the
+// configuration grammar, statistics, and the device interface. It knows no
+// allocator, no CUDA and no Python.
+//
+// May include: the standard library only (and this folder).
 #pragma once
 
 #include <cstddef>

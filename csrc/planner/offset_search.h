@@ -9,6 +9,8 @@
 // the buffer search (buffer_search.h), MiniMalloc's own branching, at its
 // best where there is slack outside the peak. Neither dominates the other.
 // Being complete, "infeasible" is a proof.
+//
+// May include: this folder and the standard library (no allocator, no CUDA).
 #pragma once
 
 #include <cstdint>

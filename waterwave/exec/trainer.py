@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..planner import Plan, PlanError, check_plan, plan_from_trace
+from ..planner import plan as make_plan
 from ..planner.capture import (
-    state_names,
     adam_scalars,
     as_tuple,
     graph_from_trace,
     inplace_variant,
     model_device,
+    state_names,
     trace_step,
     trained_parameters,
 )
-from ..planner import Plan, PlanError, check_plan, plan_from_trace
-from ..planner import plan as make_plan
 
 
 def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset()):

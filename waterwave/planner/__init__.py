@@ -36,9 +36,9 @@ from __future__ import annotations
 import os
 import time
 
-from .graph import Graph
 from .check import check_plan
 from .cut_bound import CutBounds
+from .graph import Graph
 from .inplace import inplace_layout, inplace_pairs
 from .lifetimes import lifetimes, order_peak
 from .offsets import Buffer, exact_pack, greedy_pack, max_live, validate_buffers

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import _C
 from ..alloc import Allocator
 from .graph import Graph
-from .. import _C
 from .lifetimes import allocation_events, order_peak
 
 

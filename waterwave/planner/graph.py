@@ -56,6 +56,12 @@ def read_json(path: str, error: type[ValueError]) -> object:
         raise error(f"{path}: not valid JSON ({e}); the file is corrupt") from None
 
 
+def write_json(path: str, d: dict) -> None:
+    """Write a file's dict as JSON."""
+    with open(path, "w") as f:
+        json.dump(d, f)
+
+
 def check_header(d: object, fmt: str, version: int, error: type[ValueError], redo: str) -> None:
     """Check a versioned file's ``format`` and ``version``; ``redo`` says how to get a new one."""
     if not isinstance(d, dict) or d.get("format") != fmt:
@@ -234,8 +240,7 @@ class Graph:
                 "nodes": [n.to_dict() for n in self.nodes]}
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f)
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "Graph":

@@ -12,10 +12,9 @@ JSON format (``format: "waterwave-plan"``, ``version: 1``)::
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from .graph import check_header, read_json
+from .graph import check_header, read_json, write_json
 
 FORMAT = "waterwave-plan"
 VERSION = 1
@@ -58,8 +57,7 @@ class Plan:
                 "inplace": [list(p) for p in self.inplace], "stats": self.stats}
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f)
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":

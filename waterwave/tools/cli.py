@@ -80,8 +80,8 @@ def _load_or_capture(model: str, batch_size: int, optimizer: str, kernels: str, 
         return Graph.load(model)
     import torch
 
-    from . import models
     from ..planner.capture import capture
+    from . import models
 
     net, inputs, loss = models.build(model, batch_size)
     opt = (torch.optim.Adam(net.parameters(), lr=1e-3) if optimizer == "adam"

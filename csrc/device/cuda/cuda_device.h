@@ -5,6 +5,8 @@
 // device's primary context, the one the CUDA runtime (and so PyTorch) uses,
 // whichever context the calling thread has current: PyTorch may free from a
 // thread whose current device is another.
+//
+// May include: core/, driver_api.h.
 #pragma once
 
 #include "../../core/device.h"

@@ -5,6 +5,8 @@
 // named by WATERWAVE_CUDA_DRIVER (default libcuda.so.1, the driver itself).
 // The test suite points it at a fake driver to exercise this backend on a
 // machine without a GPU.
+//
+// May include: core/.
 #pragma once
 
 #include <cstddef>

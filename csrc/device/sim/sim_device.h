@@ -12,6 +12,8 @@
 // a host synchronization, or an observed event completion); otherwise the
 // block could be overwritten while that kernel still reads or writes it, and
 // a hazard is reported even if the virtual clock happens not to overlap.
+//
+// May include: core/.
 #pragma once
 
 #include <cstddef>
