@@ -1,4 +1,4 @@
-"""The ``waterwave`` command line."""
+"""The ``waterwave`` command line: ``bench alloc``, ``demo``, ``plan``, ``pack``."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,7 @@ import platform
 import sys
 import time
 
+from ..planner import STRATEGIES
 from ..planner.capture import KERNELS
 
 
@@ -203,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = sub.add_parser("plan", help="capture a model's training step and plan its memory")
     plan.add_argument("model", help="a torchvision or transformers model name, or a saved graph .json")
     plan.add_argument("--batch-size", type=int, default=1)
-    plan.add_argument("--strategy", default="model",
-                      choices=["pytorch", "mxnet", "paddle", "greedy", "model"])
+    plan.add_argument("--strategy", default="model", choices=STRATEGIES)
     plan.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
     plan.add_argument("--gap-limit", type=float, default=1e-3,
                       help="model: skip CP-SAT once within this relative gap of the proven bound "
