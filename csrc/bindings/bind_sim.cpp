@@ -46,7 +46,8 @@ py::dict hazard_dict(const Hazard& h) {
 
 void bind_sim_device(py::module_& m) {
   py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
-      .def(py::init<std::size_t, double>(), py::arg("capacity"), py::arg("launch_overhead_us") = 2.0)
+      .def(py::init<std::size_t, double, bool>(), py::arg("capacity"),
+           py::arg("launch_overhead_us") = 2.0, py::arg("shared_compute") = false)
       .def_property_readonly("capacity", &SimDevice::total_memory)
       .def("free_memory", &SimDevice::free_memory)
       .def("reserved_bytes", &SimDevice::reserved_bytes)

@@ -438,12 +438,47 @@ class _GraphBuilder:
             deps.update(self.readers.get(t, []))  # write after read
         deps.discard(v)
         self.g.add_node(node.name, str(node.target), ins, outs, mutated, sorted(deps),
-                        self.inplace_candidates(node, outs))
+                        self.inplace_candidates(node, outs), _flops(node), _attrs(node))
         for t in ins:
             self.readers.setdefault(t, []).append(v)
         for t in mutated:
             self.last_writer[t] = v
             self.readers[t] = []
+
+
+_CONV_WEIGHT_ARG = {"convolution": 1, "convolution_backward": 2}
+
+
+def _vals(x):
+    """A node argument with FX nodes replaced by their (fake) values."""
+    torch = _torch()
+    return torch.fx.node.map_arg(x, lambda n: n.meta.get("val"))
+
+
+def _flops(node) -> int:
+    """The node's floating-point operations by torch's flop counter (0 where
+    it does not know the operator: pointwise work is bandwidth, not FLOPs)."""
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(node.target, "overloadpacket", None)
+    fn = flop_registry.get(packet)
+    if fn is None:
+        return 0
+    try:
+        return int(fn(*_vals(node.args), out_val=node.meta.get("val"), **_vals(node.kwargs)))
+    except Exception:  # an overload the counter's formula does not take: no estimate
+        return 0
+
+
+def _attrs(node) -> dict:
+    """Shape facts the simulator needs: a convolution's kernel size."""
+    packet = getattr(node.target, "overloadpacket", None)
+    k = _CONV_WEIGHT_ARG.get(getattr(packet, "__name__", ""))
+    if k is None or len(node.args) <= k:
+        return {}
+    weight = _vals(node.args[k])
+    shape = list(getattr(weight, "shape", ()))
+    return {"kernel": [int(d) for d in shape[2:]]} if len(shape) > 2 else {}
 
 
 def graph_from_trace(gm, roles, names, grads_seen, name: str, meta: dict) -> Graph:

@@ -26,6 +26,9 @@ JSON format (``format: "waterwave-graph"``, ``version: 1``)::
 ``meta`` says how the step was captured: ``optimizer``, ``input_shapes`` and
 ``kernels``, the device whose operators the graph records (``cuda`` or
 ``cpu``; graphs saved before it was recorded are ``cpu``).
+Nodes may also carry ``flops`` (from torch's flop counter) and ``attrs``
+(``{"kernel": [kh, kw]}`` for convolutions): the simulator times operators
+and sizes convolution workspaces from them; graphs without them still load.
 ``kind`` is one of ``input``, ``param``, ``buffer``, ``grad``,
 ``optimizer_state``, ``activation``. ``inplace_ok`` lists inputs that the
 operator could overwrite with its output (pointwise operators of equal size,
@@ -99,11 +102,18 @@ class Node:
     mutates: list[int] = field(default_factory=list)
     deps: list[int] = field(default_factory=list)
     inplace_ok: list[int] = field(default_factory=list)
+    flops: int = 0  # floating-point operations, where torch's flop counter knows the operator
+    attrs: dict = field(default_factory=dict)  # e.g. {"kernel": [3, 3]} for a convolution
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "name": self.name, "op": self.op, "inputs": self.inputs,
-                "outputs": self.outputs, "mutates": self.mutates, "deps": self.deps,
-                "inplace_ok": self.inplace_ok}
+        d = {"id": self.id, "name": self.name, "op": self.op, "inputs": self.inputs,
+             "outputs": self.outputs, "mutates": self.mutates, "deps": self.deps,
+             "inplace_ok": self.inplace_ok}
+        if self.flops:
+            d["flops"] = self.flops
+        if self.attrs:
+            d["attrs"] = self.attrs
+        return d
 
 
 class Graph:
@@ -128,9 +138,9 @@ class Graph:
 
     def add_node(self, name: str, op: str, inputs: Iterable[int] = (), outputs: Iterable[int] = (),
                  mutates: Iterable[int] = (), deps: Iterable[int] = (),
-                 inplace_ok: Iterable[int] = ()) -> int:
+                 inplace_ok: Iterable[int] = (), flops: int = 0, attrs: dict | None = None) -> int:
         n = Node(len(self.nodes), name, op, _unique(inputs), _unique(outputs), _unique(mutates),
-                 _unique(deps), _unique(inplace_ok))
+                 _unique(deps), _unique(inplace_ok), int(flops), dict(attrs or {}))
         self.nodes.append(n)
         self._derived = None
         return n.id
@@ -257,7 +267,8 @@ class Graph:
                                     [int(x) for x in n.get("outputs", [])],
                                     [int(x) for x in n.get("mutates", [])],
                                     [int(x) for x in n.get("deps", [])],
-                                    [int(x) for x in n.get("inplace_ok", [])]))
+                                    [int(x) for x in n.get("inplace_ok", [])],
+                                    int(n.get("flops", 0)), dict(n.get("attrs", {}))))
         except (KeyError, TypeError, ValueError) as e:
             raise GraphError(f"graph file is corrupt: {type(e).__name__}: {e}") from None
         for t in g.tensors:

@@ -16,8 +16,11 @@ std::string Hazard::describe() const {
   return os.str();
 }
 
-SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us)
-    : capacity_(capacity), launch_overhead_us_(launch_overhead_us), base_(0x7f0000000000ULL) {
+SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us, bool shared_compute)
+    : capacity_(capacity),
+      launch_overhead_us_(launch_overhead_us),
+      shared_compute_(shared_compute),
+      base_(0x7f0000000000ULL) {
   if (capacity == 0) throw std::invalid_argument("SimDevice capacity must be positive");
   if (launch_overhead_us < 0) throw std::invalid_argument("launch_overhead_us must be >= 0");
   free_ranges_[base_] = capacity;
@@ -223,8 +226,10 @@ std::uint64_t SimDevice::launch(StreamId sid, double duration_us, const std::vec
   Stream& s = stream(sid);
   join(s.vc, host_vc_);
   now_ += launch_overhead_us_;
-  const double start = std::max(now_, s.tail);
+  double start = std::max(now_, s.tail);
+  if (shared_compute_) start = std::max(start, gpu_tail_);
   s.tail = start + duration_us;
+  if (shared_compute_) gpu_tail_ = s.tail;
   s.count++;
   const std::uint64_t id = next_kernel_++;
   const std::size_t idx = stream_index_[sid];

@@ -48,8 +48,11 @@ class SimDevice final : public Device {
  public:
   // capacity: bytes of device memory; launch_overhead_us: host time each
   // kernel launch costs (the GPU runs behind the host, as in the paper's
-  // Figure 1).
-  explicit SimDevice(std::size_t capacity, double launch_overhead_us = 2.0);
+  // Figure 1). shared_compute: kernels of all streams take turns on the GPU
+  // in launch order, as kernels that each fill the GPU do; otherwise each
+  // stream runs as if it had the GPU to itself.
+  explicit SimDevice(std::size_t capacity, double launch_overhead_us = 2.0,
+                     bool shared_compute = false);
 
   // Device interface.
   std::optional<Addr> reserve(std::size_t bytes) override;
@@ -113,6 +116,8 @@ class SimDevice final : public Device {
   mutable std::mutex mu_;
   std::size_t capacity_;
   double launch_overhead_us_;
+  bool shared_compute_;
+  double gpu_tail_ = 0;  // shared_compute: when the last queued kernel ends
   double now_ = 0;
   Addr base_;
   std::map<Addr, std::size_t> free_ranges_;  // addr -> size, coalesced

@@ -1,0 +1,103 @@
+"""A captured training step as eager PyTorch runs it on a GPU: the trace a
+job's thread produces, operator by operator.
+
+- Persistent memory where eager PyTorch makes it: the batch first (the jobs
+  keep it on the GPU, as ../shared/gpu-snapshots/probe.py does), then the
+  parameters and buffers; in the first step, each optimizer state tensor
+  right before its first use, and the cuBLAS and cuBLASLt workspaces of the
+  job's stream (``gpus.py``) before the first matrix product.
+- Then, in program order (the order autograd ran while tracing), each
+  operator allocates its outputs and its workspaces (``kernels.py``),
+  launches its kernel, and frees its workspaces and the tensors it used
+  last: PyTorch frees when the host drops the last reference, at scheduling
+  time, not when the kernel ends (Waterwave paper, section 3.1).
+- Each kernel's time is its roofline on the named GPU (``GPU.kernel_us``:
+  FLOPs from the capture, bytes its inputs and outputs); convolutions use
+  tensor cores (TF32). Each operator costs the host ``cpu_us``, and a
+  library operator's first call in a thread more (``kernels.py``).
+- Phases: ``forward`` up to the loss, ``optimizer`` from the first in-place
+  update of a parameter or optimizer state, ``backward`` between.
+
+May import: waterwave.planner (graphs), this package.
+"""
+from __future__ import annotations
+
+from ..planner.graph import Graph
+from ..planner.lifetimes import lifetimes
+from .gpus import GPU
+from .gpus import gpu as named_gpu
+from .kernels import NONE, KernelModel
+from .phases import phases
+from .trace import Op, Trace
+
+CPU_US = 10.0  # host time per operator: PyTorch's dispatch and kernel launch
+TENSOR_CORE_OPS = ("aten.convolution", "aten.convolution_backward")
+BLAS_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+BLAS_LIBRARIES = 2  # cuBLAS and cuBLASLt
+
+
+def batch_size(g: Graph) -> int | None:
+    """The captured batch: the first input's leading dimension."""
+    shapes = g.meta.get("input_shapes") or []
+    return int(shapes[0][0]) if shapes and shapes[0] else None
+
+
+def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = NONE,
+                model: str | None = None, stream: int = 0, cpu_us: float = CPU_US,
+                name: str | None = None) -> Trace:
+    """One training step of ``g`` as a trace on ``stream`` (see the module's
+    opening). ``model`` names the measured kernel table to use, if any."""
+    spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
+    batch = batch_size(g)
+    t = Trace(name or g.name, meta={"source": "capture", "graph": g.name, "gpu": spec.name,
+                                     "batch_size": batch, "model": model,
+                                     "kernels": kernels.source})
+    first_use = {}
+    for node in g.nodes:
+        for x in (*node.inputs, *node.mutates):
+            first_use.setdefault(x, node.id)
+    for kinds in (("input",), ("param", "buffer")):
+        t.persistent += [(x.id, x.size, stream, -1) for x in g.tensors
+                         if x.kind in kinds and x.size]
+    t.persistent += [(x.id, x.size, stream, first_use.get(x.id, 0)) for x in g.tensors
+                     if x.kind == "optimizer_state" and x.size]
+    next_block = len(g.tensors)
+    first_blas = next((n.id for n in g.nodes if n.op.rsplit(".", 1)[0] in BLAS_OPS), None)
+    for _ in range(BLAS_LIBRARIES if first_blas is not None else 0):
+        t.persistent.append((next_block, spec.blas_workspace, stream, first_blas))
+        next_block += 1
+    kept = {x.id for x in g.tensors if x.persistent or x.kind == "input"}
+    last = {}
+    for x, (_, end) in zip(g.tensors, lifetimes(g, list(range(len(g.nodes))))):
+        if x.id not in kept and x.size:
+            last.setdefault(end, []).append(x.id)
+    first_op = {}  # node -> its first operator in the trace
+    for node, phase in zip(g.nodes, phases(g)):
+        first_op[node.id] = len(t.ops)
+        nbytes = sum(g.tensors[x].size for x in (*node.inputs, *node.outputs))
+        tensor_cores = node.op.rsplit(".", 1)[0] in TENSOR_CORE_OPS
+        gpu_us = spec.kernel_us(node.flops, nbytes, tensor_cores)
+        outputs = [(x, g.tensors[x].size) for x in node.outputs if g.tensors[x].size]
+        sizes = kernels.workspaces(g, node, model, batch)
+        first_us = kernels.first_us(g, node, model)
+        frees = last.get(node.id, [])
+        uses = [x for x in node.inputs if g.tensors[x].size and x not in frees]
+        # A kernel per workspace, as cuDNN runs them: convolution_backward
+        # makes grad_input with one workspace, then grad_weight with another.
+        parts = max(1, len(sizes))
+        for k in range(parts):
+            op = Op(node.name, stream, phase, gpu_us=round(gpu_us / parts, 3),
+                    cpu_us=cpu_us if k == 0 else 0.0,
+                    first_us=first_us if k == 0 else 0.0)
+            op.alloc = outputs[k:k + 1] if k < parts - 1 else outputs[k:]
+            if k < len(sizes):
+                op.alloc = [*op.alloc, (next_block, sizes[k])]
+                op.free.append(next_block)
+                next_block += 1
+            op.use = [*uses, *(frees if k < parts - 1 else ())]
+            if k == parts - 1:
+                op.free += frees
+            t.ops.append(op)
+    t.persistent = [(b, n, st, first_op[at] if at >= 0 else at) for b, n, st, at in t.persistent]
+    t.validate()
+    return t

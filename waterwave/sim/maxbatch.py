@@ -1,0 +1,65 @@
+"""The largest batch per job that trains without running out of memory, by
+bisection, as ../shared/gpu-snapshots/probe.py searches it on a GPU: batch
+sizes in steps of ``step``, grown by doubling from 64 until one fails, then
+bisected; a batch counts when ``steps`` steps of every job finish.
+
+May import: this package.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .gpus import GPU
+from .jobs import JobModel
+from .kernels import KernelModel
+from .multijob import SimResult, simulate
+
+
+@dataclass
+class MaxBatch:
+    max_batch: int                      # 0: not even `step` fits
+    trials: list[tuple[int, bool]] = field(default_factory=list)  # (batch, fits)
+    result: SimResult | None = None     # the run at max_batch
+
+
+def search(fits: Callable[[int], SimResult], step: int = 8, start: int = 64,
+           limit: int = 4096) -> MaxBatch:
+    """The largest multiple of ``step`` for which ``fits(batch).ok``."""
+    out = MaxBatch(0)
+    good, bad, batch = 0, None, max(step, start // step * step)
+    while True:
+        r = fits(batch)
+        out.trials.append((batch, r.ok))
+        if r.ok:
+            good, out.result = batch, r
+            if bad is None:
+                if batch * 2 > limit:
+                    break
+                batch *= 2
+                continue
+        else:
+            bad = batch
+        if bad - good <= step:
+            break
+        batch = max(step, (good + bad) // 2 // step * step)
+        if batch <= good:
+            break
+    out.max_batch = good
+    return out
+
+
+def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
+              schedule="lockstep", policy: str = "pytorch", kernels: KernelModel | None = None,
+              steps: int = 3, step: int = 8, **kwargs) -> MaxBatch:
+    """The largest batch (the same for every job) at which ``models``, one
+    job each, train together under ``schedule`` and ``policy``."""
+    from .kernels import NONE
+
+    ws = kernels or NONE
+
+    def fits(batch: int) -> SimResult:
+        jobs = [m.trace_at(batch, gpu, ws) for m in models]
+        return simulate(jobs, gpu, memory_limit, schedule, policy, steps, record=False, **kwargs)
+
+    return search(fits, step)

@@ -1,0 +1,331 @@
+"""Several training jobs on one simulated GPU, each on its own stream: the
+instrument every concurrent schedule is developed and checked on.
+
+The host is modelled as PyTorch runs it (Waterwave paper, section 3):
+
+- Each job has a Python thread for its forward and optimizer operators.
+  Threads take the GIL in turns, as PyTorch's do: only for an operator's
+  Python glue (``GIL_US``), since PyTorch's bindings release it around the
+  operator itself; so jobs' operators interleave finely, as the H100
+  snapshot of two lockstep jobs shows. Backward operators run on the
+  autograd engine's device thread, one for the whole GPU, shared by all
+  jobs, without the GIL: one job's backward runs beside another's forward.
+- A library kernel's first call in a host thread costs milliseconds
+  (``Op.first_us``; cuDNN caches its plans per thread).
+- The host schedules ahead of the GPU: a kernel is queued when its operator
+  runs on the host, and memory is allocated and freed then, at scheduling
+  time. A stream holds at most ``queue_depth`` unfinished kernels; a launch
+  into a full queue blocks the host until the oldest kernel ends.
+- The GPU runs one kernel at a time, in launch order across streams
+  (``SimDevice(shared_compute=True)``): the kernels of a training step each
+  fill the GPU.
+
+Policies: ``pytorch`` (stream-private pools; out of memory releases cached
+segments after synchronizing, and retries, as native PyTorch does),
+``waterwave``, and ``free-at-completion`` (what Zico does: a tensor is freed
+when the kernels that used it have finished, under the waterwave policy).
+Out of memory is a result (``ok`` false, ``oom`` says where), not an error.
+
+May import: waterwave._C, waterwave.alloc, this package.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from .. import _C
+from ..alloc import Allocator
+from .gpus import GPU
+from .gpus import gpu as named_gpu
+from .schedules import Schedule, Segment
+from .schedules import schedule as named_schedule
+from .trace import Op, Trace
+
+POLICIES = ("pytorch", "waterwave", "free-at-completion")
+GIL_US = 3.0        # Python glue per operator, under the GIL
+QUEUE_DEPTH = 1024  # kernels a stream holds before a launch blocks
+GIL, ENGINE = 0, 1  # where an operator runs: its job's thread, or the autograd engine
+
+
+@dataclass
+class SimResult:
+    ok: bool
+    policy: str
+    schedule: str
+    gpu: str
+    memory_limit: int | None
+    jobs: list[str]
+    batch_sizes: list[int | None]
+    steps: int
+    oom: dict | None = None
+    peak_reserved: int = 0
+    peak_allocated: int = 0
+    step_time_us: list[float | None] = field(default_factory=list)  # per job
+    throughput: float | None = None  # samples per second, all jobs
+    syncs: int = 0
+    stream_waits: int = 0
+    hazards: int = 0
+    stats: dict = field(default_factory=dict)
+    # Memory over time: host time, reserved bytes, and each job's allocated bytes.
+    time_us: list[float] = field(default_factory=list)
+    reserved: list[int] = field(default_factory=list)
+    per_job: list[list[int]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """Everything but the memory timeline, for JSON and tables."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("time_us", "reserved", "per_job", "stats")}
+
+
+@dataclass
+class _Thread:
+    """A job's host thread: where it is in its segments."""
+    job: int
+    stream: int
+    segments: list[Segment]
+    seg: int = 0
+    op: int = 0      # next operator within the segment
+    ready: float = 0.0
+    done: bool = False
+
+    def segment(self) -> Segment | None:
+        return self.segments[self.seg] if self.seg < len(self.segments) else None
+
+
+def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int | None = None,
+             schedule: str | Schedule = "lockstep", policy: str = "pytorch", steps: int = 3,
+             config: str = "", sync_at_barrier: bool = False, record: bool = True,
+             queue_depth: int = QUEUE_DEPTH) -> SimResult:
+    """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own
+    stream of ``gpu`` under ``policy`` and ``schedule``, within
+    ``memory_limit`` bytes (default: the GPU's memory). ``sync_at_barrier``:
+    SyncAndCoalesce when a round of the schedule opens."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    if not jobs:
+        raise ValueError("simulate needs at least one job")
+    spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
+    sched = named_schedule(schedule)
+    # A cap works as on the GPU: per_process_memory_fraction of the whole
+    # device, whose free memory is never fragmented (the driver maps pages).
+    if memory_limit is not None:
+        if not 0 < memory_limit <= spec.memory:
+            raise ValueError(f"memory limit {memory_limit} bytes is not within {spec.name}'s "
+                             f"{spec.memory} bytes")
+        fraction = f"per_process_memory_fraction:{memory_limit / spec.memory!r}"
+        config = f"{config},{fraction}" if config else fraction
+    device = _C.SimDevice(spec.memory, 0.0, True)
+    alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, config)
+    run = _Run(jobs, sched(jobs, steps), alloc, device, policy, sync_at_barrier, record,
+               queue_depth)
+    result = SimResult(True, policy, getattr(schedule, "__name__", str(schedule)), spec.name,
+                       memory_limit, [t.name for t in jobs],
+                       [t.meta.get("batch_size") for t in jobs], steps)
+    try:
+        run.go()
+    except _C.OutOfMemoryError as e:
+        result.ok = False
+        job = run.current
+        result.oom = {"job": job, "name": jobs[job].name if job is not None else None,
+                      "time_us": device.now(), "message": str(e)}
+    run.report(result)
+    return result
+
+
+class _Run:
+    def __init__(self, jobs, segments, alloc, device, policy, sync_at_barrier, record,
+                 queue_depth):
+        self.jobs, self.alloc, self.device, self.policy = jobs, alloc, device, policy
+        self.sync_at_barrier, self.record, self.queue_depth = sync_at_barrier, record, queue_depth
+        self.threads = [_Thread(j, j, segs) for j, segs in enumerate(segments)]
+        self.persistent_at = [t.persistent_at() for t in jobs]
+        self.ptr: list[dict] = [{} for _ in jobs]  # (step, block) -> address
+        self.kept: list[dict] = [{} for _ in jobs]  # persistent block -> address
+        self.job_bytes = [0] * len(jobs)
+        self.sizes: dict[int, int] = {}            # address -> bytes, for job_bytes
+        self.gil_free = 0.0     # when the GIL is next free
+        self.engine_free = 0.0  # when the autograd engine thread is next free
+        self.queues = [deque() for _ in jobs]      # unfinished kernels' end times, per stream
+        self.deferred: list[tuple[float, int, int]] = []  # (due, job, address)
+        self.step_ends: list[dict[int, float]] = [{} for _ in jobs]
+        self.called: set = set()  # (host thread, operator) pairs past their first call
+        self.round = min((s.round for t in self.threads for s in t.segments), default=0)
+        self.current = None
+        self.time, self.reserved, self.per_job = [], [], [[] for _ in jobs]
+
+    # The event loop --------------------------------------------------------
+    def go(self) -> None:
+        for j, t in enumerate(self.jobs):
+            self.current = j
+            for b, n, s in self.persistent_at[j].get(-1, []):
+                self.kept[j][b] = self._alloc(j, n)
+        self._open_round()
+        while True:
+            pick = self._next()
+            if pick is None:
+                if all(t.done for t in self.threads):
+                    return
+                # Every thread waits at the barrier: the next round opens when
+                # the last one arrives.
+                arrived = max(t.ready for t in self.threads)
+                for t in self.threads:
+                    t.ready = max(t.ready, arrived)
+                self.round += 1
+                self._open_round()
+                continue
+            thread, start = pick
+            self._step(thread, start)
+
+    def _open_round(self) -> None:
+        if self.sync_at_barrier and self.round > 0:
+            self.alloc.sync_and_coalesce()
+        for t in self.threads:
+            self._settle(t)
+
+    def _settle(self, t: _Thread) -> None:
+        seg = t.segment()
+        while seg is not None and t.op >= seg.last - seg.first:
+            t.seg, t.op = t.seg + 1, 0
+            seg = t.segment()
+        t.done = seg is None
+
+    def _runnable(self, t: _Thread) -> bool:
+        seg = t.segment()
+        return seg is not None and seg.round <= self.round
+
+    def _resource(self, t: _Thread) -> int:
+        seg = t.segment()
+        return ENGINE if self.jobs[t.job].ops[seg.first + t.op].phase == "backward" else GIL
+
+    def _next(self) -> tuple[_Thread, float] | None:
+        """The thread whose next operator starts first, and when. A Python
+        operator needs the GIL for its glue; the autograd engine thread runs
+        backward operators one at a time, in the order they became ready."""
+        best = None
+        for t in self.threads:
+            if not self._runnable(t):
+                continue
+            shared = self.engine_free if self._resource(t) == ENGINE else self.gil_free
+            key = (max(t.ready, shared), t.ready, t.job)
+            if best is None or key < best[0]:
+                best = (key, t)
+        return None if best is None else (best[1], best[0][0])
+
+    def _step(self, t: _Thread, start: float) -> None:
+        j = t.job
+        self.current = j
+        seg = t.segment()
+        k = seg.first + t.op
+        op = self.jobs[j].ops[k]
+        res = self._resource(t)
+        if start > self.device.now():
+            self.device.advance_host(start - self.device.now())
+        self._release_due()
+        if seg.step == 0:
+            for b, n, s in self.persistent_at[j].get(k, []):
+                self.kept[j][b] = self._alloc(j, n)
+        self._run_op(j, seg.step, op, t.stream)
+        end = max(start, self.device.now()) + op.cpu_us + self._first_call(t, res, op)
+        t.ready = end
+        if res == ENGINE:
+            self.engine_free = end
+        else:
+            self.gil_free = max(start, self.device.now()) + min(op.cpu_us, GIL_US)
+        if k == len(self.jobs[j].ops) - 1:
+            self.step_ends[j][seg.step] = self.device.stream_completion(t.stream)
+        t.op += 1
+        self._settle(t)
+        if self.record:
+            self.time.append(start)
+            self.reserved.append(self.device.reserved_bytes())
+            for i, b in enumerate(self.job_bytes):
+                self.per_job[i].append(b)
+
+    def _first_call(self, t: _Thread, res: int, op: Op) -> float:
+        """A library kernel's first call costs host time once per host thread
+        (cuDNN caches its plans per thread and shape): per job for forward
+        operators, once for all jobs on the autograd engine's thread."""
+        if not op.first_us:
+            return 0.0
+        key = ("engine" if res == ENGINE else t.job, op.name)
+        if key in self.called:
+            return 0.0
+        self.called.add(key)
+        return op.first_us
+
+    # One operator --------------------------------------------------------------
+    def _run_op(self, j: int, step: int, op: Op, stream: int) -> None:
+        ptr = self.ptr[j]
+        for b, n in op.alloc:
+            ptr[(step, b)] = self._alloc(j, n)
+        if op.gpu_us > 0:
+            self._wait_for_queue(j)
+            uses = [ptr.get((step, b)) or self.kept[j].get(b) for b in (*op.use, *op.free)]
+            uses += [ptr[(step, b)] for b, _ in op.alloc]
+            self.alloc.launch(stream, op.gpu_us, [p for p in uses if p])
+            self.queues[j].append(self.device.stream_completion(stream))
+        for b in op.free:
+            self._free(j, ptr.pop((step, b)), stream)
+
+    def _wait_for_queue(self, j: int) -> None:
+        q, now = self.queues[j], self.device.now()
+        while q and q[0] <= now:
+            q.popleft()
+        if len(q) >= self.queue_depth:  # the launch blocks until the oldest kernel ends
+            self.device.advance_host(q[len(q) - self.queue_depth] - now)
+            while q and q[0] <= self.device.now():
+                q.popleft()
+
+    def _alloc(self, j: int, n: int) -> int:
+        stream = self.threads[j].stream
+        while True:
+            try:
+                p = self.alloc.alloc(n, stream)
+                break
+            except _C.OutOfMemoryError:
+                # Free-at-completion: memory still held for running kernels
+                # comes back when they end; wait for the next, then retry.
+                if self.policy != "free-at-completion" or not self.deferred:
+                    raise
+                self.device.advance_host(max(0.0, self.deferred[0][0] - self.device.now()))
+                self._release_due()
+        n = self.alloc.allocation_size(p)
+        self.sizes[p] = n
+        self.job_bytes[j] += n
+        return p
+
+    def _free(self, j: int, p: int, stream: int) -> None:
+        if self.policy == "free-at-completion":
+            heapq.heappush(self.deferred, (self.device.stream_completion(stream), j, p))
+            return
+        self.job_bytes[j] -= self.sizes.pop(p)
+        self.alloc.free(p)
+
+    def _release_due(self) -> None:
+        now = self.device.now()
+        while self.deferred and self.deferred[0][0] <= now:
+            _, j, p = heapq.heappop(self.deferred)
+            self.job_bytes[j] -= self.sizes.pop(p)
+            self.alloc.free(p)
+
+    # Results -------------------------------------------------------------------
+    def report(self, r: SimResult) -> None:
+        s = self.alloc.stats()
+        r.stats = s
+        r.peak_reserved = s["reserved_bytes.all.peak"]
+        r.peak_allocated = s["allocated_bytes.all.peak"]
+        r.syncs = s["num_sync_and_coalesce"] + s["num_host_event_syncs"] + s["num_alloc_retries"]
+        r.stream_waits = s["num_stream_waits"]
+        r.hazards = len(self.alloc.hazards())
+        rate = 0.0
+        for j, ends in enumerate(self.step_ends):
+            done = sorted(ends.items())
+            if len(done) >= 2:
+                per_step = (done[-1][1] - done[0][1]) / (len(done) - 1)
+                r.step_time_us.append(per_step)
+                rate += (r.batch_sizes[j] or 1) / per_step * 1e6
+            else:
+                r.step_time_us.append(None)
+        r.throughput = rate if r.ok and all(x is not None for x in r.step_time_us) else None
+        r.time_us, r.reserved, r.per_job = self.time, self.reserved, self.per_job
