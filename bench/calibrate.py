@@ -2,7 +2,7 @@
 the host time of first calls) from the H100 snapshots, and fit the rules for
 models without a snapshot; writes waterwave/sim/data/h100_kernels.json.
 
-    python bench/calibrate.py [--snapshots ../shared/gpu-snapshots]
+    python bench/calibrate.py [--snapshots bench/data/gpu-snapshots]
 
 Each snapshot is aligned with a capture of the same model at the same batch
 (``waterwave.sim.kernels.measure``). Workspaces come from each snapshot's
@@ -37,7 +37,7 @@ SNAPSHOTS = {
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--snapshots", default=str(ROOT.parent / "shared" / "gpu-snapshots"))
+    ap.add_argument("--snapshots", default=str(ROOT / "bench" / "data" / "gpu-snapshots"))
     args = ap.parse_args()
     kernels = KernelModel(source="measured on an H100 (torch 2.11, cuDNN benchmark off) from "
                                  + ", ".join(SNAPSHOTS))

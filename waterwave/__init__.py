@@ -7,7 +7,8 @@ layers, imported one way (each package's docstring says what it may import):
   simulated GPU, ``cuda`` (``install_allocator``) on real ones;
 - ``planner``: capture a training step, its graph, plans and their checks;
 - ``exec``: executors that run steps (``optimize``);
-- ``sim``: workloads on the simulated GPU and the demo;
+- ``sim``: traces (``trace``), the multi-job simulator, workloads on the
+  simulated GPU and the demo;
 - ``tools``: the command line, models by name, plots.
 
 Everything runs without a GPU: ``SimDevice`` is a simulated GPU with virtual
@@ -29,9 +30,12 @@ from .exec import optimize  # noqa: F401  (imports torch only when called)
 from .planner import Plan, pack, plan  # noqa: F401
 from .planner.capture import capture  # noqa: F401  (imports torch only when called)
 from .planner.graph import Graph  # noqa: F401
+from .sim import trace  # noqa: F401
 
-# ``import waterwave.cuda`` names the one module object waterwave.alloc.cuda.
+# ``import waterwave.cuda`` names the one module object waterwave.alloc.cuda,
+# ``import waterwave.trace`` waterwave.sim.trace.
 _sys.modules[__name__ + ".cuda"] = cuda
+_sys.modules[__name__ + ".trace"] = trace
 
 __all__ = [
     "Allocator",
@@ -45,6 +49,7 @@ __all__ = [
     "parse_config",
     "capture",
     "cuda",
+    "trace",
     "Graph",
     "Plan",
     "plan",

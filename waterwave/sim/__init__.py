@@ -1,8 +1,14 @@
-"""Simulation on the simulated GPU (``SimDevice``): workloads driven through
-the allocator stack, and the demo ``make demo`` runs.
+"""Simulation on the simulated GPU (``SimDevice``): the instruments every
+schedule is developed and checked on.
 
-- ``workloads``: synthetic training jobs on streams of a simulated GPU;
-- ``demo``: two out-of-phase jobs under both policies, side by side.
+- ``trace``: traces from PyTorch memory snapshots and captured steps, saved,
+  loaded and replayed (``waterwave.trace``);
+- ``eager``, ``kernels``, ``gpus``, ``phases``: a captured step as eager PyTorch runs it on
+  a named GPU, with library workspaces and first calls measured on an H100;
+- ``jobs``: a model's step at any batch size;
+- ``multijob``, ``schedules``, ``maxbatch``: several jobs on one GPU, each on
+  its own stream, under a schedule and a policy; the largest batch;
+- ``workloads``, ``demo``: the synthetic two-job workload ``make demo`` runs.
 
-May import: waterwave.alloc, waterwave.planner, waterwave._C.
+May import: waterwave._C, waterwave.alloc, waterwave.planner, waterwave.exec.
 """

@@ -11,9 +11,9 @@ Two sources:
   not say what ran). Blocks live before recording began are allocated
   first.
 - ``from_graph(graph, gpu=...)``: a captured training step, as eager PyTorch
-  runs it (``eager.py``): persistent tensors first, then each operator's
-  outputs and workspaces, its kernel with a roofline time on the named GPU,
-  and the frees of what it used last.
+  runs it (``eager.py``): persistent memory where PyTorch makes it, then
+  each operator's outputs and workspaces, its kernel with a roofline time on
+  the named GPU, and the frees of what it used last.
 
 JSON format (``format: "waterwave-trace"``, ``version: 1``)::
 
@@ -172,12 +172,13 @@ class Trace:
                     persistent=[(int(b), int(n), int(s), int(k)) for b, n, s, k in d["persistent"]])
             for o in d["ops"]:
                 t.ops.append(Op(str(o["name"]), int(o.get("stream", 0)), str(o.get("phase", "")),
-                                float(o.get("gpu_us", 0.0)), float(o.get("cpu_us", 0.0)),
-                                float(o.get("first_us", 0.0)),
-                                [(int(b), int(n)) for b, n in o.get("alloc", [])],
-                                [int(b) for b in o.get("free", [])],
-                                [int(b) for b in o.get("use", [])],
-                                None if o.get("time_us") is None else float(o["time_us"])))
+                                gpu_us=float(o.get("gpu_us", 0.0)),
+                                cpu_us=float(o.get("cpu_us", 0.0)),
+                                first_us=float(o.get("first_us", 0.0)),
+                                time_us=None if o.get("time_us") is None else float(o["time_us"]),
+                                alloc=[(int(b), int(n)) for b, n in o.get("alloc", [])],
+                                free=[int(b) for b in o.get("free", [])],
+                                use=[int(b) for b in o.get("use", [])]))
         except TraceError as e:
             raise TraceError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -232,6 +233,19 @@ def run_op(a: Allocator, op: Op, ptr: dict[int, int], persistent: dict[int, int]
         a.launch(op.stream, op.gpu_us, [p for p in uses if p])
     for b in op.free:
         a.free(ptr.pop(b))
+
+
+# Captured steps ---------------------------------------------------------------
+def from_graph(graph, gpu: str = "H100-80GB", kernels=None, model: str | None = None,
+               stream: int = 0) -> Trace:
+    """A captured training step (``waterwave.capture``) as eager PyTorch runs
+    it on ``gpu`` (``eager.eager_trace``). ``kernels``: a ``KernelModel``,
+    by default the one measured on the H100 (measured tables for the
+    ``model`` named, else its rules)."""
+    from .eager import eager_trace
+    from .kernels import KernelModel
+
+    return eager_trace(graph, gpu, kernels or KernelModel.load(), model=model, stream=stream)
 
 
 # Snapshots ------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Several jobs on one simulated GPU: schedules, policies, out of memory as a
+result, the batch-size search, and the calibration against the H100."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from waterwave.sim.jobs import JobModel  # noqa: E402
+from waterwave.sim.kernels import KernelModel  # noqa: E402
+from waterwave.sim.maxbatch import max_batch, search  # noqa: E402
+from waterwave.sim.multijob import POLICIES, SimResult, simulate  # noqa: E402
+from waterwave.sim.schedules import Segment  # noqa: E402
+from waterwave.tools import models  # noqa: E402
+
+GiB = 1 << 30
+KERNELS = KernelModel.load()
+
+
+@pytest.fixture(scope="module")
+def r18():
+    return JobModel("resnet18", lambda b: models.build("resnet18", b))
+
+
+@pytest.fixture(scope="module")
+def r50():
+    return JobModel("resnet50", lambda b: models.build("resnet50", b))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("schedule", ["lockstep", "phased"])
+def test_every_policy_and_schedule_runs_without_hazards(r18, policy, schedule):
+    jobs = [r18.trace_at(16, "H100-80GB", KERNELS) for _ in range(2)]
+    r = simulate(jobs, "H100-80GB", None, schedule, policy, steps=3)
+    assert r.ok and r.hazards == 0 and r.oom is None
+    assert r.peak_allocated <= r.peak_reserved and r.peak_allocated >= jobs[0].peak_live()
+    assert all(x and x > 0 for x in r.step_time_us) and r.throughput > 0
+    assert len(r.time_us) == len(r.reserved) == len(r.per_job[0]) == len(r.per_job[1])
+    assert r.time_us == sorted(r.time_us)  # the host's clock never runs back
+
+
+def test_one_job_under_pytorch_peaks_as_its_replay(r18):
+    """Timing cannot change what the stream-private policy reserves for one stream."""
+    t = r18.trace_at(32, "H100-80GB", KERNELS)
+    r = simulate([t], "H100-80GB", None, "lockstep", "pytorch", steps=3)
+    s = t.replay("pytorch", steps=3)
+    assert (r.peak_reserved, r.peak_allocated) == (s["reserved_bytes.all.peak"],
+                                                  s["allocated_bytes.all.peak"])
+
+
+def test_out_of_memory_is_a_result_naming_the_job(r18):
+    jobs = [r18.trace_at(64, "H100-80GB", KERNELS) for _ in range(2)]
+    r = simulate(jobs, "H100-80GB", 2 * GiB, "lockstep", "pytorch")
+    assert not r.ok and r.throughput is None
+    assert r.oom["name"] == "resnet18-bs64" and "out of memory" in r.oom["message"]
+    with pytest.raises(ValueError, match="not within"):
+        simulate(jobs, "H100-80GB", 100 * GiB)
+    with pytest.raises(ValueError, match="unknown policy"):
+        simulate(jobs, policy="fastest")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        simulate(jobs, schedule="sideways")
+    with pytest.raises(ValueError, match="unknown GPU"):
+        simulate(jobs, gpu="TPU")
+
+
+def test_memory_flows_only_where_the_schedule_lets_it(r18):
+    """Two jobs one after the other (a schedule hook: job 2 waits for job 1)
+    need one job's memory under the waterwave policy, which hands one job's
+    freed blocks to the other; the stream-private pytorch policy needs both."""
+    jobs = [r18.trace_at(32, "H100-80GB", KERNELS) for _ in range(2)]
+
+    def one_after_the_other(traces, steps):
+        return [[Segment(j, s, 0, len(t.ops)) for s in range(steps)] for j, t in enumerate(traces)]
+
+    ww = simulate(jobs, schedule=one_after_the_other, policy="waterwave", steps=2)
+    pt = simulate(jobs, schedule=one_after_the_other, policy="pytorch", steps=2)
+    solo = simulate(jobs[:1], policy="pytorch", steps=2)
+    assert ww.ok and pt.ok and ww.hazards == pt.hazards == 0
+    assert pt.peak_reserved >= 1.95 * solo.peak_reserved  # two private pools
+    assert ww.peak_reserved < 0.7 * pt.peak_reserved     # one job's memory, reused
+    assert ww.stats["served.cross_stream_wait"] + ww.stats["served.promoted"] > 0
+
+
+def test_freeing_at_completion_holds_memory_longer(r18):
+    jobs = [r18.trace_at(32, "H100-80GB", KERNELS) for _ in range(2)]
+    late = simulate(jobs, policy="free-at-completion", steps=2)
+    early = simulate(jobs, policy="waterwave", steps=2)
+    assert late.ok and late.peak_allocated > early.peak_allocated
+
+
+def test_the_search_finds_the_largest_fitting_multiple():
+    for threshold in (8, 60, 136, 300, 1000):
+        def fits(batch, threshold=threshold):
+            return SimResult(batch <= threshold, "p", "s", "g", None, [], [], 1)
+
+        found = search(fits, step=8)
+        assert found.max_batch == threshold // 8 * 8
+        assert len(found.trials) <= 12
+    assert search(lambda b: SimResult(False, "p", "s", "g", None, [], [], 1)).max_batch == 0
+
+
+def test_calibration_two_resnet50_under_12_gib_on_the_h100(r50):
+    """The H100 (../shared/gpu-snapshots/README.md): 136 alone, 64 per job
+    started together, 72 per job phased, in steps of 8, native PyTorch."""
+    assert max_batch([r50], "H100-80GB", 12 * GiB, "lockstep", "pytorch", KERNELS).max_batch == 136
+    assert max_batch([r50] * 2, "H100-80GB", 12 * GiB, "lockstep", "pytorch",
+                     KERNELS).max_batch == 64
+    assert max_batch([r50] * 2, "H100-80GB", 12 * GiB, "phased", "pytorch",
+                     KERNELS).max_batch == 72
