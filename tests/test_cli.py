@@ -135,3 +135,53 @@ def test_pack_bad_csv(tmp_path, capsys, text, message):
     f.write_text(text)
     assert cli.main(["pack", str(f)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_simulate_max_batch_json(capsys):
+    pytest.importorskip("torch")
+    assert cli.main(["simulate", "resnet18", "resnet18", "--memory-limit", "3GiB", "--max-batch",
+                     "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["simulated"] and set(data["max_batch"]) == {"lockstep", "phased"}
+    sole = data["sole_max_batch"]
+    assert sole > 0 and sole % 8 == 0
+    for schedule in data["max_batch"].values():
+        assert 0 < schedule["max_batch"] <= sole
+        assert schedule["ratio_to_sole"] == round(schedule["max_batch"] / sole, 3)
+        assert schedule["peak_reserved"] <= 3 * 2**30
+
+
+def test_simulate_at_a_batch_with_a_plot(tmp_path, capsys):
+    pytest.importorskip("torch")
+    png = tmp_path / "jobs.png"
+    assert cli.main(["simulate", "resnet18", "resnet18", "--batch-size", "16", "--schedule",
+                     "phased", "--policy", "waterwave", "--plot", str(png), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["hazards"] == 0 and data["schedule"] == "phased"
+    assert png.stat().st_size > 10_000
+    assert cli.main(["simulate", "resnet18", "--batch-size", "512", "--memory-limit", "1GiB"]) == 1
+    assert "out of memory" in capsys.readouterr().out
+
+
+def test_replay_a_snapshot(tmp_path, capsys):
+    from test_trace import SNAPSHOTS
+
+    png = tmp_path / "r.png"
+    assert cli.main(["replay", str(SNAPSHOTS / "r18_2jobs.pickle.gz"), "--json", "--plot",
+                     str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["peak_reserved"] == 2972 * 2**20 and data["streams"] == 2
+    assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["replay", "/no/such/file.pickle"], "cannot read"),
+    (["simulate", "resnet5"], "unknown model 'resnet5'"),
+    (["simulate", "resnet18", "--memory-limit", "twelve"], "cannot read 'twelve' as a size"),
+    (["simulate", "resnet18", "--memory-limit", "1TiB"], "cannot read '1TiB'"),
+    (["simulate", "resnet18", "--memory-limit", "900GiB"], "not within"),
+])
+def test_simulate_and_replay_answer_bad_input_in_one_line(argv, says, capsys, tmp_path):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -24,13 +24,16 @@ class MaxBatch:
 
 
 def search(fits: Callable[[int], SimResult], step: int = 8, start: int = 64,
-           limit: int = 4096) -> MaxBatch:
-    """The largest multiple of ``step`` for which ``fits(batch).ok``."""
+           limit: int = 4096, on_trial: Callable[[int, bool], None] | None = None) -> MaxBatch:
+    """The largest multiple of ``step`` for which ``fits(batch).ok``;
+    ``on_trial(batch, fits)`` hears of each trial."""
     out = MaxBatch(0)
     good, bad, batch = 0, None, max(step, start // step * step)
     while True:
         r = fits(batch)
         out.trials.append((batch, r.ok))
+        if on_trial:
+            on_trial(batch, r.ok)
         if r.ok:
             good, out.result = batch, r
             if bad is None:
@@ -51,7 +54,7 @@ def search(fits: Callable[[int], SimResult], step: int = 8, start: int = 64,
 
 def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
               schedule="lockstep", policy: str = "pytorch", kernels: KernelModel | None = None,
-              steps: int = 3, step: int = 8, **kwargs) -> MaxBatch:
+              steps: int = 3, step: int = 8, on_trial=None, **kwargs) -> MaxBatch:
     """The largest batch (the same for every job) at which ``models``, one
     job each, train together under ``schedule`` and ``policy``."""
     from .kernels import NONE
@@ -62,4 +65,4 @@ def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
         jobs = [m.trace_at(batch, gpu, ws) for m in models]
         return simulate(jobs, gpu, memory_limit, schedule, policy, steps, record=False, **kwargs)
 
-    return search(fits, step)
+    return search(fits, step, on_trial=on_trial)

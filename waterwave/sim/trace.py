@@ -195,26 +195,46 @@ class Trace:
 
     # Replay -----------------------------------------------------------------
     def replay(self, policy: str = "pytorch", capacity: int | None = None, steps: int = 1,
-               config: str = "", **kwargs) -> dict:
+               config: str = "", record: bool = False, **kwargs) -> dict:
         """Run the trace ``steps`` times through ``policy`` on a simulated GPU
         of ``capacity`` bytes (default: unlimited), one allocator stream per
         trace stream. Returns the allocator's ``stats()`` plus ``hazards``
-        (the list of hazards found) and ``gpu_time_us``. Out of memory raises
-        ``OutOfMemoryError``; ``config``/keywords as for ``Allocator``."""
+        (the list of hazards found) and ``gpu_time_us``; with ``record``,
+        ``timeline``: reserved bytes and each stream's allocated bytes after
+        each operator. Out of memory raises ``OutOfMemoryError``;
+        ``config``/keywords as for ``Allocator``."""
         device = _C.SimDevice(capacity or 1 << 50, 0.0)
         a = Allocator(policy, device, config, **kwargs)
         at, kept = self.persistent_at(), {}
+        streams = self.streams
+        timeline = {"reserved": [], "allocated": {s: [] for s in streams}}
+        held, sizes = dict.fromkeys(streams, 0), {}
         for b, n, s in at.get(-1, []):
             kept[b] = a.alloc(n, s)
+            held[s] += n
         for step in range(steps):
             ptr: dict[int, int] = {}
             for k, op in enumerate(self.ops):
                 for b, n, s in at.get(k, []) if step == 0 else ():
                     kept[b] = a.alloc(n, s)
+                    held[s] += n
+                if record:  # bytes as requested, by the stream that allocated them
+                    for b, n in op.alloc:
+                        sizes[b] = (n, op.stream)
+                        held[op.stream] += n
+                    for b in op.free:
+                        n, s = sizes.pop(b)
+                        held[s] -= n
                 run_op(a, op, ptr, kept)
+                if record:
+                    timeline["reserved"].append(device.reserved_bytes())
+                    for s in streams:
+                        timeline["allocated"][s].append(held[s])
         stats = a.stats()
         stats["hazards"] = a.hazards()
         stats["gpu_time_us"] = device.gpu_busy_until()
+        if record:
+            stats["timeline"] = timeline
         return stats
 
 

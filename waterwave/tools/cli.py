@@ -1,4 +1,5 @@
-"""The ``waterwave`` command line: ``bench alloc``, ``demo``, ``plan``, ``pack``."""
+"""The ``waterwave`` command line: ``bench alloc``, ``demo``, ``plan``, ``pack``,
+``simulate``, ``replay``."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ import time
 
 from ..planner import STRATEGIES
 from ..planner.capture import KERNELS
+from . import sim_commands
 
 
 def _bench_alloc(args) -> int:
@@ -224,9 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     pk.add_argument("--time-limit", type=float, default=10.0)
     pk.set_defaults(func=_pack)
 
+    sim_commands.add_parsers(sub)
+
     args = parser.parse_args(argv)
     if getattr(args, "pairs", 1) <= 0 or getattr(args, "repeats", 1) <= 0:
         parser.error("--pairs and --repeats must be positive")
+    if args.command in ("simulate", "replay"):
+        if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
+            parser.error("--steps and --batch-size must be positive")
+        return sim_commands.one_line_errors(args.func, args.command)(args)
     return args.func(args)
 
 

@@ -1,0 +1,241 @@
+"""``waterwave simulate`` and ``waterwave replay``: training jobs on one
+simulated GPU, and a user's own PyTorch memory snapshot through a policy.
+
+Every figure these commands print is simulated, and they say so.
+
+May import: every other waterwave package.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from ..sim.gpus import GPUS
+from ..sim.multijob import POLICIES
+from ..sim.schedules import SCHEDULES
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20,
+         "gib": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """"12GiB", "12 GB", "512MiB", "1e9" -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 12GiB, 512MiB or 1e9")
+    try:
+        return int(float(m.group(1)) * UNITS[unit])
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 12GiB, 512MiB or 1e9") \
+            from None
+
+
+def _mib(b) -> str:
+    return "-" if b is None else f"{b / 2**20:,.0f} MiB"
+
+
+def _job_models(names: list[str]):
+    from ..sim.jobs import JobModel
+    from . import models
+
+    known = models.names()
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown model {n!r}: choose one of {', '.join(known)}")
+    cache = {n: JobModel(n, lambda b, n=n: models.build(n, b)) for n in set(names)}
+    return [cache[n] for n in names]
+
+
+def simulate_command(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..sim.kernels import NONE, KernelModel
+
+    limit = parse_size(args.memory_limit) if args.memory_limit else None
+    jobs = _job_models(args.models)
+    kernels = KernelModel.load() if args.kernels == "measured" else NONE
+    schedules = args.schedule or (list(SCHEDULES) if args.max_batch else ["lockstep"])
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[last]}"),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=args.json) as progress:
+        if args.max_batch:
+            result = _max_batches(args, jobs, kernels, limit, schedules, progress)
+        else:
+            result = _at_batch(args, jobs, kernels, limit, schedules[0], progress)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_simulation(result, args)
+    return 0 if result.get("ok", True) else 1
+
+
+def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
+    from ..sim.multijob import simulate
+
+    task = progress.add_task(f"capturing {', '.join(sorted(set(args.models)))}", total=None,
+                             last="")
+    traces = [m.trace_at(args.batch_size, args.gpu, kernels) for m in jobs]
+    progress.update(task, description=f"simulating {len(traces)} job(s), {args.steps} steps")
+    r = simulate(traces, args.gpu, limit, schedule, args.policy, args.steps)
+    progress.remove_task(task)
+    if args.plot:
+        from .plots import jobs_memory
+
+        jobs_memory(r, args.plot)
+    return {"simulated": True, **r.summary(), "plot": args.plot}
+
+
+def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
+    from ..sim.maxbatch import max_batch
+
+    def run(models, schedule, label):
+        task = progress.add_task(f"largest batch, {label}", total=None, last="")
+
+        def heard(batch, fits):
+            progress.update(task, last=f"batch {batch}: {'fits' if fits else 'out of memory'}")
+
+        found = max_batch(models, args.gpu, limit, schedule, args.policy, kernels, args.steps,
+                          on_trial=heard)
+        progress.remove_task(task)
+        return found
+
+    distinct = list(dict.fromkeys(args.models))
+    sole = {n: run([jobs[args.models.index(n)]], "lockstep", f"{n} alone").max_batch
+            for n in distinct}
+    out = {"simulated": True, "gpu": args.gpu, "memory_limit": limit, "policy": args.policy,
+           "jobs": args.models,
+           "sole_max_batch": sole[distinct[0]] if len(distinct) == 1 else sole, "max_batch": {}}
+    reference = min(sole.values())
+    for schedule in schedules:
+        found = run(jobs, schedule, f"{len(jobs)} jobs, {schedule}")
+        r = found.result
+        out["max_batch"][schedule] = {
+            "max_batch": found.max_batch,
+            "ratio_to_sole": round(found.max_batch / reference, 3) if reference else None,
+            "trials": found.trials,
+            "peak_reserved": r.peak_reserved if r else None,
+            "throughput": r.throughput if r else None,
+        }
+    if args.plot and any(v["max_batch"] for v in out["max_batch"].values()):
+        from ..sim.multijob import simulate
+        from .plots import jobs_memory
+
+        schedule = max(out["max_batch"], key=lambda s: out["max_batch"][s]["max_batch"])
+        b = out["max_batch"][schedule]["max_batch"]
+        jobs_memory(simulate([m.trace_at(b, args.gpu, kernels) for m in jobs], args.gpu, limit,
+                             schedule, args.policy, args.steps), args.plot)
+        out["plot"] = args.plot
+    return out
+
+
+def _print_simulation(result: dict, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cap = _mib(result.get("memory_limit")) if result.get("memory_limit") else "the whole GPU"
+    title = (f"{' + '.join(args.models)} on a simulated {args.gpu}, {cap}, "
+             f"policy {args.policy}")
+    if "max_batch" in result:
+        t = Table(title=f"largest batch per job: {title}")
+        for col in ("schedule", "max batch", "of sole", "peak reserved", "samples/s"):
+            t.add_column(col, justify="right" if col != "schedule" else "left")
+        t.add_row("sole (one job alone)", str(result["sole_max_batch"]), "", "", "")
+        for s, v in result["max_batch"].items():
+            t.add_row(s, str(v["max_batch"]), f"{v['ratio_to_sole']:.0%}" if v["ratio_to_sole"]
+                      else "-", _mib(v["peak_reserved"]),
+                      f"{v['throughput']:,.0f}" if v["throughput"] else "-")
+    else:
+        t = Table(title=f"batch {args.batch_size}: {title}, {result['schedule']}")
+        t.add_column("")
+        t.add_column("value", justify="right")
+        t.add_row("result", "ran" if result["ok"] else
+                  f"out of memory in {result['oom']['name']}")
+        t.add_row("peak reserved", _mib(result["peak_reserved"]))
+        t.add_row("peak allocated", _mib(result["peak_allocated"]))
+        for name, st in zip(result["jobs"], result["step_time_us"]):
+            t.add_row(f"step time, {name}", "-" if st is None else f"{st / 1000:.1f} ms")
+        t.add_row("throughput", f"{result['throughput']:,.0f} samples/s"
+                  if result["throughput"] else "-")
+        t.add_row("syncs / stream waits", f"{result['syncs']} / {result['stream_waits']}")
+        t.add_row("hazards", str(result["hazards"]))
+    console.print(t)
+    print("all figures are simulated, not measured on a GPU"
+          + (f"; memory over time: {result['plot']}" if result.get("plot") else ""))
+
+
+def replay_command(args) -> int:
+    from ..sim.trace import Trace, from_snapshot
+
+    trace = (Trace.load(args.snapshot) if args.snapshot.endswith(".json")
+             else from_snapshot(args.snapshot))
+    s = trace.replay(args.policy, record=bool(args.plot))
+    result = {"simulated": True, "file": args.snapshot, "policy": args.policy,
+              "streams": len(trace.streams), "operators": len(trace.ops),
+              "peak_reserved": s["reserved_bytes.all.peak"],
+              "peak_allocated": s["allocated_bytes.all.peak"],
+              "fragmentation_at_peak": s["fragmentation.at_peak_reserved"],
+              "hazards": len(s["hazards"]), "plot": args.plot}
+    if args.plot:
+        from .plots import replay_memory
+
+        replay_memory(s["timeline"], args.plot, f"{trace.name}: {args.policy} policy (simulated)")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.snapshot}: {result['operators']} allocations and frees on "
+          f"{result['streams']} stream(s), replayed through the {args.policy} policy (simulated)")
+    print(f"  peak reserved   {_mib(result['peak_reserved'])}")
+    print(f"  peak allocated  {_mib(result['peak_allocated'])}")
+    print(f"  fragmentation   {result['fragmentation_at_peak']:.1%} at the peak of reserved")
+    print(f"  hazards         {result['hazards']}")
+    if args.plot:
+        print(f"memory over time: {args.plot}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    sim = sub.add_parser("simulate", help="training jobs on one simulated GPU, each on its own "
+                                          "stream")
+    sim.add_argument("models", nargs="+", help="one model name per job (e.g. resnet50 resnet50)")
+    sim.add_argument("--gpu", default="H100-80GB", choices=list(GPUS))
+    sim.add_argument("--memory-limit", help="a cap, e.g. 12GiB (default: the GPU's memory)")
+    size = sim.add_mutually_exclusive_group()
+    size.add_argument("--batch-size", type=int, default=32, help="the batch of every job")
+    size.add_argument("--max-batch", action="store_true",
+                      help="search the largest batch per job, alone and for each schedule")
+    sim.add_argument("--schedule", action="append", choices=list(SCHEDULES),
+                     help="repeat for several (default: lockstep; with --max-batch, all)")
+    sim.add_argument("--policy", default="pytorch", choices=POLICIES)
+    sim.add_argument("--steps", type=int, default=3, help="training steps per job")
+    sim.add_argument("--kernels", choices=["measured", "none"], default="measured",
+                     help="library workspaces and first calls as measured on an H100, or none")
+    sim.add_argument("--plot", help="draw memory over time per job to this PNG")
+    sim.add_argument("--json", action="store_true", help="print the figures as JSON")
+    sim.set_defaults(func=simulate_command)
+
+    rep = sub.add_parser("replay", help="a PyTorch memory snapshot (or a trace .json) through a "
+                                        "policy on the simulated GPU")
+    rep.add_argument("snapshot")
+    rep.add_argument("--policy", default="pytorch", choices=["pytorch", "waterwave"])
+    rep.add_argument("--plot", help="draw memory over time per stream to this PNG")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=replay_command)
+
+
+def one_line_errors(fn, command: str):
+    """Run a command, turning a bad name or file into one line and exit code 2."""
+    from ..sim.trace import TraceError
+
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except (TraceError, ValueError, OSError) as e:
+            print(f"waterwave {command}: {e}", file=sys.stderr)
+            return 2
+
+    return run
