@@ -105,3 +105,14 @@ def test_calibration_two_resnet50_under_12_gib_on_the_h100(r50):
                      KERNELS).max_batch == 64
     assert max_batch([r50] * 2, "H100-80GB", 12 * GiB, "phased", "pytorch",
                      KERNELS).max_batch == 72
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU this measures for hours")
+def test_the_gpu_measurement_says_clearly_that_it_needs_a_gpu():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "concurrent" / "gpu.py"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert r.returncode == 2 and "measures on a GPU" in r.stderr and "Traceback" not in r.stderr
