@@ -26,7 +26,7 @@ from ._C import (  # noqa: F401  (re-exported API)
 )
 from .alloc import Allocator, PlanAllocator, config_string, cuda, parse_config  # noqa: F401
 from .alloc.cuda import install_allocator  # noqa: F401  (imports torch only when called)
-from .exec import optimize  # noqa: F401  (imports torch only when called)
+from .exec import ConcurrentTrainer, Job, optimize  # noqa: F401  (torch only when called)
 from .planner import Plan, pack, plan  # noqa: F401
 from .planner.capture import capture  # noqa: F401  (imports torch only when called)
 from .planner.graph import Graph  # noqa: F401
@@ -55,6 +55,8 @@ __all__ = [
     "plan",
     "pack",
     "optimize",
+    "Job",
+    "ConcurrentTrainer",
     "install_allocator",
 ]
 __version__ = "0.1.0"

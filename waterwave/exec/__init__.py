@@ -1,9 +1,15 @@
 """Executors: what runs training steps over the planner's plans and the
 allocator stack.
 
+- ``step``: a model's training step, captured once and run with its real
+  tensors;
 - ``trainer``: ``waterwave.optimize``, one model's steps in a planned order,
-  its allocations served from a plan on a GPU.
+  its allocations served from a plan on a GPU;
+- ``nodegroups``, ``pairing``, ``counter_barrier``, ``concurrent``: the
+  NodeGroup pipeline, ``waterwave.Job`` and ``waterwave.ConcurrentTrainer``:
+  several jobs on one device, memory flowing between them.
 
 May import: waterwave.planner, waterwave.alloc, waterwave._C; torch.
 """
+from .concurrent import ConcurrentTrainer, Job  # noqa: F401
 from .trainer import Trainer, optimize  # noqa: F401

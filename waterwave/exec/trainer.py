@@ -15,58 +15,8 @@ from typing import Any
 
 from ..planner import Plan, PlanError, check_plan, plan_from_trace
 from ..planner import plan as make_plan
-from ..planner.capture import (
-    adam_scalars,
-    as_tuple,
-    graph_from_trace,
-    inplace_variant,
-    model_device,
-    state_names,
-    trace_step,
-    trained_parameters,
-)
-
-
-def _reorder(gm, order_names: list[str], in_place: frozenset[str] = frozenset()):
-    """A copy of ``gm`` whose call nodes run in ``order_names`` order; nodes
-    the graph dropped (views, metadata) go right before their first need.
-    Nodes named in ``in_place`` run their operator's in-place overload,
-    writing into their first argument (the plan's in-place pairs: that
-    argument dies there)."""
-    from torch import fx
-
-    old = gm.graph
-    by_name = {n.name: n for n in old.nodes}
-    new = fx.Graph()
-    env: dict = {}
-    for n in old.nodes:
-        if n.op == "placeholder":
-            env[n] = new.node_copy(n, lambda x: env[x])
-
-    def emit(n):
-        if n in env:
-            return
-        for a in n.all_input_nodes:
-            emit(a)
-        env[n] = new.node_copy(n, lambda x: env[x])
-        if n.name in in_place:
-            overload = inplace_variant(n.target)
-            if overload is None:
-                raise PlanError(f"the plan runs {n.name} ({n.target}) in place, but it has no "
-                                "in-place overload: re-plan from a fresh capture")
-            env[n].target = overload
-
-    # In-place writes must keep their place relative to readers: the plan's
-    # order respects those edges, and dropped nodes only read.
-    for name in order_names:
-        emit(by_name[name])
-    for n in old.nodes:
-        if n.op not in ("placeholder", "output"):
-            emit(n)
-        elif n.op == "output":
-            new.output(fx.map_arg(n.args[0], lambda x: env[x]))
-    new.lint()
-    return fx.GraphModule(gm, new)
+from ..planner.capture import as_tuple
+from .step import CapturedStep
 
 
 def _cuda_index(tensors) -> int | None:
@@ -98,37 +48,17 @@ class Trainer:
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
                  use_plan: bool = True):
-        import torch
-
-        example_inputs = as_tuple(example_inputs)
         self.model = model
         self.optimizer = optimizer
-        example_targets = as_tuple(example_targets)
-        self._takes_targets = bool(example_targets)
-        # The step runs what it traced, so it records its own device's kernels.
-        gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer,
-                                             example_targets)
-        kernels = model_device(model, example_inputs)
-        self.graph = graph_from_trace(gm, roles, names, grads, type(model).__name__,
-                                      {"optimizer": type(optimizer).__name__, "kernels": kernels})
+        self._captured = CapturedStep(model, example_inputs, loss_fn, optimizer, example_targets)
+        self.graph = self._captured.graph
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
         check_plan(self.graph, self.plan)
         order_names = [self.graph.nodes[v].name for v in self.plan.order]
         in_place = frozenset(self.graph.nodes[self.graph.producer(out)].name
                              for out, _ in self.plan.inplace)
-        self.module = _reorder(gm, order_names, in_place)
-        trained = trained_parameters(model, optimizer)
-        self._params = [p for _, p, _ in trained]
-        self._buffers = [b for _, b in model.named_buffers()]
-        # Optimizer state continues from the optimizer's, if it has any.
-        self._state = []
-        for _, p, group in trained:
-            st = optimizer.state.get(p, {})
-            for name in state_names(optimizer, group):
-                self._state.append(st[name].detach() if name in st else torch.zeros_like(p))
-        first = optimizer.state.get(self._params[0], {}).get("step", 0) if self._params else 0
-        self._step = int(first)
-        self._adam = type(optimizer).__name__ in ("Adam", "AdamW")
+        self.module = self._captured.reorder(order_names, in_place)
+        self._params = self._captured.params
         self._plan_device = None
         if use_plan:
             from ..alloc import cuda
@@ -183,15 +113,11 @@ class Trainer:
         planned memory during the next step."""
         import torch
 
-        targets = as_tuple(targets)
-        if bool(targets) != self._takes_targets:
-            raise ValueError("this trainer was built " + ("with" if self._takes_targets else "without")
+        if bool(as_tuple(targets)) != self._captured.takes_targets:
+            raise ValueError("this trainer was built "
+                             + ("with" if self._captured.takes_targets else "without")
                              + " example targets: pass targets= to step() exactly when it was")
-        inputs = (*inputs, *targets)
-        self._step += 1
-        scalars = [torch.tensor(v) for v in adam_scalars(self.optimizer, self._step)] if self._adam else []
-        flat = ([p.detach() for p in self._params] + [b.detach() for b in self._buffers]
-                + self._state + scalars + list(inputs))
+        flat = self._captured.flat_inputs(inputs, targets)
         if self._plan_device is None:
             with torch.no_grad():
                 loss = self.module(*flat)

@@ -44,16 +44,20 @@ def batch_size(g: Graph) -> int | None:
 
 def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = NONE,
                 model: str | None = None, stream: int = 0, cpu_us: float = CPU_US,
-                name: str | None = None) -> Trace:
+                name: str | None = None, partition=None) -> Trace:
     """One training step of ``g`` as a trace on ``stream`` (see the module's
-    opening). ``model`` names the measured kernel table to use, if any."""
+    opening). ``model`` names the measured kernel table to use, if any.
+    With a ``partition`` (``waterwave.exec.nodegroups``) the operators run in
+    its order, and ``meta["groups"]`` holds each node group's operators as
+    ``[first, end, bytes]`` (end exclusive)."""
+    order = list(partition.order) if partition is not None else list(range(len(g.nodes)))
     spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
     batch = batch_size(g)
     t = Trace(name or g.name, meta={"source": "capture", "graph": g.name, "gpu": spec.name,
                                      "batch_size": batch, "model": model,
                                      "kernels": kernels.source})
     first_use = {}
-    for node in g.nodes:
+    for node in (g.nodes[v] for v in order):
         for x in (*node.inputs, *node.mutates):
             first_use.setdefault(x, node.id)
     for kinds in (("input",), ("param", "buffer")):
@@ -62,17 +66,18 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
     t.persistent += [(x.id, x.size, stream, first_use.get(x.id, 0)) for x in g.tensors
                      if x.kind == "optimizer_state" and x.size]
     next_block = len(g.tensors)
-    first_blas = next((n.id for n in g.nodes if n.op.rsplit(".", 1)[0] in BLAS_OPS), None)
+    first_blas = next((v for v in order if g.nodes[v].op.rsplit(".", 1)[0] in BLAS_OPS), None)
     for _ in range(BLAS_LIBRARIES if first_blas is not None else 0):
         t.persistent.append((next_block, spec.blas_workspace, stream, first_blas))
         next_block += 1
     kept = {x.id for x in g.tensors if x.persistent or x.kind == "input"}
     last = {}
-    for x, (_, end) in zip(g.tensors, lifetimes(g, list(range(len(g.nodes))))):
+    for x, (_, end) in zip(g.tensors, lifetimes(g, order)):
         if x.id not in kept and x.size:
-            last.setdefault(end, []).append(x.id)
+            last.setdefault(order[end], []).append(x.id)
     first_op = {}  # node -> its first operator in the trace
-    for node, phase in zip(g.nodes, phases(g)):
+    phase_of = phases(g)
+    for node, phase in ((g.nodes[v], phase_of[v]) for v in order):
         first_op[node.id] = len(t.ops)
         nbytes = sum(g.tensors[x].size for x in (*node.inputs, *node.outputs))
         tensor_cores = node.op.rsplit(".", 1)[0] in TENSOR_CORE_OPS
@@ -99,5 +104,11 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
                 op.free += frees
             t.ops.append(op)
     t.persistent = [(b, n, st, first_op[at] if at >= 0 else at) for b, n, st, at in t.persistent]
+    if partition is not None:
+        ends = [first_op[grp.nodes[0]] for grp in partition.groups[1:]] + [len(t.ops)]
+        t.meta["groups"] = [[first_op[grp.nodes[0]], end, grp.delta]
+                            for grp, end in zip(partition.groups, ends)]
+        t.meta["partition"] = {"how": partition.how, "split_size": partition.split_size,
+                               "peak": partition.peak}
     t.validate()
     return t

@@ -81,9 +81,13 @@ class JobModel:
         return g
 
     def trace_at(self, batch: int, gpu: GPU | str, kernels: KernelModel = NONE,
-                 stream: int = 0) -> Trace:
-        return eager_trace(self.graph_at(batch), gpu, kernels, model=self.name, stream=stream,
-                           name=f"{self.name}-bs{batch}")
+                 stream: int = 0, partition=None) -> Trace:
+        """The step at ``batch`` as an eager trace; ``partition(graph)``, if
+        given, cuts it into node groups (``eager_trace``'s partition)."""
+        g = self.graph_at(batch)
+        return eager_trace(g, gpu, kernels, model=self.name, stream=stream,
+                           name=f"{self.name}-bs{batch}",
+                           partition=partition(g) if partition else None)
 
 
 def _same_structure(a: Graph, b: Graph) -> bool:

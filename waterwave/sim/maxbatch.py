@@ -54,15 +54,20 @@ def search(fits: Callable[[int], SimResult], step: int = 8, start: int = 64,
 
 def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
               schedule="lockstep", policy: str = "pytorch", kernels: KernelModel | None = None,
-              steps: int = 3, step: int = 8, on_trial=None, **kwargs) -> MaxBatch:
+              steps: int = 3, step: int = 8, on_trial=None, split_size: int | None = None,
+              **kwargs) -> MaxBatch:
     """The largest batch (the same for every job) at which ``models``, one
-    job each, train together under ``schedule`` and ``policy``."""
+    job each, train together under ``schedule`` and ``policy``. A node-group
+    schedule cuts each job's step with its own partition."""
     from .kernels import NONE
+    from .schedules import schedule as named_schedule
 
     ws = kernels or NONE
+    sched = named_schedule(schedule, memory_limit, split_size)
+    cut = getattr(sched, "partition", None)
 
     def fits(batch: int) -> SimResult:
-        jobs = [m.trace_at(batch, gpu, ws) for m in models]
-        return simulate(jobs, gpu, memory_limit, schedule, policy, steps, record=False, **kwargs)
+        jobs = [m.trace_at(batch, gpu, ws, partition=cut) for m in models]
+        return simulate(jobs, gpu, memory_limit, sched, policy, steps, record=False, **kwargs)
 
     return search(fits, step, on_trial=on_trial)

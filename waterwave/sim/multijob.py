@@ -106,7 +106,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     if not jobs:
         raise ValueError("simulate needs at least one job")
     spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
-    sched = named_schedule(schedule)
+    sched = named_schedule(schedule, memory_limit)
     # A cap works as on the GPU: per_process_memory_fraction of the whole
     # device, whose free memory is never fragmented (the driver maps pages).
     if memory_limit is not None:

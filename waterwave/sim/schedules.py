@@ -12,16 +12,23 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   other half run a backward and update, then the other way round, a barrier
   between halves (Waterwave-s of the paper; probe.py's PHASED=1). The odd
   jobs run one forward first, and one more at the end.
-- any callable ``schedule(jobs, steps) -> list[list[Segment]]``: the hook
-  the NodeGroup executor's schedules plug into.
+- ``waterwave`` and ``waterwave-s``: the NodeGroup pipeline
+  (``NodeGroupSchedule``): each job's step cut into node groups
+  (``waterwave.exec.nodegroups``), paired over rounds by Algorithm 1
+  (``waterwave.exec.pairing``). Its traces must be built with its
+  ``partition``, which records the groups in them. waterwave-s cuts a step
+  in two, after its forward pass.
+- any callable ``schedule(jobs, steps) -> list[list[Segment]]``.
 
-May import: this package.
+May import: waterwave.exec (node groups and pairing), this package.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..exec.nodegroups import Partition, auto_split_size, partition, two_groups
+from ..exec.pairing import JobGroups, JobPlan, memory_rounds, rounds
 from .trace import Trace
 
 
@@ -65,15 +72,89 @@ def phased(jobs: list[Trace], steps: int) -> list[list[Segment]]:
     return out
 
 
+@dataclass
+class NodeGroupSchedule:
+    """The NodeGroup pipeline: build each job's trace with ``partition``,
+    then the schedule pairs their groups over rounds."""
+    name: str = "waterwave"
+    split_size: int | None = None    # bytes; None: auto_split_size of each job
+    memory_limit: int | None = None  # what Algorithm 1 plans for
+    order: str = "bfs"
+    cut: str | None = None           # two groups: "forward" or "peak" (waterwave-s)
+    overlap: bool = True             # a job's next step starts as soon as it can
+    pairing: str = "algorithm1"      # or "memory" (exec/pairing.memory_rounds)
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+    def partition(self, g) -> Partition:
+        if self.cut:
+            return two_groups(g, self.cut)
+        return partition(g, self.split_size or auto_split_size(g), self.order)
+
+    def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
+        for t in jobs:
+            if "groups" not in t.meta:
+                raise ValueError(f"the {self.name} schedule needs traces built with its "
+                                 f"partition; trace {t.name!r} has no node groups")
+        if self.pairing == "memory":
+            if self.memory_limit is None:
+                raise ValueError(f"the {self.name} schedule pairs groups under a memory limit: "
+                                 "give one")
+            plans = [JobPlan(j, t.persistent_bytes(), group_rises(t)) for j, t in enumerate(jobs)]
+            where = memory_rounds(plans, self.memory_limit, steps)
+        else:
+            groups = []
+            for j, t in enumerate(jobs):
+                kinds = [d >= 0 for _, _, d in t.meta["groups"]]
+                num_angs = kinds.index(False) if False in kinds else len(kinds)
+                groups.append(JobGroups(j, num_angs, len(kinds), t.peak_live(),
+                                        t.meta["partition"]["split_size"]))
+            where = rounds(groups, self.memory_limit, steps, self.overlap)
+        out = []
+        for j, t in enumerate(jobs):
+            spans = t.meta["groups"]
+            out.append([Segment(r, s, spans[g][0], spans[g][1]) for r, s, g in where[j]])
+        return out
+
+
+def group_rises(t: Trace) -> list[tuple[int, int]]:
+    """Each node group's (net bytes, rise) in a steady step: the rise is the
+    most bytes live above the group's start while it runs, workspaces
+    included."""
+    size = {b: n for op in t.ops for b, n in op.alloc}
+    out = []
+    for first, end, _ in t.meta["groups"]:
+        acc = rise = 0
+        for op in t.ops[first:end]:
+            acc += sum(n for _, n in op.alloc)
+            rise = max(rise, acc)
+            acc -= sum(size[b] for b in op.free)
+        out.append((acc, rise))
+    return out
+
+
 SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased}
+NODE_GROUP_SCHEDULES = {
+    "waterwave": dict(),
+    "waterwave-s": dict(cut="forward", order="program"),
+    "waterwave-mem": dict(pairing="memory"),
+}
+NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES)
 
 
-def schedule(name_or_fn: str | Schedule) -> Schedule:
-    """A schedule by name, or the callable itself."""
+def schedule(name_or_fn: str | Schedule, memory_limit: int | None = None,
+             split_size: int | None = None) -> Schedule:
+    """A schedule by name (node-group schedules plan for ``memory_limit``,
+    with ``split_size`` or their own choice), or the callable itself."""
     if callable(name_or_fn):
         return name_or_fn
+    if name_or_fn in NODE_GROUP_SCHEDULES:
+        return NodeGroupSchedule(name_or_fn, split_size, memory_limit,
+                                 **NODE_GROUP_SCHEDULES[name_or_fn])
     try:
         return SCHEDULES[name_or_fn]
     except KeyError:
-        raise ValueError(f"unknown schedule {name_or_fn!r}: choose one of "
-                         f"{', '.join(SCHEDULES)}, or pass a callable") from None
+        raise ValueError(f"unknown schedule {name_or_fn!r}: choose one of {', '.join(NAMES)}, "
+                         "or pass a callable") from None

@@ -1,0 +1,319 @@
+"""Several training jobs on one device, their node groups interleaved so
+that memory one job frees serves the next job's allocations (the Waterwave
+paper's NodeGroup pipeline, sections 4.3 and 4.4): ``waterwave.Job`` and
+``waterwave.ConcurrentTrainer``.
+
+Each job's training step is captured once (``step.CapturedStep``) and cut
+into node groups (``nodegroups.py``). Each job runs in its own thread, on
+its own CUDA stream when its model is on a GPU, group by group; a
+CounterBarrier (``counter_barrier.py``) holds each group until the rounds
+before it have finished, in the rounds the schedule gives:
+
+- ``waterwave``: ours, the groups paired under a memory budget and kept
+  safe (``pairing.memory_rounds``), steps following each other without a
+  pause;
+- ``waterwave-alg1``: the paper's Algorithm 1 (``pairing.rounds``);
+- ``waterwave-s``: each step in two groups, forward and backward, paired by
+  Algorithm 1;
+- ``lockstep``: no barrier at all.
+
+On a GPU the Waterwave allocator (``waterwave.install_allocator()``) serves
+every job from one cache, so a block one job frees can serve another's
+allocation after an asynchronous stream wait; ``sync_at_barrier`` adds the
+paper's SyncAndCoalesce between rounds. Without a memory limit the budget
+is the GPU's free memory, or unlimited on the CPU.
+
+A job that raises stops alone: its error is kept (``Job.error``), its
+groups leave the barrier, its tensors are dropped, and the others go on.
+
+May import: waterwave.planner, waterwave.alloc, this package; torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .counter_barrier import BarrierAborted, CounterBarrier
+from .nodegroups import Partition, auto_split_size, partition, two_groups
+from .pairing import JobGroups, JobPlan, memory_rounds, rounds
+from .step import CapturedStep
+
+SCHEDULES = ("waterwave", "waterwave-alg1", "waterwave-s", "lockstep")
+
+
+class Job:
+    """One training job: a model, its example inputs (the batch every step
+    trains on unless ``step`` is given others), its loss and its optimizer.
+    The loss is ``loss_fn(model(*inputs), *targets)``."""
+
+    def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+                 targets=None, name: str | None = None):
+        self.name = name or type(model).__name__
+        self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name)
+        self.graph = self.step_fn.graph
+        self.losses: list[float] = []
+        self.error: BaseException | None = None
+        self.runner: _GroupRunner | None = None
+        self.partition: Partition | None = None
+        self._stream = None
+
+    @property
+    def model(self):
+        return self.step_fn.model
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def stream(self):
+        """The job's own CUDA stream (created once), or None on the CPU."""
+        if self.step_fn.device != "cuda":
+            return None
+        if self._stream is None:
+            import torch
+
+            self._stream = torch.cuda.Stream(device=self.step_fn.params[0].device)
+        return self._stream
+
+    def persistent_bytes(self) -> int:
+        return sum(t.size for t in self.graph.tensors if t.persistent or t.kind == "input")
+
+    def __repr__(self) -> str:
+        state = f"failed: {self.error!r}" if self.failed else f"{len(self.losses)} steps"
+        return f"Job({self.name!r}, {state})"
+
+
+@dataclass
+class _Stage:
+    """A group's FX nodes and the values to drop once it has run."""
+    nodes: list
+    drop_after: dict  # node -> values whose last use it is
+
+
+class _GroupRunner:
+    """Runs a captured step's FX graph group by group, in the partition's
+    order, dropping each value after its last use (as eager PyTorch frees)."""
+
+    def __init__(self, step: CapturedStep, part: Partition):
+        g = step.graph
+        self.module = step.reorder([g.nodes[v].name for v in part.order])
+        group_of = {g.nodes[v].name: k for k, grp in enumerate(part.groups) for v in grp.nodes}
+        fx_graph = self.module.graph
+        self.placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
+        self.output = next(n for n in fx_graph.nodes if n.op == "output")
+        calls = [n for n in fx_graph.nodes if n.op not in ("placeholder", "output")]
+        # Nodes the planner's graph dropped (views) join the group of the
+        # next node it kept, the one that needs them.
+        assignment, pending = [], []
+        for n in calls:
+            pending.append(n)
+            if n.name in group_of:
+                assignment += [(m, group_of[n.name]) for m in pending]
+                pending = []
+        assignment += [(m, len(part.groups) - 1) for m in pending]
+        last_use = {}
+        for pos, (n, _) in enumerate(assignment):
+            for a in n.all_input_nodes:
+                last_use[a] = pos
+        kept = set(self.placeholders) | set(self.output.all_input_nodes)
+        drops: dict = {}
+        for value, pos in last_use.items():
+            if value not in kept:
+                drops.setdefault(assignment[pos][0], []).append(value)
+        self.stages = [_Stage([], {}) for _ in part.groups]
+        for n, k in assignment:
+            self.stages[k].nodes.append(n)
+            if n in drops:
+                self.stages[k].drop_after[n] = drops[n]
+
+    def start(self, flat: list) -> dict:
+        if len(flat) != len(self.placeholders):
+            raise ValueError(f"the step takes {len(self.placeholders)} inputs, got {len(flat)}")
+        return dict(zip(self.placeholders, flat))
+
+    def run_group(self, k: int, env: dict) -> None:
+        from torch import fx
+
+        for n in self.stages[k].nodes:
+            args = fx.node.map_arg(n.args, env.__getitem__)
+            kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
+            env[n] = n.target(*args, **kwargs)
+            for value in self.stages[k].drop_after.get(n, ()):
+                env.pop(value, None)
+
+    def finish(self, env: dict):
+        from torch import fx
+
+        return fx.node.map_arg(self.output.args[0], env.__getitem__)
+
+
+class ConcurrentTrainer:
+    """Trains ``jobs`` together, their node groups interleaved by
+    ``schedule`` (see the module's opening) within ``memory_limit`` bytes.
+    ``split_size``: bytes per node group; by default each job's own
+    (``nodegroups.auto_split_size``), reported by ``stats()``."""
+
+    def __init__(self, jobs: Sequence[Job], split_size: int | None = None,
+                 memory_limit: int | None = None, schedule: str = "waterwave",
+                 sync_at_barrier: bool = False, order: str = "bfs"):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if split_size is not None and split_size <= 0:
+            raise ValueError(f"split_size must be positive, got {split_size}")
+        self.schedule, self.split_size, self.memory_limit = schedule, split_size, memory_limit
+        self.sync_at_barrier, self.order = sync_at_barrier, order
+        self.jobs: list[Job] = []
+        self.rounds_run = 0
+        self.syncs = 0
+        for job in jobs:
+            self.add(job)
+
+    # Jobs come and go between steps --------------------------------------
+    def add(self, job: Job) -> None:
+        if job in self.jobs:
+            raise ValueError(f"{job!r} is already training here")
+        if self.schedule == "waterwave-s":
+            job.partition = two_groups(job.graph, "forward")
+        else:
+            size = self.split_size or auto_split_size(job.graph)
+            order = "program" if self.schedule == "lockstep" else self.order
+            job.partition = partition(job.graph, size, order)
+        job.runner = _GroupRunner(job.step_fn, job.partition)
+        self.jobs.append(job)
+
+    def remove(self, job: Job) -> None:
+        self.jobs.remove(job)
+
+    @property
+    def active(self) -> list[Job]:
+        return [j for j in self.jobs if not j.failed]
+
+    # Training -------------------------------------------------------------
+    def step(self) -> list[float | None]:
+        """One step of every job, together; each job's loss (None for a job
+        that failed)."""
+        before = {id(j): len(j.losses) for j in self.jobs}
+        self._run(1)
+        return [j.losses[-1] if len(j.losses) > before[id(j)] else None for j in self.jobs]
+
+    def run(self, steps: int) -> list[list[float]]:
+        """``steps`` steps of every job, one step following another without
+        a pause; each job's losses (all of them since it was made)."""
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        self._run(steps)
+        return [list(j.losses) for j in self.jobs]
+
+    def _plan(self, jobs: list[Job], steps: int) -> dict[int, list[tuple[int, int, int]]]:
+        if self.schedule == "lockstep":
+            return {k: [(0, s, g) for s in range(steps) for g in range(len(j.partition.groups))]
+                    for k, j in enumerate(jobs)}
+        limit = self._budget(jobs)
+        if self.schedule == "waterwave":
+            plans = [JobPlan(k, j.persistent_bytes(), [(grp.delta, grp.rise)
+                                                       for grp in j.partition.groups])
+                     for k, j in enumerate(jobs)]
+            return memory_rounds(plans, limit or 1 << 62, steps)
+        groups = []
+        for k, j in enumerate(jobs):
+            p = j.partition
+            groups.append(JobGroups(k, p.num_angs, len(p.groups), j.persistent_bytes() + p.peak,
+                                    p.split_size))
+        return rounds(groups, limit, steps)
+
+    def _budget(self, jobs: list[Job]) -> int | None:
+        if self.memory_limit is not None:
+            return self.memory_limit
+        if any(j.step_fn.device == "cuda" for j in jobs):
+            import torch
+
+            free, _ = torch.cuda.mem_get_info()
+            return free + sum(j.persistent_bytes() for j in jobs)  # theirs are already there
+        return None
+
+    def _run(self, steps: int) -> None:
+        jobs = self.active
+        if not jobs:
+            return
+        plan = self._plan(jobs, steps)
+        barrier = CounterBarrier()
+        for k, job in enumerate(jobs):
+            barrier.plan(job, [r for r, _, _ in plan[k]])
+        boundary = threading.Lock()
+        opened = [0]  # the highest round SyncAndCoalesce has run before
+
+        def enter(round_: int) -> None:
+            if self.sync_at_barrier and round_ > opened[0]:
+                with boundary:
+                    if round_ > opened[0]:
+                        self._sync_and_coalesce(jobs)
+                        opened[0] = round_
+
+        threads = [threading.Thread(target=self._job_thread, name=f"waterwave job {job.name}",
+                                    args=(job, plan[k], barrier, enter), daemon=True)
+                   for k, job in enumerate(jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.rounds_run += 1 + max((r for entries in plan.values() for r, _, _ in entries),
+                                   default=-1)
+
+    def _job_thread(self, job: Job, entries: list, barrier: CounterBarrier, enter) -> None:
+        import torch
+
+        env, step_no = None, -1
+        stream = job.stream()
+        try:
+            with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None
+                                   else contextlib.nullcontext()):
+                for round_, step, group in entries:
+                    if step != step_no:
+                        env, step_no = job.runner.start(job.step_fn.flat_inputs()), step
+                    barrier.wait(job, round_)
+                    enter(round_)
+                    job.runner.run_group(group, env)
+                    if group == len(job.partition.groups) - 1:
+                        job.losses.append(float(job.runner.finish(env)))
+                        env = None
+                    barrier.done(job, round_)
+        except BarrierAborted:
+            pass
+        except BaseException as e:  # the job stops alone, with its error
+            # The traceback stays, its frames' tensors go back to the allocator.
+            traceback.clear_frames(e.__traceback__)
+            job.error = e
+        finally:
+            env = None  # its tensors go back to the allocator
+            barrier.leave(job)
+
+    def _sync_and_coalesce(self, jobs: list[Job]) -> None:
+        from ..alloc import cuda
+
+        if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in jobs):
+            cuda.sync_and_coalesce()
+            self.syncs += 1
+
+    def stats(self) -> dict:
+        """Per job: node groups (and how many allocate), the split size,
+        steps run and the error of a job that failed; and the allocator's
+        statistics where the Waterwave allocator serves the jobs."""
+        out = {"schedule": self.schedule, "memory_limit": self.memory_limit,
+               "split_size": self.split_size, "split_size_chosen": self.split_size is None,
+               "sync_at_barrier": self.sync_at_barrier, "syncs": self.syncs,
+               "rounds_run": self.rounds_run, "jobs": []}
+        for j in self.jobs:
+            p = j.partition
+            out["jobs"].append({"name": j.name, "steps": len(j.losses), "groups": len(p.groups),
+                                "allocation_groups": sum(g.kind == "ANG" for g in p.groups),
+                                "split_size": p.split_size, "partition": p.how,
+                                "error": None if j.error is None else repr(j.error)})
+        from ..alloc import cuda
+
+        if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
+            out["allocator"] = cuda.memory_stats()
+        return out

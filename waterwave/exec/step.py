@@ -1,0 +1,120 @@
+"""A model's training step, captured once and run with the model's real
+tensors: what every executor runs.
+
+``CapturedStep`` traces forward, backward and the optimizer's in-place
+update as one FX graph (``waterwave.planner.capture``), keeps the graph the
+planners see, and assembles each step's inputs: the parameters and buffers
+(updated in place by the graph), the optimizer state (continuing from the
+optimizer's, if it has any), Adam's bias corrections for the step, and the
+batch. ``reorder`` gives a copy of the FX graph whose operators run in
+another order.
+
+May import: waterwave.planner; torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..planner.capture import (
+    adam_scalars,
+    as_tuple,
+    graph_from_trace,
+    inplace_variant,
+    model_device,
+    state_names,
+    trace_step,
+    trained_parameters,
+)
+from ..planner.plan import PlanError
+
+
+class CapturedStep:
+    def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+                 example_targets=None, name: str | None = None):
+        import torch
+
+        example_inputs = as_tuple(example_inputs)
+        example_targets = as_tuple(example_targets)
+        self.model, self.optimizer = model, optimizer
+        self.takes_targets = bool(example_targets)
+        self.example = (*example_inputs, *example_targets)
+        # The step runs what it traced, so it records its own device's kernels.
+        self.gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer,
+                                                  example_targets)
+        self.device = model_device(model, example_inputs)
+        self.graph = graph_from_trace(self.gm, roles, names, grads, name or type(model).__name__,
+                                      {"optimizer": type(optimizer).__name__,
+                                       "kernels": self.device,
+                                       "input_shapes": [list(x.shape) for x in example_inputs
+                                                        if isinstance(x, torch.Tensor)]})
+        trained = trained_parameters(model, optimizer)
+        self.params = [p for _, p, _ in trained]
+        self.buffers = [b for _, b in model.named_buffers()]
+        self.state = []
+        for _, p, group in trained:
+            st = optimizer.state.get(p, {})
+            for state_name in state_names(optimizer, group):
+                self.state.append(st[state_name].detach() if state_name in st
+                                  else torch.zeros_like(p))
+        first = optimizer.state.get(self.params[0], {}).get("step", 0) if self.params else 0
+        self.steps = int(first)
+        self.adam = type(optimizer).__name__ in ("Adam", "AdamW")
+
+    def flat_inputs(self, inputs: Sequence[Any] = (), targets=None) -> list:
+        """The next step's inputs, in the captured graph's order (the example
+        batch when none is given)."""
+        import torch
+
+        targets = as_tuple(targets)
+        if targets and not self.takes_targets or inputs and self.takes_targets and not targets:
+            raise ValueError("this step was captured " + ("with" if self.takes_targets else
+                                                          "without")
+                             + " example targets: pass targets exactly when it was")
+        data = (*inputs, *targets) if inputs else self.example
+        self.steps += 1
+        scalars = ([torch.tensor(v) for v in adam_scalars(self.optimizer, self.steps)]
+                   if self.adam else [])
+        return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
+                + self.state + scalars + list(data))
+
+    def reorder(self, order_names: list[str], in_place: frozenset[str] = frozenset()):
+        """A copy of the FX graph whose call nodes run in ``order_names``
+        order; nodes the planner's graph dropped (views, metadata) go right
+        before their first need. Nodes named in ``in_place`` run their
+        operator's in-place overload, writing into their first argument (a
+        plan's in-place pairs: that argument dies there)."""
+        from torch import fx
+
+        old = self.gm.graph
+        by_name = {n.name: n for n in old.nodes}
+        new = fx.Graph()
+        env: dict = {}
+        for n in old.nodes:
+            if n.op == "placeholder":
+                env[n] = new.node_copy(n, lambda x: env[x])
+
+        def emit(n):
+            if n in env:
+                return
+            for a in n.all_input_nodes:
+                emit(a)
+            env[n] = new.node_copy(n, lambda x: env[x])
+            if n.name in in_place:
+                overload = inplace_variant(n.target)
+                if overload is None:
+                    raise PlanError(f"the plan runs {n.name} ({n.target}) in place, but it has "
+                                    "no in-place overload: re-plan from a fresh capture")
+                env[n].target = overload
+
+        # In-place writes must keep their place relative to readers: the
+        # order respects those edges, and dropped nodes only read.
+        for name in order_names:
+            emit(by_name[name])
+        for n in old.nodes:
+            if n.op not in ("placeholder", "output"):
+                emit(n)
+            elif n.op == "output":
+                new.output(fx.map_arg(n.args[0], lambda x: env[x]))
+        new.lint()
+        return fx.GraphModule(self.gm, new)
