@@ -75,7 +75,9 @@ def iteration_rounds(jobs: list[JobGroups], mem_limit: int | None) -> list[list[
     """One training step's rounds: the pairs of Algorithm 1, in order."""
     av, dv = algorithm1(jobs, mem_limit)
     n = max([*av, *dv], default=-1) + 1
-    return [[x for x in (av.get(r), dv.get(r)) if x is not None] for r in range(n)]
+    # The last job's DNGs can land in both vectors at one index: a job's
+    # groups in one round run one after the other, in order.
+    return [sorted(x for x in (av.get(r), dv.get(r)) if x is not None) for r in range(n)]
 
 
 def rounds(jobs: list[JobGroups], mem_limit: int | None, steps: int,

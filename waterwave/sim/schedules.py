@@ -12,12 +12,14 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   other half run a backward and update, then the other way round, a barrier
   between halves (Waterwave-s of the paper; probe.py's PHASED=1). The odd
   jobs run one forward first, and one more at the end.
-- ``waterwave`` and ``waterwave-s``: the NodeGroup pipeline
-  (``NodeGroupSchedule``): each job's step cut into node groups
-  (``waterwave.exec.nodegroups``), paired over rounds by Algorithm 1
-  (``waterwave.exec.pairing``). Its traces must be built with its
-  ``partition``, which records the groups in them. waterwave-s cuts a step
-  in two, after its forward pass.
+- ``waterwave``, ``waterwave-alg1`` and ``waterwave-s``: the NodeGroup
+  pipeline (``NodeGroupSchedule``): each job's step cut into node groups
+  (``waterwave.exec.nodegroups``) and paired over rounds
+  (``waterwave.exec.pairing``): under a memory budget, kept safe (ours,
+  ``waterwave``), or by the paper's Algorithm 1 (``waterwave-alg1``);
+  ``waterwave-s`` cuts a step in two, after its forward pass, and pairs the
+  halves by Algorithm 1. Their traces must be built with their
+  ``partition``, which records the groups in them.
 - any callable ``schedule(jobs, steps) -> list[list[Segment]]``.
 
 May import: waterwave.exec (node groups and pairing), this package.
@@ -137,9 +139,9 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
 
 SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased}
 NODE_GROUP_SCHEDULES = {
-    "waterwave": dict(),
+    "waterwave": dict(pairing="memory"),
+    "waterwave-alg1": dict(),
     "waterwave-s": dict(cut="forward", order="program"),
-    "waterwave-mem": dict(pairing="memory"),
 }
 NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES)
 

@@ -1,0 +1,284 @@
+"""The NodeGroup pipeline: partitions, pairing, the CounterBarrier, and
+ConcurrentTrainer training several jobs exactly as each trains alone."""
+import copy
+import gc
+import threading
+import weakref
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from waterwave.exec.counter_barrier import CounterBarrier  # noqa: E402
+from waterwave.exec.nodegroups import (  # noqa: E402
+    auto_split_size,
+    bfs_order,
+    node_deltas,
+    partition,
+    two_groups,
+)
+from waterwave.exec.pairing import JobGroups, JobPlan, iteration_rounds, memory_rounds  # noqa: E402
+
+SCHEDULES = ["waterwave", "waterwave-alg1", "waterwave-s", "lockstep"]
+
+
+def mlp(seed, width=64):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Tanh(),
+                               torch.nn.Linear(width, width), torch.nn.Tanh(),
+                               torch.nn.Linear(width, 8))
+
+
+def cnn(seed):
+    torch.manual_seed(seed)
+    # No bias before the BatchNorm: its true gradient is zero, and Adam turns
+    # rounding noise into full-size updates (see test_optimize.py).
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                               torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),
+                               torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(8, 4))
+
+
+def square(out):
+    return out.square().mean()
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=1e-2),
+}
+
+
+class Pair:
+    """A job and its solo twin, trained eagerly for reference."""
+
+    def __init__(self, model, x, opt, name):
+        self.x, self.name = x, name
+        self.solo = copy.deepcopy(model)
+        self.solo_opt = OPTIMIZERS[opt](self.solo.parameters())
+        self.job = ww.Job(model, (x,), square, OPTIMIZERS[opt](model.parameters()), name=name)
+
+    def solo_steps(self, n):
+        out = []
+        for _ in range(n):
+            self.solo_opt.zero_grad()
+            loss = square(self.solo(self.x))
+            loss.backward()
+            self.solo_opt.step()
+            out.append(loss.item())
+        return out
+
+    def check(self, losses, n):
+        expected = self.solo_steps(n)
+        assert losses == pytest.approx(expected, rel=1e-4, abs=1e-6), self.name
+        for (k, a), b in zip(self.solo.named_parameters(), self.job.model.parameters()):
+            torch.testing.assert_close(b, a.detach(), rtol=1e-4, atol=1e-5, msg=k)
+
+
+def pairs():
+    g = torch.Generator().manual_seed(3)
+    return [Pair(mlp(0), torch.randn(16, 32, generator=g), "sgd", "mlp-sgd"),
+            Pair(cnn(1), torch.randn(4, 3, 12, 12, generator=g), "adam", "cnn-adam"),
+            Pair(mlp(2, 48), torch.randn(8, 32, generator=g), "adamw", "mlp-adamw")]
+
+
+def budget(jobs):
+    """A limit that fits one job's step beside the others' persistent memory,
+    so the pairing must take turns."""
+    return sum(j.persistent_bytes() for j in jobs) + max(
+        max(0, j.partition.peak) if j.partition else 0 for j in jobs) + 4096
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_three_jobs_train_as_each_trains_alone(schedule):
+    ps = pairs()
+    jobs = [p.job for p in ps]
+    trainer = ww.ConcurrentTrainer(jobs, split_size=4096, schedule=schedule)
+    trainer.memory_limit = budget(jobs)
+    losses = trainer.run(3)
+    for p, got in zip(ps, losses):
+        p.check(got, 3)
+    s = trainer.stats()
+    assert [j["steps"] for j in s["jobs"]] == [3, 3, 3] and s["schedule"] == schedule
+    if schedule == "waterwave":  # the budget holds one step at a time: the jobs take turns
+        assert s["rounds_run"] > 3 * max(j["groups"] for j in s["jobs"])
+    assert all(j["error"] is None for j in s["jobs"])
+
+
+def test_jobs_leave_and_join_between_steps():
+    a, b, c = pairs()
+    trainer = ww.ConcurrentTrainer([a.job, b.job], memory_limit=1 << 30)
+    first = trainer.step()
+    assert len(first) == 2 and all(isinstance(x, float) for x in first)
+    trainer.run(1)
+    trainer.remove(b.job)
+    trainer.add(c.job)
+    losses = trainer.run(2)
+    a.check(losses[0], 4)
+    b.check(b.job.losses, 2)
+    c.check(losses[1], 2)
+    with pytest.raises(ValueError, match="already training"):
+        trainer.add(a.job)
+
+
+@pytest.mark.parametrize("schedule", ["waterwave", "waterwave-alg1"])
+def test_a_job_failing_in_any_group_stops_alone(schedule):
+    """A job raises in group k, for every k: it stops with its error, its
+    tensors are dropped, the barrier never waits on it, the others finish."""
+    probe = ww.ConcurrentTrainer([pairs()[0].job], split_size=4096)
+    groups = len(probe.jobs[0].partition.groups)
+    assert groups >= 4
+    for k in range(groups):
+        bad, good, other = pairs()
+        trainer = ww.ConcurrentTrainer([bad.job, good.job, other.job], split_size=4096,
+                                       schedule=schedule)
+        trainer.memory_limit = budget(trainer.jobs)
+        run_group = bad.job.runner.run_group
+        held = []
+
+        inputs = bad.job.runner.placeholders
+
+        def failing(group, env, k=k, run_group=run_group):
+            run_group(group, env)
+            if group == k:
+                made = [env[n] for n in bad.job.runner.stages[group].nodes
+                        if isinstance(env.get(n), torch.Tensor)]
+                theirs = {env[n].untyped_storage().data_ptr() for n in inputs}
+                held.extend(weakref.ref(t) for t in made
+                            if t.untyped_storage().data_ptr() not in theirs)
+                raise RuntimeError(f"boom in group {group}")
+
+        bad.job.runner.run_group = failing
+        done = threading.Event()
+        result = []
+        worker = threading.Thread(target=lambda: (result.append(trainer.run(2)), done.set()))
+        worker.start()
+        worker.join(60)
+        assert done.is_set(), f"the barrier deadlocked when a job failed in group {k}"
+        assert isinstance(bad.job.error, RuntimeError) and f"group {k}" in str(bad.job.error)
+        assert bad.job.losses == []
+        good.check(result[0][1], 2)
+        other.check(result[0][2], 2)
+        gc.collect()
+        assert held and all(ref() is None for ref in held), "the failed job kept its tensors"
+        assert trainer.stats()["jobs"][0]["error"].startswith("RuntimeError")
+        assert trainer.step()[0] is None  # a failed job takes no more steps
+
+
+def test_bad_arguments_are_clear_errors():
+    job = pairs()[0].job
+    with pytest.raises(ValueError, match="unknown schedule"):
+        ww.ConcurrentTrainer([job], schedule="sideways")
+    with pytest.raises(ValueError, match="split_size must be positive"):
+        ww.ConcurrentTrainer([job], split_size=0)
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        ww.ConcurrentTrainer([job]).run(0)
+
+
+# Partitions -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph():
+    return pairs()[1].job.graph
+
+
+def test_bfs_order_is_topological_and_groups_cover_it(graph):
+    order = bfs_order(graph)
+    pos = {v: i for i, v in enumerate(order)}
+    assert all(pos[p] < pos[v] for v in order for p in graph.preds(v))
+    part = partition(graph, 2048)
+    assert [v for grp in part.groups for v in grp.nodes] == order
+    deltas = node_deltas(graph, order)
+    assert sum(g.delta for g in part.groups) == sum(deltas)
+    assert all(abs(g.delta) >= 2048 for g in part.groups[:-1])
+    assert part.num_angs >= 1 and part.groups[part.num_angs].kind == "DNG"
+    assert auto_split_size(graph) >= max(abs(d) for d in deltas)
+
+
+def test_two_groups_cut_after_the_forward_pass(graph):
+    part = two_groups(graph, "forward")
+    assert len(part.groups) == 2 and part.groups[0].kind == "ANG"
+    loss = min(graph.producer(t) for t in graph.meta["outputs"])
+    assert part.groups[0].nodes[-1] == loss
+    assert two_groups(graph, "peak").groups[0].delta == two_groups(graph, "peak").peak
+
+
+# Pairing ----------------------------------------------------------------------
+def test_algorithm1_pairs_the_second_jobs_allocations_beside_the_firsts_frees():
+    jobs = [JobGroups(0, 4, 8, 10, 1), JobGroups(1, 4, 8, 10, 1)]
+    rounds = iteration_rounds(jobs, mem_limit=13)  # p = (13 - 10) // 1 - 1 = 2
+    assert rounds[:2] == [[(0, 0)], [(0, 1)]]
+    assert rounds[2] == [(0, 2), (1, 0)] and rounds[3] == [(0, 3), (1, 1)]
+    assert rounds[4] == [(0, 4), (1, 2)]  # job 1's ANGs beside job 0's DNGs
+    assert all(len(r) <= 2 for r in rounds)
+    for job in (0, 1):
+        seen = [g for r in rounds for j, g in r if j == job]
+        assert seen == list(range(8))
+
+
+@given(st.lists(st.lists(st.integers(1, 6), min_size=2, max_size=8), min_size=1, max_size=4),
+       st.integers(0, 3), st.integers(1, 3))
+@settings(max_examples=100, deadline=None)
+def test_memory_rounds_keep_each_job_in_order_and_within_the_budget(ups, slack, steps):
+    """Jobs that rise then fall: every group runs once per step, in order;
+    each round's planned memory stays within the limit whenever one job's
+    whole step fits beside the others' persistent bytes."""
+    plans = []
+    for j, up in enumerate(ups):
+        groups = [(u, u) for u in up] + [(-u, 0) for u in reversed(up)]
+        plans.append(JobPlan(j, 1, groups))
+    limit = max(sum(u) for u in ups) + len(ups) + slack
+    out = memory_rounds(plans, limit, steps, margin=0)
+    held = {p.job: p.persistent for p in plans}
+    by_round = {}
+    for p in plans:
+        entries = out[p.job]
+        assert [(s, g) for _, s, g in entries] == [(s, g) for s in range(steps)
+                                                  for g in range(len(p.groups))]
+        assert [r for r, _, _ in entries] == sorted(r for r, _, _ in entries)
+        for r, _, g in entries:
+            by_round.setdefault(r, []).append((p.job, g))
+    for r in sorted(by_round):
+        rise = sum(max(0, plans[j].groups[g][1]) for j, g in by_round[r])
+        assert sum(held.values()) + rise <= limit
+        for j, g in by_round[r]:
+            held[j] += plans[j].groups[g][0]
+
+
+def test_the_counter_barrier_releases_waiters_when_a_job_leaves():
+    b = CounterBarrier()
+    b.plan("a", [0, 1])
+    b.plan("b", [0, 2])
+    order = []
+
+    def b_thread():
+        b.wait("b", 2)  # needs a's round 1, which a never runs
+        order.append("b ran round 2")
+
+    t = threading.Thread(target=b_thread)
+    t.start()
+    b.done("b", 0)
+    b.wait("a", 0)
+    b.done("a", 0)
+    b.leave("a")  # a fails before its round 1
+    t.join(10)
+    assert order == ["b ran round 2"] and not t.is_alive()
+    with pytest.raises(ValueError, match="no unfinished group"):
+        b.done("a", 1)
+
+
+@pytest.mark.gpu
+def test_concurrent_jobs_on_a_gpu_train_as_alone():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ps = []
+    for p in pairs()[:2]:
+        model = p.job.model.cuda()
+        ps.append(Pair(model, p.x.cuda(), "sgd", p.name))
+    trainer = ww.ConcurrentTrainer([p.job for p in ps])
+    losses = trainer.run(3)
+    for p, got in zip(ps, losses):
+        p.check(got, 3)
