@@ -6,9 +6,8 @@ layers, imported one way (each package's docstring says what it may import):
 - ``alloc``: the allocator's faces: ``Allocator``/``PlanAllocator`` on the
   simulated GPU, ``cuda`` (``install_allocator``) on real ones;
 - ``planner``: capture a training step, its graph, plans and their checks;
-- ``exec``: executors that run steps (``optimize``);
-- ``sim``: traces (``trace``), the multi-job simulator, workloads on the
-  simulated GPU and the demo;
+- ``exec``: executors that run steps (``optimize``, ``ConcurrentTrainer``);
+- ``sim``: traces (``trace``), the multi-job simulator and the demo;
 - ``tools``: the command line, models by name, plots.
 
 Everything runs without a GPU: ``SimDevice`` is a simulated GPU with virtual

@@ -124,8 +124,8 @@ class JobPlan:
     groups: list[tuple[int, int]]  # (delta, rise)
 
 
-def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float = 0.03
-                  ) -> dict[int, list[tuple[int, int, int]]]:
+def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float = 0.03,
+                  free_margin: float = 0.05) -> dict[int, list[tuple[int, int, int]]]:
     """Ours: rounds filled greedily under a memory budget, kept safe as the
     banker's algorithm keeps a system safe. Each job's groups run in order,
     steps one after another with no pause between.
@@ -140,12 +140,19 @@ def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float
     step, each in turn finding room for its claim beside what the others
     hold, a finished job holding only its persistent bytes. So a second job
     grows exactly as fast as the first one's frees leave room for its whole
-    remaining step: memory flows from one to the other. ``margin`` of the
-    limit is kept back for rounding and fragmentation. When nothing fits,
+    remaining step: memory flows from one to the other. Plans count bytes
+    as the allocator does (``footprint``); ``margin`` of the limit is kept
+    back for fragmentation. When nothing fits,
     the group that needs least runs alone (if that fails, the batch does not
-    fit)."""
+    fit). When every job's whole step fits beside the others' with
+    ``free_margin`` to spare (allocators cache and fragment: plans count
+    bytes), the jobs run free, in one round."""
     limit = int(mem_limit * (1 - margin))
     by_job = {j.job: j for j in jobs}
+    if sum(_step_peak(j) for j in jobs) <= mem_limit * (1 - free_margin):
+        # Every job's whole step fits beside the others': no barrier at all.
+        return {j.job: [(0, s, g) for s in range(steps) for g in range(len(j.groups))]
+                for j in jobs}
     held = {j.job: j.persistent for j in jobs}
     done = {j.job: 0 for j in jobs}  # groups run so far, over all steps
     total = {j.job: len(j.groups) * steps for j in jobs}
@@ -200,3 +207,21 @@ def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float
             done[j] += 1
         r += 1
     return out
+
+
+def footprint(nbytes: int) -> int:
+    """What a tensor of ``nbytes`` costs the caching allocator: 512-byte
+    blocks, and a large tensor (over 10 MiB) its own segment in 2 MiB
+    steps (PyTorch's rules, both policies'). Plans count these, not bytes."""
+    rounded = -(-nbytes // 512) * 512
+    return -(-rounded // (2 << 20)) * (2 << 20) if rounded > 10 << 20 else rounded
+
+
+def _step_peak(j: JobPlan) -> int:
+    """The most a job holds over a step: persistent bytes and the highest
+    level its groups reach."""
+    level = most = j.persistent
+    for delta, rise in j.groups:
+        most = max(most, level + max(0, rise))
+        level += delta
+    return most

@@ -7,8 +7,7 @@ schedule is developed and checked on.
   a named GPU, with library workspaces and first calls measured on an H100;
 - ``jobs``: a model's step at any batch size;
 - ``multijob``, ``schedules``, ``maxbatch``: several jobs on one GPU, each on
-  its own stream, under a schedule and a policy; the largest batch;
-- ``workloads``, ``demo``: the synthetic two-job workload ``make demo`` runs.
+  its own stream, under a schedule and a policy; the largest batch.
 
 May import: waterwave._C, waterwave.alloc, waterwave.planner, waterwave.exec.
 """

@@ -59,11 +59,13 @@ def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
     """The largest batch (the same for every job) at which ``models``, one
     job each, train together under ``schedule`` and ``policy``. A node-group
     schedule cuts each job's step with its own partition."""
+    from .gpus import gpu as named_gpu
     from .kernels import NONE
     from .schedules import schedule as named_schedule
 
     ws = kernels or NONE
-    sched = named_schedule(schedule, memory_limit, split_size)
+    spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
+    sched = named_schedule(schedule, memory_limit or spec.memory, split_size)
     cut = getattr(sched, "partition", None)
 
     def fits(batch: int) -> SimResult:

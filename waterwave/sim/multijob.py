@@ -66,6 +66,9 @@ class SimResult:
     syncs: int = 0
     stream_waits: int = 0
     hazards: int = 0
+    # Of the schedule's rounds, the fraction in which two jobs or more run:
+    # 1 when jobs run side by side throughout, 0 when they take turns.
+    shared_rounds: float = 1.0
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)
@@ -106,7 +109,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     if not jobs:
         raise ValueError("simulate needs at least one job")
     spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
-    sched = named_schedule(schedule, memory_limit)
+    sched = named_schedule(schedule, memory_limit or spec.memory)
     # A cap works as on the GPU: per_process_memory_fraction of the whole
     # device, whose free memory is never fragmented (the driver maps pages).
     if memory_limit is not None:
@@ -117,11 +120,12 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
         config = f"{config},{fraction}" if config else fraction
     device = _C.SimDevice(spec.memory, 0.0, True)
     alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, config)
-    run = _Run(jobs, sched(jobs, steps), alloc, device, policy, sync_at_barrier, record,
-               queue_depth)
-    result = SimResult(True, policy, getattr(schedule, "__name__", str(schedule)), spec.name,
+    segments = sched(jobs, steps)
+    run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth)
+    result = SimResult(True, policy, getattr(sched, "__name__", str(schedule)), spec.name,
                        memory_limit, [t.name for t in jobs],
-                       [t.meta.get("batch_size") for t in jobs], steps)
+                       [t.meta.get("batch_size") for t in jobs], steps,
+                       shared_rounds=_shared_rounds(segments))
     try:
         run.go()
     except _C.OutOfMemoryError as e:
@@ -131,6 +135,16 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
                       "time_us": device.now(), "message": str(e)}
     run.report(result)
     return result
+
+
+def _shared_rounds(segments: list[list[Segment]]) -> float:
+    jobs_in: dict[int, set[int]] = {}
+    for j, segs in enumerate(segments):
+        for seg in segs:
+            jobs_in.setdefault(seg.round, set()).add(j)
+    if len(segments) < 2 or not jobs_in:
+        return 1.0 if len(segments) >= 2 else 0.0
+    return sum(len(js) > 1 for js in jobs_in.values()) / len(jobs_in)
 
 
 class _Run:

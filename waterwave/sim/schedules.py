@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..exec.nodegroups import Partition, auto_split_size, partition, two_groups
-from ..exec.pairing import JobGroups, JobPlan, memory_rounds, rounds
+from ..exec.pairing import JobGroups, JobPlan, footprint, memory_rounds, rounds
 from .trace import Trace
 
 
@@ -104,7 +104,8 @@ class NodeGroupSchedule:
             if self.memory_limit is None:
                 raise ValueError(f"the {self.name} schedule pairs groups under a memory limit: "
                                  "give one")
-            plans = [JobPlan(j, t.persistent_bytes(), group_rises(t)) for j, t in enumerate(jobs)]
+            plans = [JobPlan(j, sum(footprint(p[1]) for p in t.persistent), group_rises(t))
+                     for j, t in enumerate(jobs)]
             where = memory_rounds(plans, self.memory_limit, steps)
         else:
             groups = []
@@ -124,13 +125,13 @@ class NodeGroupSchedule:
 def group_rises(t: Trace) -> list[tuple[int, int]]:
     """Each node group's (net bytes, rise) in a steady step: the rise is the
     most bytes live above the group's start while it runs, workspaces
-    included."""
-    size = {b: n for op in t.ops for b, n in op.alloc}
+    included, each tensor at its ``footprint`` in the allocator."""
+    size = {b: footprint(n) for op in t.ops for b, n in op.alloc}
     out = []
     for first, end, _ in t.meta["groups"]:
         acc = rise = 0
         for op in t.ops[first:end]:
-            acc += sum(n for _, n in op.alloc)
+            acc += sum(size[b] for b, _ in op.alloc)
             rise = max(rise, acc)
             acc -= sum(size[b] for b in op.free)
         out.append((acc, rise))

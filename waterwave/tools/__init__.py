@@ -1,5 +1,6 @@
-"""Tools around the layers: the ``waterwave`` command line (``cli``), the
-models it knows by name (``models``) and its plots (``plots``).
+"""Tools around the layers: the ``waterwave`` command line (``cli``, with
+``sim_commands``), the models it knows by name (``models``), its plots
+(``plots``) and the demo ``make demo`` runs (``demo``).
 
 May import: every other waterwave package.
 """

@@ -58,18 +58,19 @@ def _cpu_name() -> str:
 
 
 def _demo(args) -> int:
-    from ..sim import demo
+    from . import demo
+    from .sim_commands import parse_size
 
-    print("Two training jobs, out of phase, on two streams of a simulated GPU "
-          "(launch 5 us, kernels 120 us).")
-    print("Each job: 96 MiB weights, 24 layers of 24-64 MiB activations, a backward pass "
-          "that frees them.\n")
-    results = demo.run(args.out, iterations=args.iterations, plot=not args.no_plot)
+    limit = parse_size(args.memory_limit)
+    print(f"Two {args.model} training jobs on one simulated {args.gpu}, capped at "
+          f"{limit / 2**30:.1f} GiB: the largest batch per job as PyTorch runs them side by "
+          "side, and as Waterwave's NodeGroup pipeline does.\n")
+    results = demo.run(args.out, args.model, args.gpu, limit, args.steps, plot=not args.no_plot)
     print(demo.format_table(results))
     if "plot" in results:
-        print(f"\nmemory over time: {results['plot']}")
+        print(f"\nmemory over time per job: {results['plot']}")
     print(f"numbers: {args.out}/demo.json  (all figures are simulated, not measured on a GPU)")
-    bad = [p for p in demo.POLICIES if results[p]["hazards"]]
+    bad = [s for s, r in results["schedules"].items() if r["hazards"]]
     if bad:
         print(f"HAZARDS detected under: {', '.join(bad)}", file=sys.stderr)
         return 1
@@ -197,9 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     alloc.add_argument("--out", help="also write the JSON here")
     alloc.set_defaults(func=_bench_alloc)
 
-    demo = sub.add_parser("demo", help="two out-of-phase jobs on a simulated GPU, both policies")
+    demo = sub.add_parser("demo", help="two training jobs on a simulated GPU: PyTorch side by "
+                                       "side, and Waterwave's NodeGroup pipeline")
     demo.add_argument("--out", default="out", help="folder for demo_memory.png and demo.json")
-    demo.add_argument("--iterations", type=int, default=3)
+    demo.add_argument("--model", default="resnet18")
+    demo.add_argument("--gpu", default="H100-80GB", choices=list(sim_commands.GPUS))
+    demo.add_argument("--memory-limit", default="3GiB")
+    demo.add_argument("--steps", type=int, default=3)
     demo.add_argument("--no-plot", action="store_true")
     demo.set_defaults(func=_demo)
 
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "pairs", 1) <= 0 or getattr(args, "repeats", 1) <= 0:
         parser.error("--pairs and --repeats must be positive")
-    if args.command in ("simulate", "replay"):
+    if args.command in ("simulate", "replay", "demo"):
         if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
             parser.error("--steps and --batch-size must be positive")
         return sim_commands.one_line_errors(args.func, args.command)(args)

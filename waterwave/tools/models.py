@@ -1,6 +1,7 @@
 """Models the planner CLI and benchmark know by name, with example inputs.
 
-torchvision classification, video and ViT models are built untrained; the
+torchvision classification, video and ViT models are built untrained (the
+ones named here, and any other torchvision image classifier by its name); the
 transformers models (BERT-base, GPT-2, XLM-R-base) are built from their
 default configurations, so nothing is downloaded.
 """
@@ -23,12 +24,25 @@ def build(name: str, batch_size: int, device: str = "cpu"):
     return model.to(device), inputs, loss
 
 
+def is_known(name: str) -> bool:
+    return name in TORCHVISION or name in TRANSFORMERS or _torchvision_classifier(name)
+
+
+def _torchvision_classifier(name: str) -> bool:
+    """Any other torchvision image classifier, by its name (224x224 inputs)."""
+    try:
+        import torchvision
+    except ImportError:
+        return False
+    return name in torchvision.models.list_models(module=torchvision.models)
+
+
 def _build(name: str, batch_size: int, device: str):
     import torch
 
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
-    if name in TORCHVISION:
+    if name in TORCHVISION or _torchvision_classifier(name):
         import torchvision
 
         if name == "r3d_18":

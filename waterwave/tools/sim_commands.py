@@ -40,10 +40,10 @@ def _job_models(names: list[str]):
     from ..sim.jobs import JobModel
     from . import models
 
-    known = models.names()
     for n in names:
-        if n not in known:
-            raise ValueError(f"unknown model {n!r}: choose one of {', '.join(known)}")
+        if not models.is_known(n):
+            raise ValueError(f"unknown model {n!r}: choose one of {', '.join(models.names())}, "
+                             "or any torchvision image classifier")
     cache = {n: JobModel(n, lambda b, n=n: models.build(n, b)) for n in set(names)}
     return [cache[n] for n in names]
 

@@ -23,12 +23,16 @@ SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us, bool share
       base_(0x7f0000000000ULL) {
   if (capacity == 0) throw std::invalid_argument("SimDevice capacity must be positive");
   if (launch_overhead_us < 0) throw std::invalid_argument("launch_overhead_us must be >= 0");
-  free_ranges_[base_] = capacity;
+  // Address space well beyond the capacity: a GPU maps physical pages into
+  // its virtual addresses, so free memory is never too scattered to serve a
+  // reservation; only the total is bounded.
+  free_ranges_[base_] = std::max<std::size_t>(4 * capacity, std::size_t{1} << 40);
 }
 
 std::optional<Addr> SimDevice::reserve(std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   if (bytes == 0) throw std::invalid_argument("SimDevice::reserve of 0 bytes");
+  if (used_ + bytes > capacity_) return std::nullopt;
   for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
     if (it->second < bytes) continue;
     Addr addr = it->first;

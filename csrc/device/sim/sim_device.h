@@ -1,9 +1,11 @@
 // A simulated GPU: the test oracle and the simulator.
 //
 // Memory is a virtual address range (no real memory behind it) handed out
-// first fit. Each stream is an ordered queue of kernels on a virtual GPU
-// clock; the host has its own clock, advanced by launch overhead and by
-// blocking waits. Events and stream waits have CUDA's semantics.
+// first fit, larger than the capacity: as on a GPU, whose driver maps pages,
+// a reservation fails only when the reserved total would pass the capacity.
+// Each stream is an ordered queue of kernels on a virtual GPU clock; the
+// host has its own clock, advanced by launch overhead and by blocking waits.
+// Events and stream waits have CUDA's semantics.
 //
 // Hazard detection uses happens-before, not timing: each stream and event
 // carries a vector clock of the kernels known to finish before it. When the

@@ -1,0 +1,119 @@
+"""``make demo``: two training jobs of a real model on one simulated GPU
+under a memory cap, as PyTorch runs them side by side and as Waterwave's
+NodeGroup pipeline does.
+
+Each job is a captured training step (resnet18 by default: SGD with
+momentum, cross-entropy), simulated as eager PyTorch runs it on the named
+GPU. For each schedule the demo finds the largest batch per job, then runs
+lockstep and Waterwave at Waterwave's batch and draws each job's memory over
+time. Every figure is simulated; the simulator's calibration against an H100
+is in bench/results/concurrent.md.
+
+May import: waterwave.sim, this package.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..sim.jobs import JobModel
+from ..sim.kernels import KernelModel
+from ..sim.maxbatch import max_batch
+from ..sim.multijob import simulate
+from ..sim.schedules import schedule as named_schedule
+
+GiB = 1 << 30
+# name -> (schedule, policy, allocator config), as bench/concurrent/tables.py
+SCHEDULES = {
+    "lockstep": ("lockstep", "pytorch", ""),
+    "phased": ("phased", "pytorch", ""),
+    "waterwave": ("waterwave", "waterwave", "max_split_size_mb:128"),
+}
+
+
+def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",
+        memory_limit: int = 3 * GiB, steps: int = 3, plot: bool = True) -> dict:
+    from . import models
+
+    os.makedirs(out_dir, exist_ok=True)
+    jm = JobModel(model, lambda b: models.build(model, b))
+    kernels = KernelModel.load()
+    sole = max_batch([jm], gpu, memory_limit, "lockstep", "pytorch", kernels, steps)
+    results = {"model": model, "gpu": gpu, "memory_limit": memory_limit, "simulated": True,
+               "sole": sole.max_batch, "schedules": {}}
+    for name, (schedule, policy, config) in SCHEDULES.items():
+        found = max_batch([jm, jm], gpu, memory_limit, schedule, policy, kernels, steps,
+                          config=config)
+        r = found.result
+        results["schedules"][name] = {
+            "policy": policy, "config": config, "max_batch": found.max_batch,
+            "of_sole": found.max_batch / sole.max_batch if sole.max_batch else None,
+            "throughput": r.throughput if r else None, "hazards": r.hazards if r else None,
+            "side_by_side": r.shared_rounds if r else None,
+            "stream_waits": r.stream_waits if r else None, "syncs": r.syncs if r else None}
+    batch = results["schedules"]["waterwave"]["max_batch"]
+    runs = {}
+    for name in ("lockstep", "waterwave"):
+        schedule, policy, config = SCHEDULES[name]
+        sched = named_schedule(schedule, memory_limit)
+        jobs = [jm.trace_at(batch, gpu, kernels, stream=0,
+                            partition=getattr(sched, "partition", None)) for _ in range(2)]
+        runs[name] = simulate(jobs, gpu, memory_limit, sched, policy, steps, config=config)
+    results["at_waterwave_batch"] = {
+        "batch": batch, **{k: {"ok": r.ok, "peak_reserved": r.peak_reserved,
+                               "peak_allocated": r.peak_allocated} for k, r in runs.items()}}
+    if plot:
+        results["plot"] = _plot(runs, os.path.join(out_dir, "demo_memory.png"))
+    with open(os.path.join(out_dir, "demo.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+def _plot(runs: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    MiB = 1 << 20
+    fig, axes = plt.subplots(1, len(runs), figsize=(12, 4), sharey=True)
+    for ax, (name, r) in zip(axes, runs.items()):
+        t = [x / 1000 for x in r.time_us]
+        ax.stackplot(t, *[[b / MiB for b in job] for job in r.per_job], step="post", alpha=0.7,
+                     labels=[f"job {j + 1} allocated" for j in range(len(r.per_job))])
+        ax.step(t, [x / MiB for x in r.reserved], where="post", color="tab:red", lw=1.5,
+                label="reserved")
+        ax.axhline(r.memory_limit / MiB, color="black", ls="--", lw=1, label="memory limit")
+        status = "trains" if r.ok else "out of memory"
+        ax.set_title(f"{name}, {r.policy} policy: {status}")
+        ax.set_xlabel("host time (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("MiB")
+    axes[0].legend(fontsize=8, loc="upper left")
+    batch = runs["waterwave"].batch_sizes[0]
+    fig.suptitle(f"Two {runs['waterwave'].jobs[0].rsplit('-', 1)[0]} jobs at batch {batch} each "
+                 f"on a simulated {runs['waterwave'].gpu}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def format_table(results: dict) -> str:
+    sole = results["sole"]
+    lines = [f"{'':30}{'batch per job':>14}{'of one alone':>14}{'samples/s':>11}"
+             f"{'side by side':>14}{'hazards':>9}",
+             f"{'one job alone':30}{sole:>14}"]
+    for name, r in results["schedules"].items():
+        label = f"{name} ({r['policy']} policy)"
+        rate = "-" if r["throughput"] is None else f"{r['throughput']:,.0f}"
+        of = "-" if r["of_sole"] is None else f"{r['of_sole']:.0%}"
+        side = "-" if r["side_by_side"] is None else f"{r['side_by_side']:.0%}"
+        lines.append(f"{label:30}{r['max_batch']:>14}{of:>14}{rate:>11}{side:>14}"
+                     f"{r['hazards'] if r['hazards'] is not None else '-':>9}")
+    at = results["at_waterwave_batch"]
+    lines.append("")
+    lines.append(f"at batch {at['batch']} each: lockstep "
+                 + ("trains" if at["lockstep"]["ok"] else "runs out of memory")
+                 + f"; waterwave peaks at {at['waterwave']['peak_reserved'] / GiB:.2f} GiB reserved")
+    return "\n".join(lines)
