@@ -111,16 +111,29 @@ def blocks(a):
     return [(b["size"], b["state"]) for seg in a.snapshot() for b in seg["blocks"]]
 
 
-def test_free_coalesces_only_within_its_unsynced_set():
+def test_free_coalesces_with_its_own_streams_memory_only():
+    """A free merges with its stream's unsynced neighbours and with synced
+    memory that stream used last (here the fresh segment's remainder); synced
+    memory another stream used last waits for promotion or a sync."""
     a = make()
     p = a.alloc(MiB // 2, 0)
     q = a.alloc(MiB // 2, 0)
     a.free(p)
     a.free(q)
-    # p and q merge (same stream's unsynced set); the synced remainder waits.
-    assert blocks(a) == [(MiB, "unsynced"), (MiB, "synced")]
+    assert blocks(a) == [(2 * MiB, "unsynced")]
     a.sync_and_coalesce()
     assert blocks(a) == [(2 * MiB, "synced")]
+
+    b = make()
+    x = b.alloc(MiB // 2, 1)
+    b.free(x)
+    b.sync_and_coalesce()  # stream 1's whole segment, synced
+    p = b.alloc(MiB // 2, 0)
+    b.free(p)
+    assert blocks(b) == [(MiB // 2, "unsynced"), (3 * MiB // 2, "synced")]
+    b.sync_and_coalesce()
+    assert blocks(b) == [(2 * MiB, "synced")]
+    b.check_invariants()
 
 
 def test_blocks_of_different_streams_do_not_coalesce_until_sync():

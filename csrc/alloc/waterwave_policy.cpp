@@ -3,19 +3,21 @@
 // Free blocks live in per-stream *unsynced* sets (freed on that stream, its
 // kernels may still be queued) and one *synced* set (no pending work; memory
 // never used is synced). A request on stream S tries, in order:
-//   1. best fit in S's unsynced set: stream order makes reuse safe;
-//   2. best fit in the synced set;
+//   1-2. best fit in S's unsynced set (stream order makes reuse safe) or in
+//      the synced set, whichever fits tighter (S's own on a tie);
 //   3. promotion: record (lazily) an event per stream covering its frees, query
 //      the events without blocking, move covered blocks to the synced set and
-//      coalesce; then the synced set again;
+//      coalesce; then the synced set again; failing that, S's own unsynced
+//      blocks absorb their synced neighbours, and S's set again;
 //   4. another stream's unsynced block: S waits on that stream's event
 //      asynchronously (no host blocking) and takes the block;
 //   5. a new segment from the device;
 //   6. on device out-of-memory: SyncAndCoalesce, release empty segments, retry;
 //   7. OutOfMemoryError with the statistics.
 // Frees coalesce only with neighbours in the same unsynced set; merging with
-// synced neighbours is deferred until promotion or SyncAndCoalesce, so a free
-// never turns synced memory into unsynced memory.
+// synced neighbours is deferred until promotion, SyncAndCoalesce, or a
+// request that nothing else serves (3), so a free never turns synced memory
+// into unsynced memory.
 //
 // May include: core/ and this folder.
 #include <algorithm>
@@ -66,12 +68,12 @@ class WaterwavePolicy final : public Allocator {
   [[gnu::always_inline]] Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
     StreamState* s = stream_state(r.stream);
     Block* b;
-    if ((b = fit(s->unsynced[r.pool], r.size))) {
-      how = Served::kSameStream;
-    } else if ((b = fit(synced_[r.pool], r.size))) {
-      how = Served::kSynced;
+    if ((b = tighter(fit(s->unsynced[r.pool], r.size), fit(synced_[r.pool], r.size)))) {
+      how = b->set == &synced_[r.pool] ? Served::kSynced : Served::kSameStream;
     } else if (promote_by_query() && (b = fit(synced_[r.pool], r.size))) {
       how = Served::kPromoted;
+    } else if (absorb_synced_neighbours(s, r.pool) && (b = fit(s->unsynced[r.pool], r.size))) {
+      how = Served::kSameStream;
     } else if ((b = take_from_other_stream(s, r.pool, r.size))) {
       how = Served::kCrossStreamWait;
     } else if ((b = reserve_segment_locked(lock, rules_.segment_size(r.size), r.pool, r.stream))) {
@@ -100,7 +102,29 @@ class WaterwavePolicy final : public Allocator {
     b->free_seq = ++free_counter_;
     s->latest_free_seq = b->free_seq;
     FreeSet& set = s->unsynced[b->segment->pool];
-    insert_free(set, merge_neighbours_in(set, b));
+    b = merge_neighbours_in(set, b);
+    // A synced neighbour this stream freed last joins it at once: the memory
+    // stays with the stream that uses it, whole.
+    FreeSet& syn = synced_[b->segment->pool];
+    const bool before = b->prev && b->prev->set == &syn && b->prev->stream == s->id;
+    const bool after = b->next && b->next->set == &syn && b->next->stream == s->id;
+    if (before || after) {
+      const std::uint64_t seq = b->free_seq;
+      if (before) {
+        Block* lo = b->prev;
+        erase_free(lo);
+        b = merge(lo, b);
+      }
+      if (after) {
+        Block* hi = b->next;
+        erase_free(hi);
+        b = merge(b, hi);
+      }
+      b->free_seq = seq;
+      b->stream = s->id;
+      b = merge_neighbours_in(set, b);
+    }
+    insert_free(set, b);
   }
 
   void sync_and_coalesce_locked(Lock& lock) override {
@@ -209,6 +233,14 @@ class WaterwavePolicy final : public Allocator {
     return last_stream_;
   }
 
+  // The smaller of two fits (the stream's own first on a tie): both are safe
+  // for the stream, and the tighter leaves the larger block whole.
+  static Block* tighter(Block* own, Block* synced) {
+    if (!own) return synced;
+    if (!synced) return own;
+    return synced->size < own->size ? synced : own;
+  }
+
   Block* fit(const FreeSet& set, std::size_t size) const {
     Block* b = set.best_fit(size);
     return (b && rules_.may_take(b->size, size)) ? b : nullptr;
@@ -294,6 +326,34 @@ class WaterwavePolicy final : public Allocator {
   void insert_synced(Block* b) {
     FreeSet& syn = synced_[b->segment->pool];
     insert_free(syn, merge_neighbours_in(syn, b));
+  }
+
+  // Step 3b: the stream's own unsynced blocks absorb their synced free
+  // neighbours. Both are safe for this stream, and together they may serve a
+  // request that neither serves alone; the merged block is the stream's
+  // (another stream would wait on its event). Done only here, when the
+  // request would otherwise take another stream's block or a new segment,
+  // so that synced memory stays free for every stream as long as it can.
+  bool absorb_synced_neighbours(StreamState* s, PoolKind pool) {
+    FreeSet& own = s->unsynced[pool];
+    FreeSet& syn = synced_[pool];
+    scratch_.clear();
+    for (Block* b : own) {
+      if ((b->prev && b->prev->set == &syn) || (b->next && b->next->set == &syn)) {
+        scratch_.push_back(b);
+      }
+    }
+    for (Block* b : scratch_) {
+      if (b->set != &own) continue;  // merged into an earlier one already
+      erase_free(b);
+      const std::uint64_t seq = b->free_seq;  // the synced parts have no pending work
+      b = merge_neighbours_in(syn, b);
+      b->free_seq = seq;
+      b = merge_neighbours_in(own, b);  // a synced gap closed between two of ours
+      b->stream = s->id;
+      insert_free(own, b);
+    }
+    return !scratch_.empty();
   }
 
   // Step 4: best fit among the other streams' unsynced blocks; the requesting
