@@ -38,7 +38,6 @@ def test_roundup_tables_match_pytorch(text, table):
         ("max_split_size_mb", "expected ':' after key 'max_split_size_mb'"),
         ("max_split_size_mb:", "expected a value"),
         ("expandable_segments:true", "must be True or False"),
-        ("expandable_segments:True", "not supported"),
         ("roundup_power2_divisions:3", "must be a power of 2"),
         ("roundup_power2_divisions:[3:2]", "intervals must be powers of 2"),
         ("roundup_power2_divisions:[64:3]", "power of 2 or 0"),
@@ -54,6 +53,18 @@ def test_bad_config_is_a_clear_value_error(text, message):
         ww.parse_config(text)
     assert isinstance(err.value, ww.ConfigError)
     assert message in str(err.value)
+
+
+def test_expandable_segments_round_trip_and_reach_the_allocator():
+    canon = ww.parse_config("expandable_segments:True")
+    assert "expandable_segments:True" in canon and ww.parse_config(canon) == canon
+    for policy in ("pytorch", "waterwave"):
+        a = ww.Allocator(policy, config="expandable_segments:True")
+        assert "expandable_segments:True" in a.config
+        p = a.alloc(3 * MiB)
+        (seg,) = a.snapshot()
+        assert seg["expandable"] and seg["size"] == 20 * MiB  # one 20 MiB large-pool page
+        a.free(p)
 
 
 def test_good_config_round_trips():

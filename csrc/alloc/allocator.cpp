@@ -15,6 +15,11 @@ Allocator::Allocator(PolicyKind kind, Device& device, const AllocatorConfig& con
   }
   stats_.max_split_size =
       cfg_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(cfg_.max_split_size);
+  if (cfg_.expandable_segments && !device_.supports_vmm()) {
+    throw ConfigError("allocator config: expandable_segments:True needs a device with virtual "
+                      "memory management (CUDA's VMM API), which this device lacks; set "
+                      "expandable_segments:False");
+  }
 }
 
 Allocator::~Allocator() {
@@ -22,13 +27,28 @@ Allocator::~Allocator() {
   // they do when a CUDA context is destroyed.
   for (auto& [addr, seg] : segments_) {
     Block* b = seg->head;
+    Addr run = 0;  // start of the mapped run ending here
     while (b) {
       Block* n = b->next;
+      if (seg->expandable && b->mapped && !run) run = b->addr;
+      if (seg->expandable && run && (!n || !n->mapped)) {
+        for (Addr p = run; p < b->end(); p += seg->page) {
+          try {
+            device_.unmap(p, seg->page);
+          } catch (...) {
+          }
+        }
+        run = 0;
+      }
       block_pool_.recycle(b);
       b = n;
     }
     try {
-      device_.release(seg->addr, seg->size);
+      if (seg->expandable) {
+        device_.release_address(seg->addr, seg->size);
+      } else {
+        device_.release(seg->addr, seg->size);
+      }
     } catch (...) {
     }
     delete seg;
@@ -116,12 +136,22 @@ std::vector<SegmentInfo> Allocator::snapshot() {
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {
-    SegmentInfo si{seg->addr, seg->size, seg->pool, seg->stream, {}};
+    // As PyTorch's snapshot: an expandable segment shows as one segment per
+    // run of mapped memory; its unmapped address space is left out.
+    SegmentInfo si{seg->addr, 0, seg->pool, seg->stream, {}, seg->expandable};
     for (Block* b = seg->head; b; b = b->next) {
-      std::string state = b->allocated ? "allocated" : free_state(b);
-      si.blocks.push_back({b->addr, b->size, b->requested, b->stream, state});
+      if (b->mapped && !b->unmapping) {
+        if (si.blocks.empty()) si.addr = b->addr;  // a plain segment: its head
+        si.size += b->size;
+        const char* state = b->allocated ? "allocated" : free_state(b);
+        si.blocks.push_back({b->addr, b->size, b->requested, b->stream, state});
+      }
+      const bool run_ends = !b->next || !b->next->mapped || b->next->unmapping;
+      if (run_ends && !si.blocks.empty()) {
+        out.push_back(std::move(si));
+        si = SegmentInfo{0, 0, seg->pool, seg->stream, {}, seg->expandable};
+      }
     }
-    out.push_back(std::move(si));
   }
   return out;
 }
@@ -186,6 +216,7 @@ std::size_t Allocator::release_segments_locked(Lock& lock, const std::vector<Blo
   std::size_t bytes = 0;
   for (Block* b : whole) {
     Segment* seg = b->segment;
+    if (seg->expandable) fail_invariant("release_segments_locked given an expandable segment");
     if (b->set) erase_free(b);
     if (b->prev || b->next || b->allocated || b->addr != seg->addr || b->size != seg->size) {
       fail_invariant("release_segments_locked given a block that is not a whole free segment");
@@ -212,6 +243,168 @@ std::size_t Allocator::release_segments_locked(Lock& lock, const std::vector<Blo
     delete seg;
   }
   lock.lock();
+  return bytes;
+}
+
+// ---- Expandable segments. ----
+
+Block* Allocator::new_memory_locked(Lock& lock, const Request& r, StreamId owner) {
+  if (cfg_.expandable_segments) return grow_locked(r, owner);
+  return reserve_segment_locked(lock, rules_.segment_size(r.size), r.pool, r.stream);
+}
+
+Segment* Allocator::expandable_segment_locked(StreamId owner, PoolKind pool) {
+  auto key = std::make_pair(owner, static_cast<int>(pool));
+  auto it = expandable_.find(key);
+  if (it != expandable_.end()) return it->second;
+  const std::size_t grain = device_.vmm_granularity();
+  const std::size_t want = pool == kSmallPool ? kSmallBuffer : cfg_.large_segment_size;
+  const std::size_t page = (want + grain - 1) / grain * grain;
+  // Address space for all of the device, and an eighth more (as PyTorch).
+  const std::size_t total = device_.total_memory();
+  const std::size_t span = (total + total / 8 + page - 1) / page * page;
+  std::optional<Addr> addr = device_.reserve_address(span);
+  if (!addr) return nullptr;
+  auto* seg = new Segment{*addr, span, pool, owner == kSharedOwner ? 0 : owner, nullptr, true, page};
+  Block* b = block_pool_.make();
+  b->addr = *addr;
+  b->size = span;
+  b->segment = seg;
+  b->stream = seg->stream;
+  b->mapped = false;
+  seg->head = b;
+  segments_[*addr] = seg;
+  expandable_[key] = seg;
+  stats_.segment.increase(pool, 1);
+  return seg;
+}
+
+void Allocator::account_mapped(Segment* seg, std::int64_t bytes) {
+  reserved_total_ = static_cast<std::size_t>(static_cast<std::int64_t>(reserved_total_) + bytes);
+  if (bytes > 0) {
+    stats_.reserved_bytes.increase(seg->pool, bytes);
+    stats_.num_device_alloc++;
+  } else {
+    stats_.reserved_bytes.decrease(seg->pool, -bytes);
+    stats_.num_device_free++;
+  }
+  stats_.note_reserved_change();
+}
+
+Block* Allocator::grow_locked(const Request& r, StreamId owner) {
+  Segment* seg = expandable_segment_locked(owner, r.pool);
+  if (!seg) return nullptr;
+  const std::size_t page = seg->page;
+  // The lowest-address run long enough.
+  Block* start = nullptr;
+  std::size_t run = 0;
+  for (Block* b = seg->head; b; b = b->next) {
+    const bool joins = !b->allocated && !b->unmapping &&
+                       (!b->mapped || (b->set && joins_growth(b, r)));
+    if (!joins) {
+      start = nullptr;
+      run = 0;
+      continue;
+    }
+    if (!start) start = b;
+    run += b->size;
+    if (run >= r.size) break;
+  }
+  if (run < r.size) return nullptr;
+  // What must be mapped, in whole pages: refused up front when the device or
+  // the memory fraction has no room, so that nothing is half done.
+  std::size_t to_map = 0, covered = 0;
+  for (Block* b = start; covered < r.size; b = b->next) {
+    const std::size_t take =
+        b->mapped ? b->size : std::min(b->size, (r.size - covered + page - 1) / page * page);
+    if (!b->mapped) to_map += take;
+    covered += take;
+  }
+  if (reserved_total_ + to_map > allowed_max_ || device_.free_memory() < to_map) return nullptr;
+  std::vector<Block*> taken;
+  covered = 0;
+  for (Block* b = start; covered < r.size;) {
+    Block* next = b->next;
+    if (b->mapped) {
+      erase_free(b);
+    } else {
+      const std::size_t take = std::min(b->size, (r.size - covered + page - 1) / page * page);
+      if (take < b->size) next = split(b, take);  // the rest stays unmapped
+      // One physical allocation per page: pages can be given back one by one.
+      std::size_t mapped = 0;
+      while (mapped < take && device_.map(b->addr + mapped, page)) mapped += page;
+      if (mapped < take) {
+        // Another process took the memory meanwhile. The pages mapped so far
+        // join the cache (empty_cache gives them back), the rest stays
+        // unmapped, and the request fails here, leaving nothing half done.
+        if (mapped) {
+          Block* rest = split(b, mapped);
+          rest->mapped = false;
+          if (rest->next && !rest->next->mapped && !rest->next->unmapping) merge(rest, rest->next);
+          b->mapped = true;
+          account_mapped(seg, static_cast<std::int64_t>(mapped));
+          taken.push_back(b);
+        }
+        if (taken.empty()) return nullptr;
+        Block* held = taken.front();
+        for (std::size_t i = 1; i < taken.size(); ++i) held = merge(held, taken[i]);
+        file_remainder(held, nullptr, r);
+        return nullptr;
+      }
+      b->mapped = true;
+      account_mapped(seg, static_cast<std::int64_t>(take));
+    }
+    covered += b->size;
+    taken.push_back(b);
+    b = next;
+  }
+  Block* merged = taken.front();
+  for (std::size_t i = 1; i < taken.size(); ++i) merged = merge(merged, taken[i]);
+  return merged;
+}
+
+std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks) {
+  std::vector<Block*> going;
+  std::size_t bytes = 0;
+  for (Block* b : blocks) {
+    if (!b->segment->expandable || !b->mapped || b->allocated || !b->set || !b->events.empty()) {
+      fail_invariant("unmap_free_pages_locked given a block that is not free cached memory of "
+                     "an expandable segment");
+    }
+    // Whole pages, counted from the segment's base.
+    const std::size_t page = b->segment->page;
+    const Addr base = b->segment->addr;
+    const Addr lo = base + (b->addr - base + page - 1) / page * page;
+    const Addr hi = base + (b->end() - base) / page * page;
+    if (hi <= lo) continue;
+    FreeSet* home = b->set;
+    erase_free(b);
+    if (lo > b->addr) {
+      Block* head = b;
+      b = split(head, lo - head->addr);
+      insert_free(*home, head);
+    }
+    if (hi < b->end()) insert_free(*home, split(b, hi - b->addr));
+    b->mapped = false;
+    b->unmapping = true;
+    account_mapped(b->segment, -static_cast<std::int64_t>(b->size));
+    bytes += b->size;
+    going.push_back(b);
+  }
+  if (going.empty()) return 0;
+  // Unmapping synchronizes the device: not under mu_. The blocks are out of
+  // every set meanwhile, and growth passes over them.
+  lock.unlock();
+  for (Block* b : going) {
+    for (Addr p = b->addr; p < b->end(); p += b->segment->page) device_.unmap(p, b->segment->page);
+  }
+  lock.lock();
+  for (Block* b : going) {
+    b->unmapping = false;
+    // Adjacent unmapped blocks become one.
+    if (b->prev && !b->prev->mapped && !b->prev->unmapping) b = merge(b->prev, b);
+    if (b->next && !b->next->mapped && !b->next->unmapping) merge(b, b->next);
+  }
   return bytes;
 }
 
@@ -247,6 +440,7 @@ Block* Allocator::split(Block* b, std::size_t size) {
   r->segment = b->segment;
   r->stream = b->stream;
   r->free_seq = b->free_seq;
+  r->mapped = b->mapped;
   r->events = b->events;  // the remainder still depends on the same work
   for (EventId e : r->events) retain_event(e);
   r->prev = b;
@@ -377,7 +571,7 @@ void Allocator::check_common_invariants() {
     if (seg->addr != addr) fail_invariant("segment map key differs from segment address");
     if (seg->addr < last_end) fail_invariant("segments overlap at " + format_addr(seg->addr));
     last_end = seg->addr + seg->size;
-    reserved += seg->size;
+    if (!seg->expandable) reserved += seg->size;
     if (!seg->head || seg->head->prev) fail_invariant("segment head is missing or has a prev");
     Addr expect = seg->addr;
     for (Block* b = seg->head; b; b = b->next) {
@@ -391,6 +585,16 @@ void Allocator::check_common_invariants() {
       }
       if (b->next && b->next->prev != b) fail_invariant("prev/next links disagree");
       expect = b->end();
+      if (!b->mapped || b->unmapping) {
+        const std::size_t page = seg->page ? seg->page : 1;
+        if (!seg->expandable || b->allocated || b->set || b->mapped ||
+            (b->addr - seg->addr) % page || b->size % page) {
+          fail_invariant("unmapped block " + format_addr(b->addr) + " is not whole free pages "
+                         "of an expandable segment, out of every set");
+        }
+        continue;
+      }
+      if (seg->expandable) reserved += b->size;
       if (b->allocated) {
         if (b->set) fail_invariant("allocated block is in a free set");
         if (live_.find(b->addr) != b) fail_invariant("allocated block missing from live map");
@@ -400,7 +604,7 @@ void Allocator::check_common_invariants() {
         auto& e = in_set[b->set];
         e.first++;
         e.second += b->size;
-        if (b->is_split()) {
+        if (counts_as_split(b)) {
           ++split_free;
           split_free_bytes += b->size;
         }

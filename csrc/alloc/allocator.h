@@ -50,6 +50,7 @@ struct SegmentInfo {
   PoolKind pool;
   StreamId stream;
   std::vector<BlockInfo> blocks;
+  bool expandable = false;  // one mapped run of an expandable segment
 };
 
 class Allocator {
@@ -101,10 +102,21 @@ class Allocator {
 
   // ---- Shared machinery, for the policies. Every call needs mu_ held. ----
 
+  // A new free block of at least r.size bytes, in no set, or nullptr when
+  // the device (or the memory fraction) has no room: a new segment; with
+  // expandable segments, pages mapped in the expandable segment of `owner`
+  // for the pool (see grow_locked).
+  Block* new_memory_locked(Lock& lock, const Request& r, StreamId owner);
+  static constexpr StreamId kSharedOwner = ~StreamId{0};  // one segment for every stream
   // Reserve a segment (mu_ dropped around the device call). Returns the new
   // segment's single free block, in no set, or nullptr when the device is out
   // of memory.
   Block* reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind pool, StreamId stream);
+  // Expandable segments: give back the whole pages inside `blocks` (free,
+  // mapped, in a set, holding no events), with mu_ dropped while the device
+  // unmaps them (it synchronizes). Their partial pages stay in their sets.
+  // Returns the bytes given back.
+  std::size_t unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks);
   // Unlink wholly free segments (their blocks are taken out of their sets)
   // and give them back to the device with mu_ dropped. Returns the bytes.
   std::size_t release_segments_locked(Lock& lock, const std::vector<Block*>& whole);
@@ -136,16 +148,18 @@ class Allocator {
   // (active/requested drop: later for blocks that wait on events).
   void account_free_complete(Block* b);
 
-  // inactive_split bookkeeping rides on every entry to and exit from a set.
-  // Inline: the fast paths enter and leave sets on every call.
+  // inactive_split bookkeeping rides on every entry to and exit from a set
+  // (as PyTorch's, it leaves expandable segments out). Inline: the fast
+  // paths enter and leave sets on every call.
   void insert_free(FreeSet& set, Block* b) {
     set.insert(b);
-    if (b->is_split()) note_split_free(b, 1);
+    if (counts_as_split(b)) note_split_free(b, 1);
   }
   void erase_free(Block* b) {
     b->set->erase(b);
-    if (b->is_split()) note_split_free(b, -1);
+    if (counts_as_split(b)) note_split_free(b, -1);
   }
+  static bool counts_as_split(const Block* b) { return b->is_split() && !b->segment->expandable; }
 
   // Events are pooled and reference-counted: a split block's remainder keeps
   // depending on the events of its parent.
@@ -183,6 +197,9 @@ class Allocator {
   virtual void describe_free(AllocatorStats& out) const = 0;
   // Policy-specific invariants, checked after the shared ones.
   virtual void check_policy_invariants() = 0;
+  // Expandable segments: may this free mapped block join pages grown for
+  // request r? Its memory must be safe for r's stream at once.
+  virtual bool joins_growth(const Block* b, const Request& r) const = 0;
   // The state name of a free block (for snapshots), whether a free block is
   // waiting on events outside every set, and the policy's sets.
   virtual const char* free_state(const Block* b) const = 0;
@@ -192,6 +209,13 @@ class Allocator {
   // Take a found block out of its set, make the stream wait on any events it
   // carries, split it, and account it as allocated.
   void hand_out(Block* b, const Request& r);
+  // Expandable segments: the lowest-address run of unmapped blocks and free
+  // blocks that may join (joins_growth) long enough for r.size, mapped where
+  // needed and merged into one block. nullptr when there is none or no room.
+  // The device maps under mu_: mapping never waits on the GPU.
+  Block* grow_locked(const Request& r, StreamId owner);
+  Segment* expandable_segment_locked(StreamId owner, PoolKind pool);
+  void account_mapped(Segment* seg, std::int64_t bytes);
   void account_free_request(Block* b);
   // The live block at ptr, or throws a PointerError that says what ptr is.
   Block* live_block(Addr ptr, const char* action);
@@ -200,6 +224,7 @@ class Allocator {
   std::string oom_message(const Request& r);
 
   const PolicyKind kind_;
+  std::map<std::pair<StreamId, int>, Segment*> expandable_;  // (owner, pool) -> segment
   BlockPool block_pool_;
   PtrMap live_;  // allocated blocks by address
   std::vector<EventId> event_pool_;

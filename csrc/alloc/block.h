@@ -81,6 +81,10 @@ struct Block {
   FreeSet* set = nullptr;  // the free set holding this block, if any
   FreeTree::iterator pos;  // its node in that set: erase without a search
   bool allocated = false;
+  // Expandable segments: free address space with no memory behind it, and
+  // pages being given back (out of every set, not yet unmapped).
+  bool mapped = true;
+  bool unmapping = false;
   // Global order of the free that put this block in an unsynced set; a merged
   // block keeps the newest, so an event covering it covers every part.
   std::uint64_t free_seq = 0;
@@ -107,6 +111,13 @@ struct Segment {
   PoolKind pool = kLargePool;
   StreamId stream = 0;  // stream that reserved it
   Block* head = nullptr;  // lowest-address block; stable for the segment's life
+  // An expandable segment reserves address space for all of the device and
+  // maps pages where its blocks need them; `size` is the address space.
+  bool expandable = false;
+  // An expandable segment's page: the unit it maps and unmaps, one physical
+  // allocation each (2 MiB for the small pool, large_segment_size for the
+  // large one, as PyTorch: mapping costs per allocation, not per byte).
+  std::size_t page = 0;
 };
 
 // Recycles Block objects so the hot path does not call malloc for splits.

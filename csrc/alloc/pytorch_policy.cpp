@@ -47,20 +47,23 @@ class PytorchPolicy final : public Allocator {
     if (allowed_max_ != SIZE_MAX && cfg_.garbage_collection_threshold > 0) {
       garbage_collect_locked(lock);
     }
-    const std::size_t segment = rules_.segment_size(r.size);
     how = Served::kNewSegment;
-    Block* b = reserve_segment_locked(lock, segment, r.pool, r.stream);
+    Block* b = new_memory_locked(lock, r, r.stream);
     if (!b && release_available_cached_blocks_locked(lock, r.stream, r.pool, r.size)) {
-      b = reserve_segment_locked(lock, segment, r.pool, r.stream);
+      b = new_memory_locked(lock, r, r.stream);
     }
     if (!b) {
       release_cached_blocks_locked(lock);
       stats_.num_alloc_retries++;
       how = Served::kAfterSync;
-      b = reserve_segment_locked(lock, segment, r.pool, r.stream);
+      b = new_memory_locked(lock, r, r.stream);
     }
     return b;
   }
+
+  // Expandable segments are the stream's own (one per stream and pool):
+  // any of its cached blocks may grow into new pages.
+  bool joins_growth(const Block* b, const Request&) const override { return b->set != nullptr; }
 
   void file_remainder(Block* remainder, FreeSet*, const Request& r) override {
     insert_pool(pools(r.stream)->sets[r.pool], remainder);
@@ -111,7 +114,7 @@ class PytorchPolicy final : public Allocator {
     for (const auto& [addr, seg] : segments_) {
       for (Block* b = seg->head; b; b = b->next) {
         if (b->stream != seg->stream) fail_invariant("block stream differs from its segment's");
-        if (!b->allocated && !b->set) {
+        if (!b->allocated && !b->set && b->mapped && !b->unmapping) {
           auto it = queued.find(b);
           if (it == queued.end() || it->second != b->event_count || b->event_count <= 0) {
             fail_invariant("pending block's event count disagrees with the event queues");
@@ -239,22 +242,27 @@ class PytorchPolicy final : public Allocator {
 
   void release_cached_blocks_locked(Lock& lock) {
     synchronize_and_free_events_locked(lock);
-    std::vector<Block*> whole;
+    std::vector<Block*> whole, paged;
     for (auto& [id, s] : streams_) {
       for (int p = 0; p < 2; ++p) {
         for (Block* b : s->sets[p]) {
-          if (!b->is_split()) whole.push_back(b);
+          if (b->segment->expandable) {
+            paged.push_back(b);
+          } else if (!b->is_split()) {
+            whole.push_back(b);
+          }
         }
       }
     }
     release_segments_locked(lock, whole);
+    unmap_free_pages_locked(lock, paged);
   }
 
   // Only with max_split_size set: free one cached oversize block at least as
   // large as max(size, max_split_size), or several, largest first.
   bool release_available_cached_blocks_locked(Lock& lock, StreamId stream, PoolKind pool,
                                               std::size_t size) {
-    if (!cfg_.max_split_size_set()) return false;
+    if (!cfg_.max_split_size_set() || cfg_.expandable_segments) return false;
     const std::size_t key = std::max(size, cfg_.max_split_size);
     FreeSet& set = pools(stream)->sets[pool];
     auto it = set.lower_bound(key);
@@ -281,7 +289,7 @@ class PytorchPolicy final : public Allocator {
   void garbage_collect_locked(Lock& lock) {
     const auto threshold =
         static_cast<std::size_t>(cfg_.garbage_collection_threshold * static_cast<double>(allowed_max_));
-    if (reserved_total_ <= threshold) return;
+    if (reserved_total_ <= threshold || cfg_.expandable_segments) return;
     const std::size_t target = reserved_total_ - threshold;
     std::size_t reclaimed = 0;
     while (reclaimed < target) {

@@ -76,10 +76,16 @@ class WaterwavePolicy final : public Allocator {
       how = Served::kSameStream;
     } else if ((b = take_from_other_stream(s, r.pool, r.size))) {
       how = Served::kCrossStreamWait;
-    } else if ((b = reserve_segment_locked(lock, rules_.segment_size(r.size), r.pool, r.stream))) {
+    } else if ((b = new_memory_locked(lock, r, kSharedOwner))) {
       how = Served::kNewSegment;
     }
     return b;
+  }
+
+  // With expandable segments every stream grows one segment per pool: a page
+  // one stream frees serves another after its event, without remapping.
+  bool joins_growth(const Block* b, const Request& r) const override {
+    return b->set == &synced_[r.pool];
   }
 
   // A new segment's remainder was never used: it is synced.
@@ -376,15 +382,21 @@ class WaterwavePolicy final : public Allocator {
     return best;
   }
 
-  // Give wholly free synced segments back to the device.
+  // Give wholly free synced segments back to the device, and the free pages
+  // of synced blocks in expandable segments.
   void release_free_segments_locked(Lock& lock) {
-    std::vector<Block*> whole;
+    std::vector<Block*> whole, paged;
     for (int p = 0; p < 2; ++p) {
       for (Block* b : synced_[p]) {
-        if (!b->is_split()) whole.push_back(b);
+        if (b->segment->expandable) {
+          paged.push_back(b);
+        } else if (!b->is_split()) {
+          whole.push_back(b);
+        }
       }
     }
     release_segments_locked(lock, whole);
+    unmap_free_pages_locked(lock, paged);
   }
 
   std::unordered_map<StreamId, std::unique_ptr<StreamState>> streams_;

@@ -51,6 +51,7 @@ void bind_sim_device(py::module_& m) {
       .def_property_readonly("capacity", &SimDevice::total_memory)
       .def("free_memory", &SimDevice::free_memory)
       .def("reserved_bytes", &SimDevice::reserved_bytes)
+      .def("mapped_bytes", &SimDevice::mapped_bytes, "Bytes of physical memory mapped (VMM).")
       .def("num_segments", &SimDevice::num_segments)
       .def("now", &SimDevice::now, "Host clock in microseconds.")
       .def("gpu_busy_until", &SimDevice::gpu_busy_until)

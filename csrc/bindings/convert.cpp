@@ -39,7 +39,8 @@ py::list segments_list(const std::vector<SegmentInfo>& segments) {
     }
     segs.append(py::dict("addr"_a = s.addr, "size"_a = s.size,
                          "pool"_a = s.pool == kSmallPool ? "small" : "large",
-                         "stream"_a = s.stream, "blocks"_a = blocks));
+                         "stream"_a = s.stream, "expandable"_a = s.expandable,
+                         "blocks"_a = blocks));
   }
   return segs;
 }

@@ -149,12 +149,7 @@ class Parser {
       }
       cfg_.per_process_memory_fraction = v;
     } else if (key == "expandable_segments") {
-      if (parse_bool(key, word("a value for " + key))) {
-        throw ConfigError("allocator config: expandable_segments:True is not supported by "
-                          "waterwave (it needs the driver's virtual memory API); remove it or "
-                          "set expandable_segments:False");
-      }
-      cfg_.expandable_segments = false;
+      cfg_.expandable_segments = parse_bool(key, word("a value for " + key));
     } else if (key == "release_lock_on_cudamalloc") {
       // Accepted for compatibility; waterwave never holds its lock around a
       // device reservation, so both values behave as True.
@@ -274,6 +269,7 @@ std::string AllocatorConfig::to_string() const {
   }
   sep();
   os << "per_process_memory_fraction:" << per_process_memory_fraction;
+  if (expandable_segments) os << ",expandable_segments:True";
   return os.str();
 }
 
@@ -304,7 +300,9 @@ std::size_t SizeRules::segment_size(std::size_t rounded) const {
 
 bool SizeRules::should_split(PoolKind pool, std::size_t block_size, std::size_t request) const {
   const std::size_t remaining = block_size - request;
-  if (pool == kSmallPool) return remaining >= kMinBlockSize;
+  // Expandable segments split any block (as PyTorch): a remainder is never
+  // stranded, since pages map and unmap under it.
+  if (pool == kSmallPool || cfg.expandable_segments) return remaining >= kMinBlockSize;
   return request < cfg.max_split_size && remaining > kSmallSize;
 }
 

@@ -20,7 +20,7 @@ struct AllocatorConfig {
   std::array<std::size_t, kRoundupSlots> roundup_power2_divisions{};
   double garbage_collection_threshold = 0.0;  // 0: off
   double per_process_memory_fraction = 1.0;   // 1: no limit
-  bool expandable_segments = false;           // only False is supported
+  bool expandable_segments = false;           // grow segments by mapping pages (VMM)
   bool release_lock_on_device_alloc = true;   // the lock is always dropped around reserve
 
   // Parse a whole configuration string on top of the defaults. Throws

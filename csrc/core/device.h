@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <stdexcept>
 
 #include "types.h"
 
@@ -39,6 +40,30 @@ class Device {
 
   virtual std::size_t total_memory() const = 0;
   virtual std::size_t free_memory() const = 0;
+
+  // Virtual memory management (CUDA's VMM API), for expandable segments.
+  // A device without it answers false, and the allocator refuses
+  // expandable_segments:True with a clear error.
+  virtual bool supports_vmm() const { return false; }
+  // The page size mappings come in (cuMemGetAllocationGranularity).
+  virtual std::size_t vmm_granularity() const { return 2 * kMiB; }
+  // Reserve virtual addresses, no memory behind them (cuMemAddressReserve);
+  // nullopt when the address space is exhausted. `bytes` is a multiple of
+  // the granularity.
+  virtual std::optional<Addr> reserve_address(std::size_t) { throw_no_vmm(); }
+  virtual void release_address(Addr, std::size_t) { throw_no_vmm(); }
+  // Back [addr, addr+bytes) with new physical pages, readable and writable
+  // (cuMemCreate, cuMemMap, cuMemSetAccess for each page). False when the
+  // device is out of memory: then nothing is left mapped. May block.
+  virtual bool map(Addr, std::size_t) { throw_no_vmm(); }
+  // Give the pages of [addr, addr+bytes) back (cuMemUnmap, cuMemRelease).
+  // Synchronizes the device first: kernels may still touch the pages.
+  virtual void unmap(Addr, std::size_t) { throw_no_vmm(); }
+
+ private:
+  [[noreturn]] static void throw_no_vmm() {
+    throw std::logic_error("this device has no virtual memory management (supports_vmm())");
+  }
 };
 
 }  // namespace waterwave

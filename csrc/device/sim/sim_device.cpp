@@ -27,23 +27,53 @@ SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us, bool share
   // its virtual addresses, so free memory is never too scattered to serve a
   // reservation; only the total is bounded.
   free_ranges_[base_] = std::max<std::size_t>(4 * capacity, std::size_t{1} << 40);
+  va_free_[0x600000000000ULL] = std::size_t{1} << 44;
 }
+
+namespace {
+
+// First fit in a coalesced map of free ranges; returns the start or nullopt.
+std::optional<Addr> take_range(std::map<Addr, std::size_t>& free, std::size_t bytes) {
+  for (auto it = free.begin(); it != free.end(); ++it) {
+    if (it->second < bytes) continue;
+    const Addr addr = it->first;
+    const std::size_t left = it->second - bytes;
+    free.erase(it);
+    if (left) free[addr + bytes] = left;
+    return addr;
+  }
+  return std::nullopt;
+}
+
+void give_range(std::map<Addr, std::size_t>& free, Addr addr, std::size_t bytes) {
+  auto next = free.lower_bound(addr);
+  if (next != free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == addr) {
+      addr = prev->first;
+      bytes += prev->second;
+      free.erase(prev);
+    }
+  }
+  if (next != free.end() && addr + bytes == next->first) {
+    bytes += next->second;
+    free.erase(next);
+  }
+  free[addr] = bytes;
+}
+
+}  // namespace
 
 std::optional<Addr> SimDevice::reserve(std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   if (bytes == 0) throw std::invalid_argument("SimDevice::reserve of 0 bytes");
   if (used_ + bytes > capacity_) return std::nullopt;
-  for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
-    if (it->second < bytes) continue;
-    Addr addr = it->first;
-    std::size_t left = it->second - bytes;
-    free_ranges_.erase(it);
-    if (left) free_ranges_[addr + bytes] = left;
-    reserved_[addr] = bytes;
+  std::optional<Addr> addr = take_range(free_ranges_, bytes);
+  if (addr) {
+    reserved_[*addr] = bytes;
     used_ += bytes;
-    return addr;
   }
-  return std::nullopt;
+  return addr;
 }
 
 void SimDevice::release(Addr addr, std::size_t bytes) {
@@ -57,22 +87,81 @@ void SimDevice::release(Addr addr, std::size_t bytes) {
   sync_all_locked();
   reserved_.erase(it);
   used_ -= bytes;
-  auto next = free_ranges_.lower_bound(addr);
-  Addr start = addr;
-  std::size_t size = bytes;
-  if (next != free_ranges_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == addr) {
-      start = prev->first;
-      size += prev->second;
-      free_ranges_.erase(prev);
-    }
+  give_range(free_ranges_, addr, bytes);
+}
+
+// Virtual memory --------------------------------------------------------------
+
+
+std::optional<Addr> SimDevice::reserve_address(std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (bytes == 0 || bytes % kPage) {
+    throw std::invalid_argument("SimDevice::reserve_address of " + std::to_string(bytes) +
+                                " bytes: not a positive multiple of the 2 MiB granularity");
   }
-  if (next != free_ranges_.end() && addr + bytes == next->first) {
-    size += next->second;
-    free_ranges_.erase(next);
+  std::optional<Addr> addr = take_range(va_free_, bytes);
+  if (addr) va_reserved_[*addr] = bytes;
+  return addr;
+}
+
+void SimDevice::release_address(Addr addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = va_reserved_.find(addr);
+  if (it == va_reserved_.end() || it->second != bytes) {
+    throw std::invalid_argument("SimDevice::release_address of " + format_addr(addr) +
+                                ": no such reserved range");
   }
-  free_ranges_[start] = size;
+  auto h = handles_.lower_bound(addr);
+  if (h != handles_.end() && h->first < addr + bytes) {
+    throw std::invalid_argument("SimDevice::release_address of " + format_addr(addr) +
+                                ": pages in it are still mapped");
+  }
+  va_reserved_.erase(it);
+  give_range(va_free_, addr, bytes);
+}
+
+bool SimDevice::map(Addr addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (bytes == 0 || bytes % kPage || addr % kPage) {
+    throw std::invalid_argument("SimDevice::map of " + format_addr(addr) +
+                                ": not whole 2 MiB pages");
+  }
+  auto r = va_reserved_.upper_bound(addr);
+  if (r == va_reserved_.begin() || std::prev(r)->first + std::prev(r)->second < addr + bytes) {
+    throw std::invalid_argument("SimDevice::map of " + format_addr(addr) +
+                                ": outside every reserved address range");
+  }
+  auto h = handles_.lower_bound(addr);
+  const bool overlaps_next = h != handles_.end() && h->first < addr + bytes;
+  const bool overlaps_prev = h != handles_.begin() && std::prev(h)->first + std::prev(h)->second > addr;
+  if (overlaps_next || overlaps_prev) {
+    throw std::invalid_argument("SimDevice::map of " + format_addr(addr) + ": already mapped");
+  }
+  if (used_ + bytes > capacity_) return false;
+  handles_[addr] = bytes;
+  used_ += bytes;
+  now_ += kMapUs;
+  return true;
+}
+
+void SimDevice::unmap(Addr addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto h = handles_.find(addr);
+  if (h == handles_.end() || h->second != bytes) {
+    throw std::invalid_argument("SimDevice::unmap of " + format_addr(addr) +
+                                ": not one whole mapping made by map()");
+  }
+  sync_all_locked();  // kernels may still touch the pages
+  handles_.erase(h);
+  used_ -= bytes;
+  now_ += kUnmapUs;
+}
+
+std::size_t SimDevice::mapped_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::size_t total = 0;
+  for (const auto& [addr, bytes] : handles_) total += bytes;
+  return total;
 }
 
 std::size_t SimDevice::free_memory() const {

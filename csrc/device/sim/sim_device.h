@@ -68,6 +68,17 @@ class SimDevice final : public Device {
   void synchronize_device() override;
   std::size_t total_memory() const override { return capacity_; }
   std::size_t free_memory() const override;
+  // Virtual memory: addresses from a range of their own; each map() makes
+  // one physical allocation that counts against the capacity and that
+  // unmap() gives back whole; each call costs host time (per allocation, as
+  // on a GPU), and unmapping synchronizes the device first.
+  bool supports_vmm() const override { return true; }
+  std::size_t vmm_granularity() const override { return kPage; }
+  std::optional<Addr> reserve_address(std::size_t bytes) override;
+  void release_address(Addr addr, std::size_t bytes) override;
+  bool map(Addr addr, std::size_t bytes) override;
+  void unmap(Addr addr, std::size_t bytes) override;
+  std::size_t mapped_bytes() const;
 
   // Simulation.
   // Queue a kernel of `duration_us` on `stream` touching `uses`; returns its id.
@@ -115,6 +126,10 @@ class SimDevice final : public Device {
   void sync_all_locked();
   Event& event(EventId id);
 
+  static constexpr std::size_t kPage = 2 * kMiB;
+  static constexpr double kMapUs = 10.0;  // cuMemCreate + cuMemMap + cuMemSetAccess
+  static constexpr double kUnmapUs = 10.0;  // cuMemUnmap + cuMemRelease
+
   mutable std::mutex mu_;
   std::size_t capacity_;
   double launch_overhead_us_;
@@ -124,6 +139,9 @@ class SimDevice final : public Device {
   Addr base_;
   std::map<Addr, std::size_t> free_ranges_;  // addr -> size, coalesced
   std::map<Addr, std::size_t> reserved_;     // addr -> size
+  std::map<Addr, std::size_t> va_free_;      // virtual addresses free to reserve, coalesced
+  std::map<Addr, std::size_t> va_reserved_;  // reserved virtual ranges: addr -> size
+  std::map<Addr, std::size_t> handles_;      // physical allocations mapped: addr -> size
   std::size_t used_ = 0;
   std::vector<Stream> streams_;
   std::unordered_map<StreamId, std::size_t> stream_index_;
