@@ -258,14 +258,14 @@ Segment* Allocator::expandable_segment_locked(StreamId owner, PoolKind pool) {
   auto it = expandable_.find(key);
   if (it != expandable_.end()) return it->second;
   const std::size_t grain = device_.vmm_granularity();
-  const std::size_t want = pool == kSmallPool ? kSmallBuffer : cfg_.large_segment_size;
+  const std::size_t want = expandable_page(pool);
   const std::size_t page = (want + grain - 1) / grain * grain;
   // Address space for all of the device, and an eighth more (as PyTorch).
   const std::size_t total = device_.total_memory();
   const std::size_t span = (total + total / 8 + page - 1) / page * page;
   std::optional<Addr> addr = device_.reserve_address(span);
   if (!addr) return nullptr;
-  auto* seg = new Segment{*addr, span, pool, owner == kSharedOwner ? 0 : owner, nullptr, true, page};
+  auto* seg = new Segment{*addr, span, pool, owner, nullptr, true, page};
   Block* b = block_pool_.make();
   b->addr = *addr;
   b->size = span;
@@ -311,16 +311,24 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
     if (run >= r.size) break;
   }
   if (run < r.size) return nullptr;
-  // What must be mapped, in whole pages: refused up front when the device or
-  // the memory fraction has no room, so that nothing is half done.
-  std::size_t to_map = 0, covered = 0;
+  // The pages to fill: idle pages of other blocks move there first (their
+  // memory changes address, reserved stays); only the rest is new memory,
+  // refused up front when the device or the memory fraction has no room.
+  std::size_t pages = 0, covered = 0;
   for (Block* b = start; covered < r.size; b = b->next) {
     const std::size_t take =
         b->mapped ? b->size : std::min(b->size, (r.size - covered + page - 1) / page * page);
-    if (!b->mapped) to_map += take;
+    if (!b->mapped) pages += take / page;
     covered += take;
   }
-  if (reserved_total_ + to_map > allowed_max_ || device_.free_memory() < to_map) return nullptr;
+  std::vector<Block*> idle = idle_pages_locked(r.pool, page, pages, start->addr,
+                                               start->addr + covered);
+  const std::size_t fresh = (pages - idle.size()) * page;
+  if (reserved_total_ + fresh > allowed_max_ || device_.free_memory() < fresh) {
+    for (Block* m : idle) release_idle_page_locked(m);  // not moved after all
+    return nullptr;
+  }
+  const std::vector<Block*> moved = idle;
   std::vector<Block*> taken;
   covered = 0;
   for (Block* b = start; covered < r.size;) {
@@ -332,7 +340,16 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
       if (take < b->size) next = split(b, take);  // the rest stays unmapped
       // One physical allocation per page: pages can be given back one by one.
       std::size_t mapped = 0;
-      while (mapped < take && device_.map(b->addr + mapped, page)) mapped += page;
+      for (; mapped < take; mapped += page) {
+        if (!idle.empty()) {
+          device_.remap(idle.back()->addr, b->addr + mapped, page);
+          idle.pop_back();
+        } else if (device_.map(b->addr + mapped, page)) {
+          account_mapped(seg, static_cast<std::int64_t>(page));
+        } else {
+          break;
+        }
+      }
       if (mapped < take) {
         // Another process took the memory meanwhile. The pages mapped so far
         // join the cache (empty_cache gives them back), the rest stays
@@ -342,25 +359,90 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
           rest->mapped = false;
           if (rest->next && !rest->next->mapped && !rest->next->unmapping) merge(rest, rest->next);
           b->mapped = true;
-          account_mapped(seg, static_cast<std::int64_t>(mapped));
           taken.push_back(b);
         }
+        settle_unmapped_locked(moved);
         if (taken.empty()) return nullptr;
+        absorb_next_free(taken, r);
         Block* held = taken.front();
         for (std::size_t i = 1; i < taken.size(); ++i) held = merge(held, taken[i]);
         file_remainder(held, nullptr, r);
         return nullptr;
       }
       b->mapped = true;
-      account_mapped(seg, static_cast<std::int64_t>(take));
     }
     covered += b->size;
     taken.push_back(b);
     b = next;
   }
+  settle_unmapped_locked(moved);
+  absorb_next_free(taken, r);
   Block* merged = taken.front();
   for (std::size_t i = 1; i < taken.size(); ++i) merged = merge(merged, taken[i]);
   return merged;
+}
+
+// The page mapped last may end where a free block that could have joined
+// begins (the run stopped once long enough): they become one, as free
+// neighbours must.
+void Allocator::absorb_next_free(std::vector<Block*>& taken, const Request& r) {
+  Block* n = taken.back()->next;
+  if (n && n->mapped && !n->allocated && n->set && joins_growth(n, r)) {
+    erase_free(n);
+    taken.push_back(n);
+  }
+}
+
+std::vector<Block*> Allocator::idle_pages_locked(PoolKind pool, std::size_t page,
+                                                 std::size_t want, Addr skip_lo, Addr skip_hi) {
+  std::vector<std::pair<Block*, Addr>> found;
+  const FreeSet* set = idle_set(pool);
+  if (!set || !want) return {};
+  // Smallest blocks first: large idle blocks serve requests whole, as they are.
+  for (auto it = set->lower_bound(page); it != set->end() && found.size() < want; ++it) {
+    Block* b = *it;
+    const Segment* seg = b->segment;
+    if (!seg->expandable || seg->page != page || !b->events.empty()) continue;
+    if (b->addr < skip_hi && skip_lo < b->end()) continue;
+    const Addr first = seg->addr + (b->addr - seg->addr + page - 1) / page * page;
+    for (Addr p = first; p + page <= b->end() && found.size() < want; p += page) {
+      found.emplace_back(b, p);
+    }
+  }
+  // Carve from the highest address down: a block's lower pages stay in it.
+  std::sort(found.begin(), found.end(),
+            [](const auto& x, const auto& y) { return x.second > y.second; });
+  std::vector<Block*> out;
+  for (auto [b, from] : found) {
+    FreeSet* home = b->set;
+    erase_free(b);
+    if (from + page < b->end()) insert_free(*home, split(b, from + page - b->addr));
+    Block* mid = b;
+    if (from > b->addr) {
+      mid = split(b, from - b->addr);
+      insert_free(*home, b);
+    }
+    mid->mapped = false;  // the caller moves its page away
+    out.push_back(mid);
+  }
+  return out;
+}
+
+void Allocator::release_idle_page_locked(Block* mid) {
+  mid->mapped = true;
+  FreeSet* home = idle_set(mid->segment->pool);
+  mid = merge_neighbours_in(*home, mid);
+  insert_free(*home, mid);
+}
+
+void Allocator::settle_unmapped_locked(const std::vector<Block*>& moved) {
+  // `moved` runs from the highest address down: each block may absorb its
+  // higher neighbour (done) and be absorbed by its lower one (still to come).
+  for (Block* m : moved) {
+    stats_.num_page_moves++;
+    if (m->next && !m->next->mapped && !m->next->unmapping) merge(m, m->next);
+    if (m->prev && !m->prev->mapped && !m->prev->unmapping) merge(m->prev, m);
+  }
 }
 
 std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks) {
@@ -392,9 +474,11 @@ std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Blo
     going.push_back(b);
   }
   if (going.empty()) return 0;
-  // Unmapping synchronizes the device: not under mu_. The blocks are out of
-  // every set meanwhile, and growth passes over them.
+  // Kernels may still touch pages freed on their own stream: synchronize,
+  // not under mu_. The blocks are out of every set meanwhile, and growth
+  // passes over them.
   lock.unlock();
+  device_.synchronize_device();
   for (Block* b : going) {
     for (Addr p = b->addr; p < b->end(); p += b->segment->page) device_.unmap(p, b->segment->page);
   }

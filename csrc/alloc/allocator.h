@@ -104,10 +104,9 @@ class Allocator {
 
   // A new free block of at least r.size bytes, in no set, or nullptr when
   // the device (or the memory fraction) has no room: a new segment; with
-  // expandable segments, pages mapped in the expandable segment of `owner`
-  // for the pool (see grow_locked).
+  // expandable segments, pages mapped (or moved) into the expandable segment
+  // of `owner` for the pool (see grow_locked).
   Block* new_memory_locked(Lock& lock, const Request& r, StreamId owner);
-  static constexpr StreamId kSharedOwner = ~StreamId{0};  // one segment for every stream
   // Reserve a segment (mu_ dropped around the device call). Returns the new
   // segment's single free block, in no set, or nullptr when the device is out
   // of memory.
@@ -200,6 +199,15 @@ class Allocator {
   // Expandable segments: may this free mapped block join pages grown for
   // request r? Its memory must be safe for r's stream at once.
   virtual bool joins_growth(const Block* b, const Request& r) const = 0;
+  // Expandable segments: the set whose blocks are idle (no kernel may touch
+  // them) and free to any stream, whose whole pages may move to where a
+  // stream grows; nullptr when pages never move (PyTorch's semantics).
+  virtual FreeSet* idle_set(PoolKind) { return nullptr; }
+  // The page an expandable segment of the pool maps (rounded up to the
+  // device's granularity). PyTorch: 2 MiB small, large_segment_size large.
+  virtual std::size_t expandable_page(PoolKind pool) const {
+    return pool == kSmallPool ? kSmallBuffer : cfg_.large_segment_size;
+  }
   // The state name of a free block (for snapshots), whether a free block is
   // waiting on events outside every set, and the policy's sets.
   virtual const char* free_state(const Block* b) const = 0;
@@ -215,6 +223,14 @@ class Allocator {
   // The device maps under mu_: mapping never waits on the GPU.
   Block* grow_locked(const Request& r, StreamId owner);
   Segment* expandable_segment_locked(StreamId owner, PoolKind pool);
+  // Up to `want` whole idle pages (of `page` bytes, in expandable segments,
+  // outside [skip_lo, skip_hi)) carved out of the policy's idle set, highest
+  // address first, each an unmapped block whose page the caller moves away.
+  std::vector<Block*> idle_pages_locked(PoolKind pool, std::size_t page, std::size_t want,
+                                        Addr skip_lo, Addr skip_hi);
+  void release_idle_page_locked(Block* page);  // a carved page that stays
+  void settle_unmapped_locked(const std::vector<Block*>& moved);
+  void absorb_next_free(std::vector<Block*>& taken, const Request& r);
   void account_mapped(Segment* seg, std::int64_t bytes);
   void account_free_request(Block* b);
   // The live block at ptr, or throws a PointerError that says what ptr is.

@@ -76,17 +76,22 @@ class WaterwavePolicy final : public Allocator {
       how = Served::kSameStream;
     } else if ((b = take_from_other_stream(s, r.pool, r.size))) {
       how = Served::kCrossStreamWait;
-    } else if ((b = new_memory_locked(lock, r, kSharedOwner))) {
+    } else if ((b = new_memory_locked(lock, r, r.stream))) {
       how = Served::kNewSegment;
     }
     return b;
   }
 
-  // With expandable segments every stream grows one segment per pool: a page
-  // one stream frees serves another after its event, without remapping.
+  // With expandable segments each stream grows its own segment per pool, so
+  // that its layout repeats step after step as under PyTorch; idle (synced)
+  // pages anywhere move to where a stream grows, so memory still flows
+  // between streams, and reserved follows the joint peak, not the sum of
+  // the streams' peaks.
   bool joins_growth(const Block* b, const Request& r) const override {
     return b->set == &synced_[r.pool];
   }
+  FreeSet* idle_set(PoolKind pool) override { return &synced_[pool]; }
+  std::size_t expandable_page(PoolKind) const override { return kSmallBuffer; }
 
   // A new segment's remainder was never used: it is synced.
   void file_remainder(Block* remainder, FreeSet* origin, const Request& r) override {

@@ -56,9 +56,15 @@ class Device {
   // (cuMemCreate, cuMemMap, cuMemSetAccess for each page). False when the
   // device is out of memory: then nothing is left mapped. May block.
   virtual bool map(Addr, std::size_t) { throw_no_vmm(); }
-  // Give the pages of [addr, addr+bytes) back (cuMemUnmap, cuMemRelease).
-  // Synchronizes the device first: kernels may still touch the pages.
+  // Give back the physical allocation mapped at [addr, addr+bytes) by one
+  // map() (cuMemUnmap, cuMemRelease). No kernel may still touch it: the
+  // caller synchronizes first, or knows the pages idle.
   virtual void unmap(Addr, std::size_t) { throw_no_vmm(); }
+  // Move the physical allocation mapped at `from` (one map(), idle) to the
+  // unmapped addresses at `to` (cuMemUnmap, then cuMemMap of the same handle
+  // and cuMemSetAccess): memory changes address without going back to the
+  // driver, so no other process can take it meanwhile.
+  virtual void remap(Addr /*from*/, Addr /*to*/, std::size_t) { throw_no_vmm(); }
 
  private:
   [[noreturn]] static void throw_no_vmm() {

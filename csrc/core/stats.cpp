@@ -86,6 +86,7 @@ std::map<std::string, double> AllocatorStats::flatten(bool with_pools) const {
   out["num_sync_all_streams"] = num_sync_all_streams;
   out["num_device_alloc"] = num_device_alloc;
   out["num_device_free"] = num_device_free;
+  out["num_page_moves"] = num_page_moves;
   out["max_split_size"] = max_split_size;
   for (int i = 0; i < static_cast<int>(Served::kCount); ++i) {
     out[std::string("served.") + served_name(static_cast<Served>(i))] = served[i];

@@ -66,7 +66,8 @@ struct AllocatorStats {
       segment, reserved_bytes, inactive_split, inactive_split_bytes;
   Stat oversize_allocations, oversize_segments;
   std::int64_t num_alloc_retries = 0, num_ooms = 0, num_sync_all_streams = 0,
-               num_device_alloc = 0, num_device_free = 0;
+               num_device_alloc = 0, num_device_free = 0,
+               num_page_moves = 0;  // expandable pages moved to another address
   std::array<std::int64_t, static_cast<int>(Served::kCount)> served{};
   std::int64_t num_sync_and_coalesce = 0;  // SyncAndCoalesce calls
   std::int64_t num_stream_waits = 0;       // stream_wait_event calls issued

@@ -10,6 +10,12 @@ namespace waterwave {
 
 std::string Hazard::describe() const {
   std::ostringstream os;
+  if (unmapped) {
+    os << "pages " << format_addr(addr) << " (" << size << " bytes) unmapped at host time "
+       << host_time_us << " us while kernel " << kernel << " on stream " << other_stream
+       << " that touches them is still pending";
+    return os.str();
+  }
   os << "block " << format_addr(addr) << " (" << size << " bytes) handed to stream " << stream
      << " at host time " << host_time_us << " us while kernel " << kernel << " on stream "
      << other_stream << " that touches it is still pending and not ordered before it";
@@ -26,8 +32,12 @@ SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us, bool share
   // Address space well beyond the capacity: a GPU maps physical pages into
   // its virtual addresses, so free memory is never too scattered to serve a
   // reservation; only the total is bounded.
-  free_ranges_[base_] = std::max<std::size_t>(4 * capacity, std::size_t{1} << 40);
-  va_free_[0x600000000000ULL] = std::size_t{1} << 44;
+  const std::size_t span = std::max<std::size_t>(4 * capacity, std::size_t{1} << 40);
+  free_ranges_[base_] = span;
+  // Addresses for reserve_address, after those: room for many segments each
+  // spanning the device (a GPU has 256 TiB of them), however large it is.
+  const std::size_t va_span = std::max<std::size_t>(64 * capacity, std::size_t{1} << 48);
+  va_free_[(base_ + span + kPage) / kPage * kPage] = va_span / kPage * kPage;
 }
 
 namespace {
@@ -120,23 +130,59 @@ void SimDevice::release_address(Addr addr, std::size_t bytes) {
   give_range(va_free_, addr, bytes);
 }
 
-bool SimDevice::map(Addr addr, std::size_t bytes) {
-  std::lock_guard<std::mutex> g(mu_);
+void SimDevice::check_unmapped_locked(Addr addr, std::size_t bytes, const char* what) const {
   if (bytes == 0 || bytes % kPage || addr % kPage) {
-    throw std::invalid_argument("SimDevice::map of " + format_addr(addr) +
+    throw std::invalid_argument(std::string("SimDevice::") + what + " to " + format_addr(addr) +
                                 ": not whole 2 MiB pages");
   }
   auto r = va_reserved_.upper_bound(addr);
   if (r == va_reserved_.begin() || std::prev(r)->first + std::prev(r)->second < addr + bytes) {
-    throw std::invalid_argument("SimDevice::map of " + format_addr(addr) +
+    throw std::invalid_argument(std::string("SimDevice::") + what + " to " + format_addr(addr) +
                                 ": outside every reserved address range");
   }
   auto h = handles_.lower_bound(addr);
   const bool overlaps_next = h != handles_.end() && h->first < addr + bytes;
   const bool overlaps_prev = h != handles_.begin() && std::prev(h)->first + std::prev(h)->second > addr;
   if (overlaps_next || overlaps_prev) {
-    throw std::invalid_argument("SimDevice::map of " + format_addr(addr) + ": already mapped");
+    throw std::invalid_argument(std::string("SimDevice::") + what + " to " + format_addr(addr) +
+                                ": already mapped");
   }
+}
+
+std::map<Addr, std::size_t>::iterator SimDevice::mapping_locked(Addr addr, std::size_t bytes,
+                                                                const char* what) {
+  auto h = handles_.find(addr);
+  if (h == handles_.end() || h->second != bytes) {
+    throw std::invalid_argument(std::string("SimDevice::") + what + " of " + format_addr(addr) +
+                                ": not one whole mapping made by map()");
+  }
+  return h;
+}
+
+// Every kernel that touched the pages must be known finished by the host.
+void SimDevice::check_idle_locked(Addr addr, std::size_t bytes) {
+  const Addr end = addr + bytes;
+  auto it = touches_.upper_bound(addr);
+  if (it != touches_.begin() && std::prev(it)->second.end > addr) --it;
+  std::vector<bool> reported(streams_.size(), false);
+  for (; it != touches_.end() && it->first < end; ++it) {
+    const Touch& t = it->second;
+    for (std::size_t k = 0; k < t.seq.size(); ++k) {
+      if (t.seq[k] > host_vc_[k] && !reported[k]) {
+        reported[k] = true;
+        hazards_.push_back(Hazard{addr, bytes, 0, streams_[k].id, t.kernel[k], now_, true});
+      }
+    }
+  }
+  // The memory at these addresses is gone: what touched it can race no more.
+  split_touch_at(addr);
+  split_touch_at(end);
+  touches_.erase(touches_.lower_bound(addr), touches_.lower_bound(end));
+}
+
+bool SimDevice::map(Addr addr, std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  check_unmapped_locked(addr, bytes, "map");
   if (used_ + bytes > capacity_) return false;
   handles_[addr] = bytes;
   used_ += bytes;
@@ -146,15 +192,21 @@ bool SimDevice::map(Addr addr, std::size_t bytes) {
 
 void SimDevice::unmap(Addr addr, std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
-  auto h = handles_.find(addr);
-  if (h == handles_.end() || h->second != bytes) {
-    throw std::invalid_argument("SimDevice::unmap of " + format_addr(addr) +
-                                ": not one whole mapping made by map()");
-  }
-  sync_all_locked();  // kernels may still touch the pages
+  auto h = mapping_locked(addr, bytes, "unmap");
+  check_idle_locked(addr, bytes);
   handles_.erase(h);
   used_ -= bytes;
   now_ += kUnmapUs;
+}
+
+void SimDevice::remap(Addr from, Addr to, std::size_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto h = mapping_locked(from, bytes, "remap");
+  check_unmapped_locked(to, bytes, "remap");
+  check_idle_locked(from, bytes);
+  handles_.erase(h);
+  handles_[to] = bytes;
+  now_ += kUnmapUs + kMapUs;
 }
 
 std::size_t SimDevice::mapped_bytes() const {

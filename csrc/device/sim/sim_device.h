@@ -43,6 +43,7 @@ struct Hazard {
   StreamId other_stream;  // stream of the kernel still pending on it
   std::uint64_t kernel;   // that kernel's id
   double host_time_us;
+  bool unmapped = false;  // the pages were unmapped or moved, not handed out
   std::string describe() const;
 };
 
@@ -70,14 +71,16 @@ class SimDevice final : public Device {
   std::size_t free_memory() const override;
   // Virtual memory: addresses from a range of their own; each map() makes
   // one physical allocation that counts against the capacity and that
-  // unmap() gives back whole; each call costs host time (per allocation, as
-  // on a GPU), and unmapping synchronizes the device first.
+  // unmap() gives back whole (remap() moves it); each call costs host time
+  // (per allocation, as on a GPU). Unmapping or moving pages that a kernel
+  // the host has not seen finish may still touch is a hazard.
   bool supports_vmm() const override { return true; }
   std::size_t vmm_granularity() const override { return kPage; }
   std::optional<Addr> reserve_address(std::size_t bytes) override;
   void release_address(Addr addr, std::size_t bytes) override;
   bool map(Addr addr, std::size_t bytes) override;
   void unmap(Addr addr, std::size_t bytes) override;
+  void remap(Addr from, Addr to, std::size_t bytes) override;
   std::size_t mapped_bytes() const;
 
   // Simulation.
@@ -129,6 +132,10 @@ class SimDevice final : public Device {
   static constexpr std::size_t kPage = 2 * kMiB;
   static constexpr double kMapUs = 10.0;  // cuMemCreate + cuMemMap + cuMemSetAccess
   static constexpr double kUnmapUs = 10.0;  // cuMemUnmap + cuMemRelease
+  std::map<Addr, std::size_t>::iterator mapping_locked(Addr addr, std::size_t bytes,
+                                                       const char* what);
+  void check_unmapped_locked(Addr addr, std::size_t bytes, const char* what) const;
+  void check_idle_locked(Addr addr, std::size_t bytes);
 
   mutable std::mutex mu_;
   std::size_t capacity_;
