@@ -1,5 +1,6 @@
 """Hypothesis state machines over random multi-stream sequences (alloc, free,
-record_stream, launch, sync, empty_cache, host time) for both policies.
+record_stream, launch, sync, empty_cache, host time) for both policies, with
+and without expandable segments.
 
 After every step: the C++ invariant check; from the snapshot, no two live
 blocks overlap, blocks tile their segments, reserved = allocated + cached free
@@ -9,7 +10,8 @@ adjacent free blocks remain in a segment.
 """
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initialize, invariant,
+                                 rule)
 
 import waterwave as ww
 
@@ -22,7 +24,9 @@ SIZES = st.one_of(
     st.integers(12 * MiB, 40 * MiB),
 )
 CONFIGS = ["", "max_split_size_mb:24", "roundup_power2_divisions:[1:2,16:4,>:8]",
-           "per_process_memory_fraction:0.8,garbage_collection_threshold:0.5,max_split_size_mb:20"]
+           "per_process_memory_fraction:0.8,garbage_collection_threshold:0.5,max_split_size_mb:20",
+           "expandable_segments:True",
+           "expandable_segments:True,per_process_memory_fraction:0.7,max_split_size_mb:20"]
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -38,11 +42,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.peak_reserved = 0
         self.just_synced = False
         self.double_frees_rejected = 0
+        self.expandable = False
 
-    @rule(config=st.sampled_from(CONFIGS), capacity_mb=st.sampled_from([48, 96, 256]))
+    @initialize(config=st.sampled_from(CONFIGS), capacity_mb=st.sampled_from([48, 96, 256]))
     def setup(self, config, capacity_mb):
         if self.a is None:
             self.a = ww.Allocator(self.policy, ww.SimDevice(capacity_mb * MiB, 1.0), config)
+            self.expandable = "expandable_segments:True" in config
 
     def ready(self):
         if self.a is None:
@@ -161,8 +167,15 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert s["allocation.all.current"] == len(self.live)
         assert s["requested_bytes.all.current"] == sum(r for r, _ in self.live.values()) + pending_requested
         assert s["active_bytes.all.current"] == allocated + pending
-        assert s["segment.all.current"] == len(snap)
-        assert s["num_device_alloc"] - s["num_device_free"] == len(snap)
+        if self.expandable:  # mapped pages, in runs; a segment per stream and pool
+            assert all(seg["expandable"] for seg in snap)
+            assert a.device.mapped_bytes() == reserved
+            pages = sum(seg["size"] // self.page(seg["pool"]) for seg in snap)
+            assert s["num_device_alloc"] - s["num_device_free"] == pages
+            assert s["segment.all.current"] >= (1 if snap else 0)
+        else:
+            assert s["segment.all.current"] == len(snap)
+            assert s["num_device_alloc"] - s["num_device_free"] == len(snap)
         self.peak_allocated = max(self.peak_allocated, allocated)
         self.peak_reserved = max(self.peak_reserved, reserved)
         assert s["allocated_bytes.all.peak"] == self.peak_allocated
@@ -170,6 +183,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         free_sets = s["synced_free_bytes"] + s["unsynced_free_bytes"]
         assert free_sets == cached
         assert 0.0 <= s["fragmentation.at_peak_reserved"] <= 1.0
+
+
+    def page(self, pool):
+        return 2 * MiB if pool == "small" or self.policy == "waterwave" else 20 * MiB
 
 
 class WaterwaveMachine(AllocatorMachine):

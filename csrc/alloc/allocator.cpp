@@ -281,12 +281,14 @@ Segment* Allocator::expandable_segment_locked(StreamId owner, PoolKind pool) {
 
 void Allocator::account_mapped(Segment* seg, std::int64_t bytes) {
   reserved_total_ = static_cast<std::size_t>(static_cast<std::int64_t>(reserved_total_) + bytes);
+  // Device calls: one physical allocation per page.
+  const auto pages = static_cast<std::int64_t>((bytes < 0 ? -bytes : bytes) / seg->page);
   if (bytes > 0) {
     stats_.reserved_bytes.increase(seg->pool, bytes);
-    stats_.num_device_alloc++;
+    stats_.num_device_alloc += pages;
   } else {
     stats_.reserved_bytes.decrease(seg->pool, -bytes);
-    stats_.num_device_free++;
+    stats_.num_device_free += pages;
   }
   stats_.note_reserved_change();
 }

@@ -64,6 +64,12 @@ void bind_sim_device(py::module_& m) {
         for (const Hazard& h : d.hazards()) out.append(hazard_dict(h));
         return out;
       })
+      // Raw virtual memory API, for tests of the simulator itself.
+      .def("reserve_address", &SimDevice::reserve_address, py::arg("nbytes"))
+      .def("release_address", &SimDevice::release_address, py::arg("addr"), py::arg("nbytes"))
+      .def("map", &SimDevice::map, py::arg("addr"), py::arg("nbytes"))
+      .def("unmap", &SimDevice::unmap, py::arg("addr"), py::arg("nbytes"))
+      .def("remap", &SimDevice::remap, py::arg("src"), py::arg("dst"), py::arg("nbytes"))
       // Raw event API, for tests of the simulator itself.
       .def("create_event", &SimDevice::create_event)
       .def("record_event", &SimDevice::record_event, py::arg("event"), py::arg("stream"))

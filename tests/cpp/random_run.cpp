@@ -29,7 +29,10 @@ const char* kConfigs[] = {
     "roundup_power2_divisions:4",
     "roundup_power2_divisions:[1:2,64:8,>:4],max_split_size_mb:64,max_non_split_rounding_mb:32",
     "per_process_memory_fraction:0.75,garbage_collection_threshold:0.6,max_split_size_mb:30",
+    "expandable_segments:True",
+    "expandable_segments:True,per_process_memory_fraction:0.75,max_split_size_mb:30",
 };
+constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 struct Live {
   std::size_t size;
@@ -55,9 +58,9 @@ int main(int argc, char** argv) {
   auto uniform = [&](std::uint64_t n) { return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng); };
 
   std::uint64_t ooms = 0, allocs = 0, frees = 0, kernels = 0, planned = 0;
-  const int rounds = 5;
+  const int rounds = kNumConfigs;
   for (int round = 0; round < rounds; ++round) {
-    const std::string config = kConfigs[round % 5];
+    const std::string config = kConfigs[round];
     SimDevice device(256 * kMiB, 1.0);
     auto a = std::make_unique<AllocatorStack>(device, parse_policy(policy), AllocatorConfig::parse(config));
     // The plan's slots overlap at random; stream 3 asks for the slot size

@@ -21,8 +21,8 @@
 using namespace waterwave;
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s POLICY THREADS OPS_PER_THREAD SEED\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s POLICY THREADS OPS_PER_THREAD SEED [CONFIG]\n", argv[0]);
     return 2;
   }
   const std::string policy = argv[1];
@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   const std::uint64_t ops = std::strtoull(argv[3], nullptr, 10);
   const std::uint64_t seed = std::strtoull(argv[4], nullptr, 10);
   SimDevice device(512 * kMiB, 0.5);
-  auto a = std::make_unique<AllocatorStack>(device, parse_policy(policy), AllocatorConfig{});
+  const std::string config = argc == 6 ? argv[5] : "";
+  auto a = std::make_unique<AllocatorStack>(device, parse_policy(policy), AllocatorConfig::parse(config));
   // Thread 0's plan: back-to-back slots of a fixed program it rarely follows.
   std::vector<PlanSlot> slots;
   std::size_t arena = 0;
@@ -130,8 +131,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "FAILED: memory still reserved after freeing everything and empty_cache\n");
     return 1;
   }
-  std::printf("stress_threads %s: %d threads, %llu ops, %llu OOMs, 0 hazards, invariants held\n",
-              policy.c_str(), threads, static_cast<unsigned long long>(total.load()),
+  std::printf("stress_threads %s%s%s: %d threads, %llu ops, %llu OOMs, 0 hazards, invariants held\n",
+              policy.c_str(), config.empty() ? "" : " ", config.c_str(), threads, static_cast<unsigned long long>(total.load()),
               static_cast<unsigned long long>(ooms.load()));
   return 0;
 }
