@@ -419,3 +419,94 @@ def test_install_allocator_registers_with_pytorch(fake_path):
     assert lines[0] == "pytorch pluggable"
     assert lines[1:3] == ["1", "0"]
     assert "already installed" in lines[3]
+
+
+# ---- Expandable segments over the driver's virtual memory calls. ----
+
+def use_expandable(fake, policy):
+    fake.fake_cuda_set_vmm(1)
+    fake.fake_cuda_fail_vmm.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    wc.configure(policy, "expandable_segments:True", driver=fake.path)
+
+
+def test_expandable_segments_map_pages_through_the_driver(fake, policy):
+    use_expandable(fake, policy)
+    ptrs = {}
+    for k, size in enumerate([512, 3 * MiB, 30 * MiB, 45 * MiB]):
+        stream = S1 if k % 2 else S2
+        p = _C.cuda_malloc(size, 0, stream)
+        fill(p, size, k + 1)  # the pages are readable and writable
+        ptrs[p] = (size, stream, k + 1)
+    assert fake.count("vmm_create") == fake.count("vmm_map") == fake.count("vmm_set_access") > 0
+    assert fake.count("alloc") == 0  # no cuMemAlloc: every byte is mapped pages
+    for p, (size, stream, byte) in ptrs.items():
+        assert intact(p, size, byte)
+        _C.cuda_free(p, size, 0, stream)
+    fake.fake_cuda_complete_all()
+    wc.empty_cache()
+    assert fake.count("vmm_unmap") == fake.count("vmm_release") == fake.count("vmm_create")
+    assert fake.count("vmm_handles_live") == 0 and fake.count("bytes_in_use") == 0
+    wc.check_invariants(0)
+
+
+@pytest.mark.parametrize("call", ["cuMemCreate", "cuMemMap", "cuMemSetAccess"])
+@pytest.mark.parametrize("code", [2, 999])  # out of memory; anything else
+def test_a_map_failing_partway_leaks_nothing_and_never_aborts(fake, policy, call, code):
+    """pytorch/pytorch#188008: there, a failed map mid-growth terminated the
+    process. Here an out-of-memory answer fails the growth cleanly and the
+    policy's retry maps again; any other error fails the request with the
+    driver's error. Either way what was mapped stays usable and accounted,
+    and nothing leaks."""
+    use_expandable(fake, policy)
+    fake.fake_cuda_fail_vmm(call.encode(), 2, code)  # the third call of it fails
+    size = 70 * MiB  # several pages under both policies
+    if code == 2:
+        p = _C.cuda_malloc(size, 0, S1)
+        assert wc.memory_stats(0)["num_alloc_retries"] + wc.memory_stats(0)["num_oom_retries"] >= 1
+        _C.cuda_free(p, size, 0, S1)
+    else:
+        with pytest.raises(RuntimeError, match=f"{call} failed|cuMemMap/cuMemSetAccess failed"):
+            _C.cuda_malloc(size, 0, S1)
+    wc.check_invariants(0)
+    # What the driver holds is exactly what the allocator counts as reserved.
+    reserved = wc.memory_stats(0)["reserved_bytes.all.current"]
+    assert fake.count("bytes_in_use") == reserved
+    assert fake.count("vmm_handles_live") == fake.count("vmm_handles_mapped")
+    p = _C.cuda_malloc(size, 0, S1)  # the next try succeeds
+    fill(p, size, 7)
+    assert intact(p, size, 7)
+    _C.cuda_free(p, size, 0, S1)
+    fake.fake_cuda_complete_all()
+    wc.empty_cache()
+    assert fake.count("bytes_in_use") == 0 and fake.count("vmm_handles_live") == 0
+
+
+def test_waterwave_policy_moves_idle_pages_through_the_driver(fake):
+    use_expandable(fake, "waterwave")
+    p = _C.cuda_malloc(60 * MiB, 0, S1)
+    _C.cuda_free(p, 60 * MiB, 0, S1)
+    fake.fake_cuda_complete_all()  # stream 1's work is done
+    _C.cuda_sync_and_coalesce(0)
+    q = _C.cuda_malloc(40 * MiB, 0, S2)
+    r = _C.cuda_malloc(40 * MiB, 0, S2)
+    fill(q, 40 * MiB, 1)
+    fill(r, 40 * MiB, 2)
+    assert intact(q, 40 * MiB, 1) and intact(r, 40 * MiB, 2)
+    stats = wc.memory_stats(0)
+    assert stats["num_page_moves"] == 10
+    assert fake.count("bytes_in_use") == stats["reserved_bytes.all.current"] == 80 * MiB
+    # A moved page is unmapped and mapped again: the same handle, no new one.
+    assert fake.count("vmm_map") == fake.count("vmm_create") + 10
+    for ptr in (q, r):
+        _C.cuda_free(ptr, 40 * MiB, 0, S2)
+    wc.check_invariants(0)
+
+
+def test_expandable_segments_need_the_drivers_virtual_memory(fake):
+    fake.fake_cuda_set_vmm(0)
+    try:
+        wc.configure("waterwave", "expandable_segments:True", driver=fake.path)
+        with pytest.raises(ww.ConfigError, match="virtual memory management"):
+            _C.cuda_malloc(MiB, 0, S1)
+    finally:
+        fake.fake_cuda_set_vmm(1)

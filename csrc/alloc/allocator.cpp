@@ -3,6 +3,7 @@
 #include "allocator.h"
 
 #include <algorithm>
+#include <exception>
 #include <sstream>
 
 namespace waterwave {
@@ -341,34 +342,49 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
       const std::size_t take = std::min(b->size, (r.size - covered + page - 1) / page * page);
       if (take < b->size) next = split(b, take);  // the rest stays unmapped
       // One physical allocation per page: pages can be given back one by one.
+      // A device call that throws is handled as a refusal, then rethrown.
       std::size_t mapped = 0;
+      std::exception_ptr error;
       for (; mapped < take; mapped += page) {
-        if (!idle.empty()) {
-          device_.remap(idle.back()->addr, b->addr + mapped, page);
-          idle.pop_back();
-        } else if (device_.map(b->addr + mapped, page)) {
-          account_mapped(seg, static_cast<std::int64_t>(page));
-        } else {
+        try {
+          if (!idle.empty()) {
+            device_.remap(idle.back()->addr, b->addr + mapped, page);
+            idle.pop_back();
+          } else if (device_.map(b->addr + mapped, page)) {
+            account_mapped(seg, static_cast<std::int64_t>(page));
+          } else {
+            break;
+          }
+        } catch (...) {
+          error = std::current_exception();
           break;
         }
       }
       if (mapped < take) {
-        // Another process took the memory meanwhile. The pages mapped so far
-        // join the cache (empty_cache gives them back), the rest stays
+        // Another process took the memory meanwhile (or the driver failed).
+        // The pages mapped so far join the cache (empty_cache gives them
+        // back), idle pages not moved stay where they were, the rest stays
         // unmapped, and the request fails here, leaving nothing half done.
+        for (Block* m : idle) release_idle_page_locked(m);
+        const std::vector<Block*> gone(moved.begin() + static_cast<std::ptrdiff_t>(idle.size()),
+                                       moved.end());
+        settle_unmapped_locked(gone);
         if (mapped) {
           Block* rest = split(b, mapped);
           rest->mapped = false;
           if (rest->next && !rest->next->mapped && !rest->next->unmapping) merge(rest, rest->next);
           b->mapped = true;
           taken.push_back(b);
+        } else if (b->next && !b->next->mapped && !b->next->unmapping) {
+          merge(b, b->next);  // rejoin the unmapped rest split off above
         }
-        settle_unmapped_locked(moved);
-        if (taken.empty()) return nullptr;
-        absorb_next_free(taken, r);
-        Block* held = taken.front();
-        for (std::size_t i = 1; i < taken.size(); ++i) held = merge(held, taken[i]);
-        file_remainder(held, nullptr, r);
+        if (!taken.empty()) {
+          absorb_next_free(taken, r);
+          Block* held = taken.front();
+          for (std::size_t i = 1; i < taken.size(); ++i) held = merge(held, taken[i]);
+          file_remainder(held, nullptr, r);
+        }
+        if (error) std::rethrow_exception(error);
         return nullptr;
       }
       b->mapped = true;

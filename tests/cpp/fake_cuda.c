@@ -48,6 +48,8 @@ static long long n_alloc, n_free, n_event_create, n_event_destroy, n_record, n_q
     n_event_sync, n_wait, n_ctx_sync, n_ctx_set;
 
 /* ---- test controls ---------------------------------------------------- */
+long long fake_cuda_vmm_counter(const char* name); /* below, with the VMM calls */
+void fake_cuda_reset_vmm_counters(void);
 void fake_cuda_set_capacity(size_t bytes) { capacity = bytes; }
 void fake_cuda_set_device_count(int n) { device_count = n < MAX_DEVICES ? n : MAX_DEVICES; }
 void fake_cuda_fail_next_alloc(int code) { fail_next_alloc = code; }
@@ -65,6 +67,7 @@ void fake_cuda_complete_all(void) {
 void fake_cuda_reset_counters(void) {
   n_alloc = n_free = n_event_create = n_event_destroy = n_record = n_query = n_event_sync =
       n_wait = n_ctx_sync = n_ctx_set = 0;
+  fake_cuda_reset_vmm_counters();
 }
 long long fake_cuda_counter(const char* name) {
   if (!strcmp(name, "alloc")) return n_alloc;
@@ -78,6 +81,7 @@ long long fake_cuda_counter(const char* name) {
   if (!strcmp(name, "ctx_sync")) return n_ctx_sync;
   if (!strcmp(name, "ctx_set")) return n_ctx_set;
   if (!strcmp(name, "bytes_in_use")) return (long long)in_use;
+  if (!strncmp(name, "vmm_", 4)) return fake_cuda_vmm_counter(name + 4);
   return -1;
 }
 /* The calling thread's current context's device, or -1 for none. */
@@ -287,4 +291,240 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
     case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; return SUCCESS;
     default: return INVALID_VALUE;
   }
+}
+
+/* ---- virtual memory management (cuMemCreate & co.) -----------------------
+ * Address ranges come from a region of their own, reserved PROT_NONE: a page
+ * becomes readable and writable only once mapped and given access, and goes
+ * back to PROT_NONE when unmapped, so a pointer into unmapped memory faults
+ * like it would on a GPU. Physical allocations count against the capacity.
+ * Any of these calls can be told to fail (fake_cuda_fail_vmm). */
+#define GRANULARITY ((size_t)2 << 20)
+#define VA_BYTES ((size_t)1 << 38)
+#define MAX_RESERVATIONS 256
+#define MAX_HANDLES 16384
+enum { NOT_SUPPORTED = 801 };
+
+struct reservation { char* base; size_t size; };
+struct handle { size_t size; char* mapped_at; int live, released; };
+static char* va;
+static struct reservation reservations[MAX_RESERVATIONS];
+static struct handle handles[MAX_HANDLES];
+static int vmm_supported = 1;
+static char fail_call[32];
+static int fail_after, fail_code;
+static long long n_va_reserve, n_va_free, n_create, n_release, n_map, n_unmap, n_access;
+
+void fake_cuda_set_vmm(int on) { vmm_supported = on; }
+void fake_cuda_reset_vmm_counters(void) {
+  n_va_reserve = n_va_free = n_create = n_release = n_map = n_unmap = n_access = 0;
+  fail_call[0] = 0;
+}
+/* The call named (e.g. "cuMemMap") fails with `code` after `after` more
+ * successful calls of it; once. */
+void fake_cuda_fail_vmm(const char* call, int after, int code) {
+  pthread_mutex_lock(&mu);
+  strncpy(fail_call, call, sizeof(fail_call) - 1);
+  fail_after = after;
+  fail_code = code;
+  pthread_mutex_unlock(&mu);
+}
+long long fake_cuda_vmm_counter(const char* name) {
+  long long live = 0, mapped = 0;
+  for (int i = 0; i < MAX_HANDLES; ++i) {
+    live += handles[i].live;
+    mapped += handles[i].live && handles[i].mapped_at;
+  }
+  if (!strcmp(name, "va_reserve")) return n_va_reserve;
+  if (!strcmp(name, "va_free")) return n_va_free;
+  if (!strcmp(name, "create")) return n_create;
+  if (!strcmp(name, "release")) return n_release;
+  if (!strcmp(name, "map")) return n_map;
+  if (!strcmp(name, "unmap")) return n_unmap;
+  if (!strcmp(name, "set_access")) return n_access;
+  if (!strcmp(name, "handles_live")) return live;
+  if (!strcmp(name, "handles_mapped")) return mapped;
+  return -1;
+}
+static int injected_failure_locked(const char* call) {
+  if (!fail_call[0] || strcmp(fail_call, call)) return 0;
+  if (fail_after-- > 0) return 0;
+  fail_call[0] = 0;
+  return fail_code;
+}
+static struct handle* handle_at_locked(char* p) {
+  for (int i = 0; i < MAX_HANDLES; ++i)
+    if (handles[i].live && handles[i].mapped_at == p) return &handles[i];
+  return NULL;
+}
+static int reserved_locked(char* p, size_t size) {
+  for (int i = 0; i < MAX_RESERVATIONS; ++i) {
+    struct reservation* r = &reservations[i];
+    if (r->base && p >= r->base && p + size <= r->base + r->size) return 1;
+  }
+  return 0;
+}
+static int overlaps_mapping_locked(char* p, size_t size) {
+  for (int i = 0; i < MAX_HANDLES; ++i) {
+    char* m = handles[i].mapped_at;
+    if (handles[i].live && m && m < p + size && p < m + handles[i].size) return 1;
+  }
+  return 0;
+}
+
+typedef struct { int type, id; } CUmemLocation;
+typedef struct {
+  int type, requestedHandleTypes;
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  unsigned char allocFlags[8];
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+
+CUresult cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp* prop, int option) {
+  (void)option;
+  if (!vmm_supported) return NOT_SUPPORTED;
+  if (!prop || prop->location.type != 1 || prop->location.id >= device_count) return INVALID_VALUE;
+  *g = GRANULARITY;
+  return SUCCESS;
+}
+CUresult cuMemAddressReserve(CUdeviceptr* out, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long flags) {
+  (void)align, (void)addr, (void)flags;
+  if (!current) return INVALID_CONTEXT;
+  if (!size || size % GRANULARITY) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  CUresult r = injected_failure_locked("cuMemAddressReserve");
+  if (!r && !va) {
+    void* a = mmap(NULL, VA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (a == MAP_FAILED) r = OUT_OF_MEMORY;
+    else va = (char*)(((size_t)a + GRANULARITY - 1) / GRANULARITY * GRANULARITY);
+  }
+  int slot = -1;
+  char* best = NULL;
+  for (int c = -1; !r && c < MAX_RESERVATIONS; ++c) {  /* lowest gap that fits */
+    if (c >= 0 && !reservations[c].base) { if (slot < 0) slot = c; continue; }
+    char* start = c < 0 ? va : reservations[c].base + reservations[c].size;
+    if (start + size > va + VA_BYTES - GRANULARITY || (best && start >= best)) continue;
+    int clear = 1;
+    for (int i = 0; i < MAX_RESERVATIONS && clear; ++i) {
+      struct reservation* q = &reservations[i];
+      if (q->base && q->base < start + size && start < q->base + q->size) clear = 0;
+    }
+    if (clear) best = start;
+  }
+  if (!r && (!best || slot < 0)) r = OUT_OF_MEMORY;
+  if (!r) {
+    reservations[slot].base = best;
+    reservations[slot].size = size;
+    ++n_va_reserve;
+    *out = (CUdeviceptr)(size_t)best;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  pthread_mutex_lock(&mu);
+  CUresult r = INVALID_VALUE;
+  for (int i = 0; i < MAX_RESERVATIONS; ++i) {
+    struct reservation* q = &reservations[i];
+    if (q->base == (char*)(size_t)ptr && q->size == size) {
+      if (overlaps_mapping_locked(q->base, size)) break; /* still mapped: refused */
+      q->base = NULL;
+      ++n_va_free;
+      r = SUCCESS;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemCreate(unsigned long long* out, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+  (void)flags;
+  if (!current) return INVALID_CONTEXT;
+  if (!vmm_supported) return NOT_SUPPORTED;
+  if (!size || size % GRANULARITY || !prop || prop->type != 1 || prop->location.type != 1)
+    return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  CUresult r = injected_failure_locked("cuMemCreate");
+  if (!r && size > capacity - in_use) r = OUT_OF_MEMORY;
+  int slot = -1;
+  for (int i = 0; !r && i < MAX_HANDLES && slot < 0; ++i)
+    if (!handles[i].live) slot = i;
+  if (!r && slot < 0) r = OUT_OF_MEMORY;
+  if (!r) {
+    handles[slot] = (struct handle){size, NULL, 1, 0};
+    in_use += size;
+    ++n_create;
+    *out = (unsigned long long)slot + 1;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+static struct handle* handle_locked(unsigned long long h) {
+  return h >= 1 && h <= MAX_HANDLES && handles[h - 1].live && !handles[h - 1].released
+             ? &handles[h - 1] : NULL;
+}
+static void drop_locked(struct handle* h) { /* released and unmapped: the memory goes back */
+  in_use -= h->size;
+  h->live = 0;
+}
+CUresult cuMemRelease(unsigned long long hv) {
+  pthread_mutex_lock(&mu);
+  struct handle* h = handle_locked(hv);
+  CUresult r = h ? injected_failure_locked("cuMemRelease") : INVALID_HANDLE;
+  if (!r) {
+    h->released = 1; /* as the driver: freed once unmapped too */
+    if (!h->mapped_at) drop_locked(h);
+    ++n_release;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long hv,
+                  unsigned long long flags) {
+  (void)flags;
+  char* p = (char*)(size_t)ptr;
+  pthread_mutex_lock(&mu);
+  struct handle* h = handle_locked(hv);
+  CUresult r = !h ? INVALID_HANDLE
+               : offset || size != h->size || h->mapped_at || (size_t)p % GRANULARITY ||
+                       !reserved_locked(p, size) || overlaps_mapping_locked(p, size)
+                   ? INVALID_VALUE
+                   : injected_failure_locked("cuMemMap");
+  if (!r) {
+    h->mapped_at = p;
+    ++n_map;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  char* p = (char*)(size_t)ptr;
+  pthread_mutex_lock(&mu);
+  struct handle* h = handle_at_locked(p);
+  CUresult r = !h || h->size != size || count != 1 || desc->flags != 3 ? INVALID_VALUE
+                                                                       : injected_failure_locked("cuMemSetAccess");
+  if (!r) {
+    mprotect(p, size, PROT_READ | PROT_WRITE);
+    ++n_access;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  char* p = (char*)(size_t)ptr;
+  pthread_mutex_lock(&mu);
+  struct handle* h = handle_at_locked(p);
+  CUresult r = !h || h->size != size ? INVALID_VALUE : injected_failure_locked("cuMemUnmap");
+  if (!r) {
+    madvise(p, size, MADV_DONTNEED); /* its bytes are gone */
+    mprotect(p, size, PROT_NONE);
+    h->mapped_at = NULL;
+    if (h->released) drop_locked(h);
+    ++n_unmap;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
 }

@@ -1,5 +1,7 @@
 #include "cuda_device.h"
 
+#include "../../core/errors.h"
+
 namespace waterwave::cuda {
 
 namespace {
@@ -34,6 +36,17 @@ CudaDevice::CudaDevice(const DriverApi& api, int ordinal) : api_(api), ordinal_(
   // outlive any scope we could release it in.
   api_.check(api_.cuDevicePrimaryCtxRetain(&context_, dev), "cuDevicePrimaryCtxRetain");
   api_.check(api_.cuDeviceTotalMem(&total_, dev), "cuDeviceTotalMem");
+  if (api_.has_vmm()) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, ordinal_};
+    std::size_t g = 0;
+    // A device without VMM answers an error: then supports_vmm() is false.
+    if (api_.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+            CUDA_SUCCESS) {
+      granularity_ = g;
+    }
+  }
 }
 
 std::optional<Addr> CudaDevice::reserve(std::size_t bytes) {
@@ -95,6 +108,93 @@ std::size_t CudaDevice::free_memory() const {
   std::size_t free = 0, total = 0;
   api_.check(api_.cuMemGetInfo(&free, &total), "cuMemGetInfo");
   return free;
+}
+
+// ---- Virtual memory. ----
+
+std::optional<Addr> CudaDevice::reserve_address(std::size_t bytes) {
+  ContextScope scope(*this);
+  CUdeviceptr p = 0;
+  CUresult r = api_.cuMemAddressReserve(&p, bytes, 0, 0, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return std::nullopt;
+  api_.check(r, "cuMemAddressReserve");
+  return static_cast<Addr>(p);
+}
+
+void CudaDevice::release_address(Addr addr, std::size_t bytes) {
+  ContextScope scope(*this);
+  api_.check(api_.cuMemAddressFree(static_cast<CUdeviceptr>(addr), bytes), "cuMemAddressFree");
+}
+
+CUresult CudaDevice::map_handle(Addr addr, std::size_t bytes, CUmemGenericAllocationHandle h) {
+  const auto ptr = static_cast<CUdeviceptr>(addr);
+  CUresult r = api_.cuMemMap(ptr, bytes, 0, h, 0);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc access{{CU_MEM_LOCATION_TYPE_DEVICE, ordinal_}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  r = api_.cuMemSetAccess(ptr, bytes, &access, 1);
+  if (r != CUDA_SUCCESS) api_.cuMemUnmap(ptr, bytes);
+  return r;
+}
+
+bool CudaDevice::map(Addr addr, std::size_t bytes) {
+  ContextScope scope(*this);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, ordinal_};
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = api_.cuMemCreate(&h, bytes, &prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return false;
+  api_.check(r, "cuMemCreate");
+  r = map_handle(addr, bytes, h);
+  if (r != CUDA_SUCCESS) {
+    // Nothing stays behind: the handle goes back before we report.
+    api_.cuMemRelease(h);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    api_.check(r, "cuMemMap/cuMemSetAccess");
+  }
+  std::lock_guard<std::mutex> g(handles_mu_);
+  handles_[addr] = {h, bytes};
+  return true;
+}
+
+void CudaDevice::unmap(Addr addr, std::size_t bytes) {
+  ContextScope scope(*this);
+  CUmemGenericAllocationHandle h = 0;
+  {
+    std::lock_guard<std::mutex> g(handles_mu_);
+    auto it = handles_.find(addr);
+    if (it == handles_.end() || it->second.second != bytes) {
+      throw DriverError("unmap of " + format_addr(addr) + ": not one mapping made by map()");
+    }
+    h = it->second.first;
+    handles_.erase(it);
+  }
+  api_.check(api_.cuMemUnmap(static_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap");
+  api_.check(api_.cuMemRelease(h), "cuMemRelease");
+}
+
+void CudaDevice::remap(Addr from, Addr to, std::size_t bytes) {
+  ContextScope scope(*this);
+  std::lock_guard<std::mutex> g(handles_mu_);
+  auto it = handles_.find(from);
+  if (it == handles_.end() || it->second.second != bytes) {
+    throw DriverError("remap of " + format_addr(from) + ": not one mapping made by map()");
+  }
+  const CUmemGenericAllocationHandle h = it->second.first;
+  api_.check(api_.cuMemUnmap(static_cast<CUdeviceptr>(from), bytes), "cuMemUnmap");
+  CUresult r = map_handle(to, bytes, h);
+  if (r != CUDA_SUCCESS) {
+    // Put the memory back where it was, so the caller's view stays true.
+    if (map_handle(from, bytes, h) != CUDA_SUCCESS) {
+      handles_.erase(it);
+      api_.cuMemRelease(h);
+      throw DriverError("remap of " + format_addr(from) + " failed (" + api_.error_name(r) +
+                        ") and the page could not be mapped back: its memory is lost");
+    }
+    api_.check(r, "cuMemMap/cuMemSetAccess (remap)");
+  }
+  handles_.erase(it);
+  handles_[to] = {h, bytes};
 }
 
 }  // namespace waterwave::cuda

@@ -9,6 +9,10 @@
 // May include: core/, driver_api.h.
 #pragma once
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "../../core/device.h"
 #include "driver_api.h"
 
@@ -30,6 +34,15 @@ class CudaDevice final : public Device {
   void synchronize_device() override;
   std::size_t total_memory() const override { return total_; }
   std::size_t free_memory() const override;
+  // Virtual memory, when the driver and the device have it: one cuMemCreate
+  // per map(), its handle kept by address for unmap() and remap().
+  bool supports_vmm() const override { return granularity_ != 0; }
+  std::size_t vmm_granularity() const override { return granularity_; }
+  std::optional<Addr> reserve_address(std::size_t bytes) override;
+  void release_address(Addr addr, std::size_t bytes) override;
+  bool map(Addr addr, std::size_t bytes) override;
+  void unmap(Addr addr, std::size_t bytes) override;
+  void remap(Addr from, Addr to, std::size_t bytes) override;
 
   int ordinal() const { return ordinal_; }
 
@@ -47,8 +60,15 @@ class CudaDevice final : public Device {
     bool switched_ = false;
   };
 
+  // Maps `handle` at [addr, addr+bytes) readable and writable. Returns the
+  // driver's result; on failure nothing stays mapped.
+  CUresult map_handle(Addr addr, std::size_t bytes, CUmemGenericAllocationHandle handle);
+
   const DriverApi& api_;
   int ordinal_;
+  std::size_t granularity_ = 0;  // 0: no virtual memory management
+  std::mutex handles_mu_;
+  std::map<Addr, std::pair<CUmemGenericAllocationHandle, std::size_t>> handles_;
   CUcontext context_ = nullptr;
   std::size_t total_ = 0;
 };

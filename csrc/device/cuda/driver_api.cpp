@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 
 namespace waterwave::cuda {
 
@@ -17,6 +18,22 @@ void resolve(void* lib, const std::string& path, const char* name, Fn*& out) {
                       ": it is too old or not a CUDA driver (set WATERWAVE_CUDA_DRIVER to "
                       "the right libcuda.so)");
   }
+}
+
+// All of the virtual memory entry points, or none: a driver with only some
+// is treated as one without them.
+void resolve_vmm(void* lib, DriverApi& a) {
+  auto opt = [lib](const char* name, auto*& out) {
+    out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(lib, name));
+    return out != nullptr;
+  };
+  const bool all = opt("cuMemGetAllocationGranularity", a.cuMemGetAllocationGranularity) &
+                   opt("cuMemAddressReserve", a.cuMemAddressReserve) &
+                   opt("cuMemAddressFree", a.cuMemAddressFree) &
+                   opt("cuMemCreate", a.cuMemCreate) & opt("cuMemRelease", a.cuMemRelease) &
+                   opt("cuMemMap", a.cuMemMap) & opt("cuMemUnmap", a.cuMemUnmap) &
+                   opt("cuMemSetAccess", a.cuMemSetAccess);
+  if (!all) a.cuMemSetAccess = nullptr;  // has_vmm() is false
 }
 
 }  // namespace
@@ -66,6 +83,7 @@ const DriverApi& DriverApi::load(const std::string& requested) {
     resolve(lib, path, "cuEventSynchronize", a->cuEventSynchronize);
     resolve(lib, path, "cuStreamWaitEvent", a->cuStreamWaitEvent);
     resolve(lib, path, "cuGetErrorName", a->cuGetErrorName);
+    resolve_vmm(lib, *a);
     a->check(a->cuInit(0), "cuInit");
   } catch (...) {
     delete a;

@@ -23,6 +23,33 @@ using CUcontext = struct CUctx_st*;
 using CUstream = struct CUstream_st*;
 using CUevent = struct CUevent_st*;
 
+// Virtual memory management (cuda.h, CUDA 10.2+): the layouts are the driver's ABI.
+using CUmemGenericAllocationHandle = unsigned long long;
+struct CUmemLocation {
+  int type;  // CU_MEM_LOCATION_TYPE_DEVICE
+  int id;    // the device ordinal
+};
+struct CUmemAllocationProp {
+  int type;                  // CU_MEM_ALLOCATION_TYPE_PINNED
+  int requestedHandleTypes;  // CU_MEM_HANDLE_TYPE_NONE
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;  // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+};
+constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
+constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
+constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
+constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
+
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
@@ -54,6 +81,20 @@ struct DriverApi {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*cuGetErrorName)(CUresult, const char**);
+  // Virtual memory management: optional (nullptr when the driver lacks it;
+  // then expandable segments are refused with a clear error).
+  CUresult (*cuMemGetAllocationGranularity)(std::size_t*, const CUmemAllocationProp*, int) = nullptr;
+  CUresult (*cuMemAddressReserve)(CUdeviceptr*, std::size_t, std::size_t, CUdeviceptr,
+                                  unsigned long long) = nullptr;
+  CUresult (*cuMemAddressFree)(CUdeviceptr, std::size_t) = nullptr;
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle*, std::size_t, const CUmemAllocationProp*,
+                          unsigned long long) = nullptr;
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*cuMemMap)(CUdeviceptr, std::size_t, std::size_t, CUmemGenericAllocationHandle,
+                       unsigned long long) = nullptr;
+  CUresult (*cuMemUnmap)(CUdeviceptr, std::size_t) = nullptr;
+  CUresult (*cuMemSetAccess)(CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) = nullptr;
+  bool has_vmm() const { return cuMemSetAccess != nullptr; }
 
   std::string path;
 
