@@ -72,6 +72,8 @@ sanitize: $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run $(BIN
 	$(BIN)/stress_threads pytorch 4 50000 2 expandable_segments:True
 	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so waterwave 4 20000 1
 	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so pytorch 4 20000 1
+	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so waterwave 4 10000 2 expandable_segments:True
+	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so pytorch 4 10000 2 expandable_segments:True
 	$(BIN)/offset_search_run 400 1
 
 test-python: build

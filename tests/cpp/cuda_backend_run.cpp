@@ -63,8 +63,9 @@ void program_step(std::vector<void*>& live, void* stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s FAKE_DRIVER.so POLICY THREADS OPS_PER_THREAD SEED\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    std::fprintf(stderr, "usage: %s FAKE_DRIVER.so POLICY THREADS OPS_PER_THREAD SEED [CONFIG]\n",
+                 argv[0]);
     return 2;
   }
   const std::string driver = argv[1], policy = argv[2];
@@ -72,7 +73,8 @@ int main(int argc, char** argv) {
   const std::uint64_t ops = std::strtoull(argv[4], nullptr, 10);
   const std::uint64_t seed = std::strtoull(argv[5], nullptr, 10);
   CudaRuntime& rt = CudaRuntime::get();
-  rt.configure(policy, "", driver);
+  const std::string config = argc == 7 ? argv[6] : "";
+  rt.configure(policy, config, driver);
 
   std::mutex handoff_mu;
   std::vector<Held> handoff;
@@ -170,9 +172,10 @@ int main(int argc, char** argv) {
                       : nullptr;
   if (!counter) fail("cannot read the fake driver's counters");
   else if (counter("bytes_in_use") != 0) fail("driver memory leaked");
-  std::printf("cuda_backend_run %s: %d threads x %llu ops, %llu OOMs, plan of %zu slots served %lld "
+  std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, plan of %zu slots served %lld "
               "allocations, %s\n",
-              policy.c_str(), threads, static_cast<unsigned long long>(ops),
+              policy.c_str(), config.empty() ? "" : " ", config.c_str(), threads,
+              static_cast<unsigned long long>(ops),
               static_cast<unsigned long long>(ooms.load()), trace.size(),
               static_cast<long long>(ps.planned), failed ? "FAILED" : "invariants held");
   return failed ? 1 : 0;
