@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +45,6 @@ def measure() -> list[dict]:
         trace = from_snapshot(str(SNAPSHOTS / f"{name}.pickle.gz"))
         floor = stream_floor(trace)
         for policy, config in RUNS:
-            t0 = time.perf_counter()
             s = trace.replay(policy, config=config)
             rows.append({
                 "snapshot": name, "policy": policy, "expandable": bool(config),
@@ -56,7 +54,6 @@ def measure() -> list[dict]:
                 "page_maps": s["num_device_alloc"] if config else None,
                 "page_moves": s["num_page_moves"], "hazards": len(s["hazards"]),
                 "streams": len(trace.streams), "stream_floor": floor,
-                "seconds": time.perf_counter() - t0,
             })
     return rows
 

@@ -371,19 +371,13 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
         settle_unmapped_locked(gone);
         if (mapped) {
           Block* rest = split(b, mapped);
-          rest->mapped = false;
-          if (rest->next && !rest->next->mapped && !rest->next->unmapping) merge(rest, rest->next);
           b->mapped = true;
+          merge_vacant_neighbours(rest);
           taken.push_back(b);
-        } else if (b->next && !b->next->mapped && !b->next->unmapping) {
-          merge(b, b->next);  // rejoin the unmapped rest split off above
+        } else {
+          merge_vacant_neighbours(b);  // rejoin the unmapped rest split off above
         }
-        if (!taken.empty()) {
-          absorb_next_free(taken, r);
-          Block* held = taken.front();
-          for (std::size_t i = 1; i < taken.size(); ++i) held = merge(held, taken[i]);
-          file_remainder(held, nullptr, r);
-        }
+        if (!taken.empty()) file_remainder(join_taken(taken, r), nullptr, r);
         if (error) std::rethrow_exception(error);
         return nullptr;
       }
@@ -394,21 +388,28 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
     b = next;
   }
   settle_unmapped_locked(moved);
-  absorb_next_free(taken, r);
-  Block* merged = taken.front();
-  for (std::size_t i = 1; i < taken.size(); ++i) merged = merge(merged, taken[i]);
-  return merged;
+  return join_taken(taken, r);
 }
 
+// The blocks a growth took, contiguous and out of every set, as one block.
 // The page mapped last may end where a free block that could have joined
-// begins (the run stopped once long enough): they become one, as free
-// neighbours must.
-void Allocator::absorb_next_free(std::vector<Block*>& taken, const Request& r) {
-  Block* n = taken.back()->next;
+// begins (the run stopped once long enough): it joins too, as free
+// neighbours must be one.
+Block* Allocator::join_taken(const std::vector<Block*>& taken, const Request& r) {
+  Block* joined = taken.front();
+  for (std::size_t i = 1; i < taken.size(); ++i) joined = merge(joined, taken[i]);
+  Block* n = joined->next;
   if (n && n->mapped && !n->allocated && n->set && joins_growth(n, r)) {
     erase_free(n);
-    taken.push_back(n);
+    joined = merge(joined, n);
   }
+  return joined;
+}
+
+Block* Allocator::merge_vacant_neighbours(Block* b) {
+  if (vacant(b->next)) merge(b, b->next);
+  if (vacant(b->prev)) b = merge(b->prev, b);
+  return b;
 }
 
 std::vector<Block*> Allocator::idle_pages_locked(PoolKind pool, std::size_t page,
@@ -458,12 +459,12 @@ void Allocator::settle_unmapped_locked(const std::vector<Block*>& moved) {
   // higher neighbour (done) and be absorbed by its lower one (still to come).
   for (Block* m : moved) {
     stats_.num_page_moves++;
-    if (m->next && !m->next->mapped && !m->next->unmapping) merge(m, m->next);
-    if (m->prev && !m->prev->mapped && !m->prev->unmapping) merge(m->prev, m);
+    merge_vacant_neighbours(m);
   }
 }
 
-std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks) {
+std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks,
+                                              bool idle) {
   std::vector<Block*> going;
   std::size_t bytes = 0;
   for (Block* b : blocks) {
@@ -492,20 +493,18 @@ std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Blo
     going.push_back(b);
   }
   if (going.empty()) return 0;
-  // Kernels may still touch pages freed on their own stream: synchronize,
-  // not under mu_. The blocks are out of every set meanwhile, and growth
-  // passes over them.
+  // Unless the caller knows them idle, kernels may still touch pages freed
+  // on their own stream: synchronize, not under mu_. The blocks are out of
+  // every set meanwhile, and growth passes over them.
   lock.unlock();
-  device_.synchronize_device();
+  if (!idle) device_.synchronize_device();
   for (Block* b : going) {
     for (Addr p = b->addr; p < b->end(); p += b->segment->page) device_.unmap(p, b->segment->page);
   }
   lock.lock();
   for (Block* b : going) {
     b->unmapping = false;
-    // Adjacent unmapped blocks become one.
-    if (b->prev && !b->prev->mapped && !b->prev->unmapping) b = merge(b->prev, b);
-    if (b->next && !b->next->mapped && !b->next->unmapping) merge(b, b->next);
+    merge_vacant_neighbours(b);
   }
   return bytes;
 }

@@ -113,29 +113,34 @@ class Allocator {
   Block* reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind pool, StreamId stream);
   // Expandable segments: give back the whole pages inside `blocks` (free,
   // mapped, in a set, holding no events), with mu_ dropped while the device
-  // unmaps them (it synchronizes). Their partial pages stay in their sets.
-  // Returns the bytes given back.
-  std::size_t unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks);
+  // synchronizes (unless the caller knows the pages `idle`) and unmaps them.
+  // Their partial pages stay in their sets. Returns the bytes given back.
+  std::size_t unmap_free_pages_locked(Lock& lock, const std::vector<Block*>& blocks, bool idle);
   // Unlink wholly free segments (their blocks are taken out of their sets)
   // and give them back to the device with mu_ dropped. Returns the bytes.
   std::size_t release_segments_locked(Lock& lock, const std::vector<Block*>& whole);
 
   // Split `b` so it keeps the front `size` bytes; returns the remainder.
   Block* split(Block* b, std::size_t size);
-  // Merge `b` with its address neighbours that are free in `set`, taking
-  // them out of it. Returns the merged block (in no set).
-  Block* merge_neighbours_in(FreeSet& set, Block* b) {
-    if (b->prev && b->prev->set == &set) {
+  // Merge `b` with its address neighbours that are free in a set and pass
+  // `joins`, taking them out of their sets. Returns the merged block (in no
+  // set).
+  template <typename Joins>
+  Block* merge_neighbours_if(Block* b, Joins joins) {
+    if (b->prev && b->prev->set && joins(b->prev)) {
       Block* lo = b->prev;
       erase_free(lo);
       b = merge(lo, b);
     }
-    if (b->next && b->next->set == &set) {
+    if (b->next && b->next->set && joins(b->next)) {
       Block* hi = b->next;
       erase_free(hi);
       b = merge(b, hi);
     }
     return b;
+  }
+  Block* merge_neighbours_in(FreeSet& set, Block* b) {
+    return merge_neighbours_if(b, [&set](const Block* n) { return n->set == &set; });
   }
 
   // `lo` absorbs its next neighbour `hi`; hi is recycled. Returns lo.
@@ -230,7 +235,10 @@ class Allocator {
                                         Addr skip_lo, Addr skip_hi);
   void release_idle_page_locked(Block* page);  // a carved page that stays
   void settle_unmapped_locked(const std::vector<Block*>& moved);
-  void absorb_next_free(std::vector<Block*>& taken, const Request& r);
+  Block* join_taken(const std::vector<Block*>& taken, const Request& r);
+  // Unmapped address space with nothing in flight: adjacent ones become one.
+  static bool vacant(const Block* b) { return b && !b->mapped && !b->unmapping; }
+  Block* merge_vacant_neighbours(Block* b);
   void account_mapped(Segment* seg, std::int64_t bytes);
   void account_free_request(Block* b);
   // The live block at ptr, or throws a PointerError that says what ptr is.

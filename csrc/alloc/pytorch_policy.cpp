@@ -255,7 +255,9 @@ class PytorchPolicy final : public Allocator {
       }
     }
     release_segments_locked(lock, whole);
-    unmap_free_pages_locked(lock, paged);
+    // Blocks freed on their own stream carry no event: their kernels may
+    // still run, so the device synchronizes first (PyTorch syncs the stream).
+    unmap_free_pages_locked(lock, paged, /*idle=*/false);
   }
 
   // Only with max_split_size set: free one cached oversize block at least as

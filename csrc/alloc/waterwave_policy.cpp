@@ -11,7 +11,9 @@
 //      blocks absorb their synced neighbours, and S's set again;
 //   4. another stream's unsynced block: S waits on that stream's event
 //      asynchronously (no host blocking) and takes the block;
-//   5. a new segment from the device;
+//   5. a new segment from the device (with expandable segments: S's own
+//      segment grows, idle synced pages of any segment moving there first,
+//      new pages mapped for the rest);
 //   6. on device out-of-memory: SyncAndCoalesce, release empty segments, retry;
 //   7. OutOfMemoryError with the statistics.
 // Frees coalesce only with neighbours in the same unsynced set; merging with
@@ -117,20 +119,10 @@ class WaterwavePolicy final : public Allocator {
     // A synced neighbour this stream freed last joins it at once: the memory
     // stays with the stream that uses it, whole.
     FreeSet& syn = synced_[b->segment->pool];
-    const bool before = b->prev && b->prev->set == &syn && b->prev->stream == s->id;
-    const bool after = b->next && b->next->set == &syn && b->next->stream == s->id;
-    if (before || after) {
-      const std::uint64_t seq = b->free_seq;
-      if (before) {
-        Block* lo = b->prev;
-        erase_free(lo);
-        b = merge(lo, b);
-      }
-      if (after) {
-        Block* hi = b->next;
-        erase_free(hi);
-        b = merge(b, hi);
-      }
+    auto ours = [&syn, s](const Block* n) { return n->set == &syn && n->stream == s->id; };
+    if ((b->prev && ours(b->prev)) || (b->next && ours(b->next))) {
+      const std::uint64_t seq = b->free_seq;  // the synced parts have no pending work
+      b = merge_neighbours_if(b, ours);
       b->free_seq = seq;
       b->stream = s->id;
       b = merge_neighbours_in(set, b);
@@ -401,7 +393,7 @@ class WaterwavePolicy final : public Allocator {
       }
     }
     release_segments_locked(lock, whole);
-    unmap_free_pages_locked(lock, paged);
+    unmap_free_pages_locked(lock, paged, /*idle=*/true);  // synced: no kernel touches them
   }
 
   std::unordered_map<StreamId, std::unique_ptr<StreamState>> streams_;

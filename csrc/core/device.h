@@ -52,9 +52,9 @@ class Device {
   // the granularity.
   virtual std::optional<Addr> reserve_address(std::size_t) { throw_no_vmm(); }
   virtual void release_address(Addr, std::size_t) { throw_no_vmm(); }
-  // Back [addr, addr+bytes) with new physical pages, readable and writable
-  // (cuMemCreate, cuMemMap, cuMemSetAccess for each page). False when the
-  // device is out of memory: then nothing is left mapped. May block.
+  // Back [addr, addr+bytes) with one new physical allocation, readable and
+  // writable (cuMemCreate, cuMemMap, cuMemSetAccess). False when the device
+  // is out of memory: then nothing is left mapped.
   virtual bool map(Addr, std::size_t) { throw_no_vmm(); }
   // Give back the physical allocation mapped at [addr, addr+bytes) by one
   // map() (cuMemUnmap, cuMemRelease). No kernel may still touch it: the
