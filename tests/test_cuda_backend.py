@@ -510,3 +510,18 @@ def test_expandable_segments_need_the_drivers_virtual_memory(fake):
             _C.cuda_malloc(MiB, 0, S1)
     finally:
         fake.fake_cuda_set_vmm(1)
+
+
+def test_torch_names_and_the_summary_on_the_cuda_backend(fake, policy):
+    use(fake, policy)
+    p = _C.cuda_malloc(3 * MiB, 0, S1)
+    s = wc.memory_stats(0)
+    assert wc.memory_allocated(0) == s["allocated_bytes.all.current"] == 3 * MiB
+    assert wc.memory_reserved("cuda:0") == s["reserved_bytes.all.current"] == fake.count("bytes_in_use")
+    torch = pytest.importorskip("torch")
+    assert wc.memory_reserved(torch.device("cuda", 0)) == wc.memory_reserved("cuda")
+    text = wc.memory_summary(0)
+    assert f"device 0, policy '{policy}'" in text and "Allocated memory" in text
+    assert "3.00 MiB" in text
+    _C.cuda_free(p, 3 * MiB, 0, S1)
+    assert wc.memory_allocated(0) == 0

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import _C
 from .settings import config_string, resolve_settings
+from .summary import memory_summary as format_summary
 
 DEFAULT_SIM_CAPACITY = 16 * 1024**3
 
@@ -106,6 +107,11 @@ class Allocator:
     def stats(self) -> dict:
         """Statistics: PyTorch's ``memory_stats()`` keys plus Waterwave's counters."""
         return self._a.stats()
+
+    def memory_summary(self, abbreviated: bool = False) -> str:
+        """``stats()`` as a readable table, laid out like ``torch.cuda.memory_summary()``."""
+        return format_summary(self.stats(), f"Waterwave memory summary, simulated device, "
+                              f"policy '{self.policy}'", self._a.policy, abbreviated)
 
     def reset_peak_stats(self) -> None:
         self._a.reset_peak_stats()

@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import _C
 from .settings import config_string, resolve_settings
+from .summary import memory_summary as format_summary
 
 MALLOC = "waterwave_cuda_malloc"
 FREE = "waterwave_cuda_free"
@@ -97,10 +98,10 @@ def _device_index(device) -> int:
         return torch.cuda.current_device()
     if isinstance(device, int):
         return device
-    index = getattr(device, "index", None)
-    if index is None and isinstance(device, str):
+    if isinstance(device, str):  # "cuda", "cuda:1" (a str's .index is a method, not an index)
         _, _, tail = device.partition(":")
-        index = int(tail) if tail else 0
+        return int(tail) if tail else 0
+    index = getattr(device, "index", None)  # torch.device
     return 0 if index is None else int(index)
 
 
@@ -111,12 +112,32 @@ def memory_stats(device=None) -> dict:
     return _C.cuda_stats(_device_index(device))
 
 
+def memory_allocated(device=None) -> int:
+    """Bytes in blocks handed out now (``torch.cuda.memory_allocated``)."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes held from the driver now (``torch.cuda.memory_reserved``)."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
 def max_memory_reserved(device=None) -> int:
     return memory_stats(device)["reserved_bytes.all.peak"]
 
 
 def max_memory_allocated(device=None) -> int:
     return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of the device's statistics, laid out like
+    ``torch.cuda.memory_summary()``, then free memory by state (synced, each
+    stream's unsynced, pending), fragmentation and how requests were served."""
+    index = _device_index(device)
+    policy = _C.cuda_settings()["policy"]
+    title = f"Waterwave CUDA memory summary, device {index}, policy '{policy}'"
+    return format_summary(memory_stats(index), title, policy, abbreviated)
 
 
 def reset_peak_memory_stats(device=None) -> None:
