@@ -525,3 +525,24 @@ def test_torch_names_and_the_summary_on_the_cuda_backend(fake, policy):
     assert "3.00 MiB" in text
     _C.cuda_free(p, 3 * MiB, 0, S1)
     assert wc.memory_allocated(0) == 0
+
+
+def test_snapshots_from_the_cuda_backend_open_in_torchs_memory_viz(fake, policy, tmp_path):
+    mv = pytest.importorskip("torch.cuda._memory_viz")
+    from waterwave.sim.trace import from_snapshot
+    use(fake, policy)
+    wc.record_memory_history(max_entries=1000, device=0)
+    ptrs = [(_C.cuda_malloc(n, 0, s), n, s) for n, s in [(3 * MiB, S1), (512, S2), (30 * MiB, S1)]]
+    for p, n, s in ptrs:
+        _C.cuda_free(p, n, 0, s)
+    path = tmp_path / "cuda.pickle"
+    wc.dump_snapshot(str(path))
+    import pickle
+    snap = pickle.loads(path.read_bytes())
+    trace = snap["device_traces"][0]
+    assert [e["action"] for e in trace].count("alloc") == 3
+    assert {e["stream"] for e in trace if e["action"] == "alloc"} == {S1, S2}
+    assert sum(g["total_size"] for g in snap["segments"]) == fake.count("bytes_in_use")
+    assert "total_reserved" in mv.segsum(snap)
+    assert len(from_snapshot(str(path)).ops) == 6  # three allocations, three frees
+    wc.record_memory_history(enabled=False, device=0)

@@ -79,10 +79,12 @@ Addr Allocator::allocate(std::size_t bytes, StreamId stream) {
   Block* b = find_block_locked(lock, r, how);
   if (!b) {
     stats_.num_ooms++;
+    if (history_.on()) note("oom", device_.free_memory(), r.bytes, stream);  // addr: device free
     throw OutOfMemoryError(oom_message(r));
   }
   hand_out(b, r);
   stats_.served[static_cast<int>(how)]++;
+  if (history_.on()) note("alloc", b->addr, b->size, stream);
   return b->addr;
 }
 
@@ -90,6 +92,7 @@ void Allocator::deallocate(Addr ptr) {
   if (ptr == 0) return;
   Lock lock(mu_);
   Block* b = live_block(ptr, "free");
+  if (history_.on()) note("free_requested", b->addr, b->size, b->stream);
   account_free_request(b);
   on_free(b);
 }
@@ -125,6 +128,20 @@ AllocatorStats Allocator::stats() {
   out.largest_free_block = static_cast<std::int64_t>(largest);
   describe_free(out);
   return out;
+}
+
+void Allocator::record_history(bool enabled, std::size_t max_entries) {
+  Lock lock(mu_);
+  history_.record(enabled, max_entries);
+}
+
+std::vector<HistoryEntry> Allocator::history() {
+  Lock lock(mu_);
+  return history_.entries();
+}
+
+void Allocator::note(const char* action, Addr addr, std::size_t size, StreamId stream) {
+  history_.add(action, addr, size, stream, device_.time_us());
 }
 
 void Allocator::reset_peak_stats() {
@@ -209,6 +226,7 @@ Block* Allocator::reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind
   stats_.num_device_alloc++;
   if (bytes >= cfg_.max_split_size) stats_.oversize_segments.increase(1);
   stats_.note_reserved_change();
+  if (history_.on()) note("segment_alloc", *addr, bytes, stream);
   return b;
 }
 
@@ -223,6 +241,7 @@ std::size_t Allocator::release_segments_locked(Lock& lock, const std::vector<Blo
       fail_invariant("release_segments_locked given a block that is not a whole free segment");
     }
     segments_.erase(seg->addr);
+    if (history_.on()) note("segment_free", seg->addr, seg->size, seg->stream);
     reserved_total_ -= seg->size;
     bytes += seg->size;
     stats_.segment.decrease(seg->pool, 1);
@@ -348,10 +367,16 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
       for (; mapped < take; mapped += page) {
         try {
           if (!idle.empty()) {
-            device_.remap(idle.back()->addr, b->addr + mapped, page);
+            const Block* m = idle.back();
+            device_.remap(m->addr, b->addr + mapped, page);
+            if (history_.on()) {  // the page leaves one segment for another
+              note("segment_unmap", m->addr, page, m->segment->stream);
+              note("segment_map", b->addr + mapped, page, seg->stream);
+            }
             idle.pop_back();
           } else if (device_.map(b->addr + mapped, page)) {
             account_mapped(seg, static_cast<std::int64_t>(page));
+            if (history_.on()) note("segment_map", b->addr + mapped, page, seg->stream);
           } else {
             break;
           }
@@ -489,6 +514,7 @@ std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Blo
     b->mapped = false;
     b->unmapping = true;
     account_mapped(b->segment, -static_cast<std::int64_t>(b->size));
+    if (history_.on()) note("segment_unmap", b->addr, b->size, b->segment->stream);
     bytes += b->size;
     going.push_back(b);
   }
@@ -605,6 +631,7 @@ void Allocator::account_free_request(Block* b) {
 }
 
 void Allocator::account_free_complete(Block* b) {
+  if (history_.on()) note("free_completed", b->addr, b->size, b->stream);
   const PoolKind pool = b->segment->pool;
   stats_.active.decrease(pool, 1);
   stats_.active_bytes.decrease(pool, static_cast<std::int64_t>(b->size));

@@ -31,6 +31,7 @@
 #include "../core/stats.h"
 #include "block.h"
 #include "free_set.h"
+#include "history.h"
 #include "policies.h"
 #include "ptr_map.h"
 
@@ -77,6 +78,11 @@ class Allocator {
 
   AllocatorStats stats();
   void reset_peak_stats();
+  // Memory history for PyTorch's snapshot format: while enabled, the newest
+  // `max_entries` allocator events (alloc, free_requested, free_completed,
+  // segment_alloc/free, segment_map/unmap, oom). Disabling drops them.
+  void record_history(bool enabled, std::size_t max_entries);
+  std::vector<HistoryEntry> history();
   std::vector<SegmentInfo> snapshot();
   // Throws InvariantError describing the first broken invariant.
   void check_invariants();
@@ -247,7 +253,10 @@ class Allocator {
   void check_common_invariants();
   std::string oom_message(const Request& r);
 
+  void note(const char* action, Addr addr, std::size_t size, StreamId stream);
+
   const PolicyKind kind_;
+  History history_;
   std::map<std::pair<StreamId, int>, Segment*> expandable_;  // (owner, pool) -> segment
   BlockPool block_pool_;
   PtrMap live_;  // allocated blocks by address

@@ -32,6 +32,15 @@ void bind_runtime(py::module_& m, CudaRuntime& rt) {
     AllocatorStack& s = rt.stack(device);
     return stats_dict(s.stats(), s.online().kind());
   }, py::arg("device"));
+  m.def("cuda_snapshot", [&rt](int device) { return segments_list(rt.stack(device).snapshot()); },
+        py::arg("device"));
+  m.def("cuda_record_history",
+        [&rt](int device, bool enabled, std::size_t max_entries) {
+          rt.stack(device).online().record_history(enabled, max_entries);
+        },
+        py::arg("device"), py::arg("enabled"), py::arg("max_entries"));
+  m.def("cuda_history", [&rt](int device) { return history_list(rt.stack(device).online().history()); },
+        py::arg("device"));
   m.def("cuda_reset_peak_stats", [&rt](int device) { rt.stack(device).reset_peak_stats(); },
         py::arg("device"));
   m.def("cuda_check_invariants", [&rt](int device) { rt.stack(device).check_invariants(); },

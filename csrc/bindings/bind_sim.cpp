@@ -109,6 +109,12 @@ void bind_sim_stack(py::module_& m) {
       .def("allocation_size", [](SimStack& a, Addr p) { return a.stack().allocation_size(p); },
            py::arg("ptr"))
       .def("snapshot", [](SimStack& a) { return segments_list(a.stack().snapshot()); })
+      .def("record_history",
+           [](SimStack& a, bool enabled, std::size_t max_entries) {
+             a.stack().online().record_history(enabled, max_entries);
+           },
+           py::arg("enabled"), py::arg("max_entries"))
+      .def("history", [](SimStack& a) { return history_list(a.stack().online().history()); })
       .def_property_readonly("policy", [](SimStack& a) { return a.stack().online().policy(); })
       .def_property_readonly("config", [](SimStack& a) { return a.stack().online().config().to_string(); })
       .def_property_readonly("device", &SimStack::device)

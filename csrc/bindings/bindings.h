@@ -30,6 +30,8 @@ void bind_bench(py::module_& m);     // bind_bench.cpp
 py::dict stats_dict(const AllocatorStats& s, PolicyKind policy);
 py::dict plan_stats_dict(const PlanStats& s);
 py::list segments_list(const std::vector<SegmentInfo>& segments);
+// The memory history as PyTorch's device_traces entries.
+py::list history_list(const std::vector<HistoryEntry>& entries);
 std::vector<PlanSlot> to_slots(const std::vector<std::pair<std::size_t, std::size_t>>& slots);
 // "device" or "stream" (stream_plan.h's PlanScope); ConfigError otherwise.
 PlanScope parse_scope(const std::string& scope);

@@ -1,6 +1,8 @@
 // Conversions between the allocator stack's structures and Python objects.
 #include "bindings.h"
 
+#include <string_view>
+
 namespace waterwave::bindings {
 
 using namespace pybind11::literals;
@@ -58,6 +60,20 @@ PlanScope parse_scope(const std::string& scope) {
   throw ConfigError("unknown plan scope '" + scope +
                     "': 'device' (the plan is the whole device's step) or 'stream' (its stream's "
                     "allocations only)");
+}
+
+py::list history_list(const std::vector<HistoryEntry>& entries) {
+  py::list out;
+  for (const HistoryEntry& e : entries) {
+    if (std::string_view(e.action) == "oom") {  // its addr holds the device's free bytes
+      out.append(py::dict("action"_a = e.action, "size"_a = e.size, "device_free"_a = e.addr,
+                          "stream"_a = e.stream, "time_us"_a = e.time_us));
+    } else {
+      out.append(py::dict("action"_a = e.action, "addr"_a = e.addr, "size"_a = e.size,
+                          "stream"_a = e.stream, "time_us"_a = e.time_us));
+    }
+  }
+  return out;
 }
 
 }  // namespace waterwave::bindings

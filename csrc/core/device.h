@@ -7,6 +7,7 @@
 // May include: types.h.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <optional>
 #include <stdexcept>
@@ -40,6 +41,12 @@ class Device {
 
   virtual std::size_t total_memory() const = 0;
   virtual std::size_t free_memory() const = 0;
+  // The host clock in microseconds, for the memory history's time stamps
+  // (a real device: the steady clock; the simulator: its virtual clock).
+  virtual double time_us() const {
+    using namespace std::chrono;
+    return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+  }
 
   // Virtual memory management (CUDA's VMM API), for expandable segments.
   // A device without it answers false, and the allocator refuses

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _C
+from . import snapshot as snapshots
 from .settings import config_string, resolve_settings
 from .summary import memory_summary as format_summary
 
@@ -107,6 +108,23 @@ class Allocator:
     def stats(self) -> dict:
         """Statistics: PyTorch's ``memory_stats()`` keys plus Waterwave's counters."""
         return self._a.stats()
+
+    # Memory history and PyTorch's snapshot format ---------------------------
+    def record_memory_history(self, enabled: Any = True,
+                              max_entries: int = snapshots.DEFAULT_MAX_ENTRIES) -> None:
+        """Record the allocator's events (alloc, free_requested,
+        free_completed, segment_alloc/free/map/unmap, oom), keeping the newest
+        ``max_entries``; ``enabled=False`` stops and drops them (torch's
+        ``_record_memory_history``)."""
+        self._a.record_history(*snapshots.history_settings(enabled, max_entries))
+
+    def memory_snapshot(self) -> dict:
+        """PyTorch's snapshot dict: ``segments`` and ``device_traces`` (device 0)."""
+        return snapshots.build({0: self._a.snapshot()}, {0: self._a.history()})
+
+    def dump_snapshot(self, path: str) -> None:
+        """Write ``memory_snapshot()`` as the pickle PyTorch's memory viewer opens."""
+        snapshots.dump(self.memory_snapshot(), path)
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         """``stats()`` as a readable table, laid out like ``torch.cuda.memory_summary()``."""

@@ -28,6 +28,7 @@ import ctypes
 from typing import Any
 
 from .. import _C
+from . import snapshot as snapshots
 from .settings import config_string, resolve_settings
 from .summary import memory_summary as format_summary
 
@@ -128,6 +129,29 @@ def max_memory_reserved(device=None) -> int:
 
 def max_memory_allocated(device=None) -> int:
     return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,
+                          device=None) -> None:
+    """Record the device allocator's events for ``memory_snapshot`` (torch's
+    ``_record_memory_history``): the newest ``max_entries`` are kept;
+    ``enabled=False`` stops and drops them."""
+    on, keep = snapshots.history_settings(enabled, max_entries)
+    _C.cuda_record_history(_device_index(device), on, keep)
+
+
+def memory_snapshot() -> dict:
+    """Every device's segments and recorded history in PyTorch's snapshot
+    format (``torch.cuda.memory._snapshot()``)."""
+    devices = _C.cuda_devices()
+    return snapshots.build({d: _C.cuda_snapshot(d) for d in devices},
+                           {d: _C.cuda_history(d) for d in devices})
+
+
+def dump_snapshot(path: str) -> None:
+    """Write ``memory_snapshot()`` as the pickle ``torch.cuda.memory._dump_snapshot``
+    writes: https://pytorch.org/memory_viz and ``torch.cuda._memory_viz`` open it."""
+    snapshots.dump(memory_snapshot(), path)
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:

@@ -69,6 +69,7 @@ class SimDevice final : public Device {
   void synchronize_device() override;
   std::size_t total_memory() const override { return capacity_; }
   std::size_t free_memory() const override;
+  double time_us() const override { return now(); }
   // Virtual memory: addresses from a range of their own; each map() makes
   // one physical allocation that counts against the capacity and that
   // unmap() gives back whole (remap() moves it); each call costs host time
