@@ -91,9 +91,45 @@ def test_plan_records_whose_kernels_it_captured(tmp_path, capsys):
         assert Graph.load(graph).meta["kernels"] == kernels
 
 
-def test_plan_unknown_model_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown model 'resnet1000'"):
-        cli.main(["plan", "resnet1000", "--json"])
+def test_plan_takes_a_users_model_as_module_callable(tmp_path, capsys, monkeypatch):
+    (tmp_path / "my_net.py").write_text(
+        "import torch\n"
+        "def build(batch_size):\n"
+        "    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),\n"
+        "                              torch.nn.Linear(64, 4))\n"
+        "    x, y = torch.randn(batch_size, 32), torch.randint(0, 4, (batch_size,))\n"
+        "    return net, x, lambda out: torch.nn.functional.cross_entropy(out, y)\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["plan", "my_net:build", "--batch-size", "8", "--strategy", "greedy",
+                     "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    # The two Linear layers' weights and biases, and SGD's momentum for each,
+    # in 512-byte blocks.
+    blocks = sum(-(-4 * n // 512) * 512 for n in (32 * 64, 64, 64 * 4, 4))
+    assert data["persistent_bytes"] == 2 * blocks
+    assert data["plan_peak_bytes"] >= data["lower_bound_bytes"] > 0
+
+
+def test_plan_takes_any_transformers_model_by_its_config(capsys):
+    pytest.importorskip("transformers")
+    spec = "hf:gpt2,n_layer=1,n_embd=64,n_head=2,vocab_size=1000"
+    assert cli.main(["plan", spec, "--strategy", "greedy", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"].startswith("hf:gpt2") and data["nodes"] > 10
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "resnet1000", "--json"], "unknown model 'resnet1000'"),
+    (["plan", "/no/such/graph.json"], "No such file"),
+    (["plan", "hf:nosuchtype"], "no model type 'nosuchtype'"),
+    (["plan", "hf:gpt2,nokey=1"], "'nokey=1' is not key=value"),
+    (["plan", "no_such_module:build"], "cannot import 'no_such_module'"),
+    (["pack", "/no/such.csv"], "cannot read"),
+])
+def test_plan_and_pack_answer_bad_input_in_one_line(argv, says, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
 def run_pack(tmp_path, capsys, text):

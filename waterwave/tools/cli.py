@@ -209,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(func=_demo)
 
     plan = sub.add_parser("plan", help="capture a model's training step and plan its memory")
-    plan.add_argument("model", help="a torchvision or transformers model name, or a saved graph .json")
+    plan.add_argument("model", help="a torchvision model (any classifier by name), bert-base, gpt2, "
+                      "xlm-roberta-base, hf:<model_type>[,key=value...] (any transformers "
+                      "model by its config), module:callable (your own model), or a saved "
+                      "graph .json")
     plan.add_argument("--batch-size", type=int, default=1)
     plan.add_argument("--strategy", default="model", choices=STRATEGIES)
     plan.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
@@ -236,11 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "pairs", 1) <= 0 or getattr(args, "repeats", 1) <= 0:
         parser.error("--pairs and --repeats must be positive")
-    if args.command in ("simulate", "replay", "demo"):
-        if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
-            parser.error("--steps and --batch-size must be positive")
-        return sim_commands.one_line_errors(args.func, args.command)(args)
-    return args.func(args)
+    if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
+        parser.error("--steps and --batch-size must be positive")
+    return one_line_errors(args.func, args.command)(args)
+
+
+def one_line_errors(fn, command: str):
+    """Run a command, turning a bad name or file (a ValueError, which the
+    trace, graph and plan errors are, or an OSError) into one line on stderr
+    and exit code 2: never a traceback for what the user can fix."""
+
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except (ValueError, OSError) as e:
+            print(f"waterwave {command}: {e}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 if __name__ == "__main__":

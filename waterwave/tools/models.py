@@ -3,9 +3,21 @@
 torchvision classification, video and ViT models are built untrained (the
 ones named here, and any other torchvision image classifier by its name); the
 transformers models (BERT-base, GPT-2, XLM-R-base) are built from their
-default configurations, so nothing is downloaded.
+default configurations, so nothing is downloaded. Two more spellings:
+
+* ``hf:<model_type>[,key=value...]``: any transformers model by its
+  configuration (``AutoConfig.for_model``), keys overriding the defaults,
+  e.g. ``hf:llama,num_hidden_layers=2,hidden_size=256``;
+* ``module:callable``: a user's own model; ``callable(batch_size)`` returns
+  ``(model, example_inputs, loss_fn)`` with ``loss_fn(model(*inputs))`` the
+  loss. The current directory is searched first.
 """
 from __future__ import annotations
+
+import ast
+import importlib
+import os
+import sys
 
 TORCHVISION = ("alexnet", "vgg16", "resnet18", "resnet50", "mobilenet_v2", "mnasnet1_0",
                "efficientnet_b0", "inception_v3", "vit_b_16", "r3d_18")
@@ -25,7 +37,66 @@ def build(name: str, batch_size: int, device: str = "cpu"):
 
 
 def is_known(name: str) -> bool:
-    return name in TORCHVISION or name in TRANSFORMERS or _torchvision_classifier(name)
+    return (name in TORCHVISION or name in TRANSFORMERS or _torchvision_classifier(name)
+            or name.startswith("hf:") or _is_callable_spec(name))
+
+
+def _is_callable_spec(name: str) -> bool:
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr and all(p.isidentifier() for p in module.split("."))
+                and attr.isidentifier())
+
+
+def _user_model(spec: str, batch_size: int):
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"model {spec!r}: cannot import {module_name!r} ({e}); run from the "
+                         "directory that holds it or add it to PYTHONPATH") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"model {spec!r}: {module_name} has no callable {attr!r}")
+    built = fn(batch_size)
+    if not (isinstance(built, (tuple, list)) and len(built) == 3 and callable(built[2])):
+        raise ValueError(f"model {spec!r}: {attr}(batch_size) must return (model, "
+                         "example_inputs, loss_fn), with loss_fn(model(*example_inputs)) the loss")
+    model, inputs, loss = built
+    return model, (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), loss
+
+
+def _hf_config(spec: str):
+    """``hf:<model_type>[,key=value...]`` as a transformers configuration."""
+    transformers = _transformers(spec)
+    model_type, *pairs = spec[len("hf:"):].split(",")
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type.strip())
+    except ValueError:
+        raise ValueError(f"model {spec!r}: transformers has no model type {model_type!r} "
+                         "(see transformers.CONFIG_MAPPING)") from None
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        key = key.strip()
+        if not eq or not hasattr(cfg, key):
+            raise ValueError(f"model {spec!r}: {pair!r} is not key=value for a field of "
+                             f"{type(cfg).__name__}")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        setattr(cfg, key, value)
+    return transformers, cfg
+
+
+def _transformers(name: str):
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(f"model {name!r} needs the transformers package: "
+                         "pip install 'transformers>=4.40'") from None
+    return transformers
 
 
 def _torchvision_classifier(name: str) -> bool:
@@ -57,12 +128,23 @@ def _build(name: str, batch_size: int, device: str):
         target = torch.randint(0, 1000 if name != "r3d_18" else 400, (batch_size,), device=device)
         loss = torch.nn.CrossEntropyLoss()
         return model, (x,), lambda out: loss(out, target)
+    if name.startswith("hf:"):
+        transformers, cfg = _hf_config(name)
+        model = None
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
+            try:
+                model = auto.from_config(cfg)
+                break
+            except ValueError:
+                continue
+        if model is None:
+            raise ValueError(f"model {name!r}: no causal or masked language model for this "
+                             "configuration; pass your own model as module:callable")
+        return model, *_token_inputs(cfg, batch_size, device)
+    if _is_callable_spec(name):
+        return _user_model(name, batch_size)
     if name in TRANSFORMERS:
-        try:
-            import transformers
-        except ImportError as e:
-            raise ValueError(f"model {name!r} needs the transformers package: "
-                             "pip install 'transformers>=4.40'") from e
+        transformers = _transformers(name)
         kind = TRANSFORMERS[name]
         if kind == "bert":
             cfg = transformers.BertConfig()
@@ -76,14 +158,23 @@ def _build(name: str, batch_size: int, device: str):
                                                 intermediate_size=3072, max_position_embeddings=514,
                                                 type_vocab_size=1)
             model = transformers.XLMRobertaForMaskedLM(cfg)
-        cfg.use_cache = False
-        ids = torch.randint(0, cfg.vocab_size, (batch_size, SEQ_LEN), device=device)
-        ce = torch.nn.CrossEntropyLoss()
+        return model, *_token_inputs(cfg, batch_size, device)
+    raise ValueError(f"unknown model {name!r}: choose one of {', '.join(names())}, any "
+                     "torchvision classifier, hf:<model_type>[,key=value...], module:callable, "
+                     "or a saved graph (.json)")
 
-        def loss(out):
-            logits = out.logits if hasattr(out, "logits") else out[0]
-            return ce(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
 
-        return model, (ids,), loss
-    raise ValueError(f"unknown model {name!r}: choose one of {', '.join(names())}, "
-                     "or pass a saved graph (.json)")
+def _token_inputs(cfg, batch_size: int, device: str):
+    """Token ids of SEQ_LEN and a language-model loss over them."""
+    import torch
+
+    cfg.use_cache = False
+    seq = min(SEQ_LEN, getattr(cfg, "max_position_embeddings", SEQ_LEN) or SEQ_LEN)
+    ids = torch.randint(0, cfg.vocab_size, (batch_size, seq), device=device)
+    ce = torch.nn.CrossEntropyLoss()
+
+    def loss(out):
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        return ce(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+    return (ids,), loss

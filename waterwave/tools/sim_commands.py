@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 from ..sim.gpus import GPUS
 from ..sim.multijob import POLICIES
@@ -225,17 +224,3 @@ def add_parsers(sub) -> None:
     rep.add_argument("--plot", help="draw memory over time per stream to this PNG")
     rep.add_argument("--json", action="store_true")
     rep.set_defaults(func=replay_command)
-
-
-def one_line_errors(fn, command: str):
-    """Run a command, turning a bad name or file into one line and exit code 2."""
-    from ..sim.trace import TraceError
-
-    def run(args) -> int:
-        try:
-            return fn(args)
-        except (TraceError, ValueError, OSError) as e:
-            print(f"waterwave {command}: {e}", file=sys.stderr)
-            return 2
-
-    return run
