@@ -30,11 +30,12 @@ _WIDTH = 75
 
 def format_bytes(n: float) -> str:
     """Bytes in the largest unit that keeps the number at or above 1, as torch's summary does."""
-    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B  " else f"{n:.2f} {unit}"
+    units = ("B  ", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while abs(n) >= 1024 and i < len(units) - 1:
         n /= 1024
-    raise AssertionError("unreachable")
+        i += 1
+    return f"{n:.0f} {units[i]}" if i == 0 else f"{n:.2f} {units[i]}"
 
 
 def _cell(value: float, as_bytes: bool) -> str:
@@ -63,10 +64,10 @@ def memory_summary(stats: dict, title: str, policy: str, abbreviated: bool = Fal
             cells = [_cell(stats.get(f"{key}.{pool}.{f}", 0), as_bytes) for f in _FIELDS]
             lines.append(f" {label:<24}| " + " | ".join(f"{c:>11}" for c in cells))
         lines.append(thin)
-    lines.append(f" {'Oversize allocations':<24}| " + " | ".join(
-        f"{int(stats.get(f'oversize_allocations.{f}', 0)):>11,}" for f in _FIELDS))
-    lines.append(f" {'Oversize GPU segments':<24}| " + " | ".join(
-        f"{int(stats.get(f'oversize_segments.{f}', 0)):>11,}" for f in _FIELDS))
+    for label, key in (("Oversize allocations", "oversize_allocations"),
+                       ("Oversize GPU segments", "oversize_segments")):
+        lines.append(f" {label:<24}| " + " | ".join(
+            f"{int(stats.get(f'{key}.{f}', 0)):>11,}" for f in _FIELDS))
     lines += [rule, " Free memory by state".ljust(_WIDTH), thin]
     if policy == "pytorch":  # PyTorch's cache: every free block stays with its stream
         lines.append(f" {'cached (its stream only)':<32}"
