@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-build-isolation -e '.[test,planner]'
 	touch $@
 
-$(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py
+$(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge.cpp waterwave/alloc/torch_bridge.py
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 

@@ -4,9 +4,15 @@ runtime, the planner's offset search and the benchmarks.
 Needs neither torch nor a CUDA toolkit: the core talks to a device interface;
 the simulator is compiled here, and the CUDA backend only declares the few
 driver types it uses and opens libcuda at run time.
+
+Where torch is importable at build time, the torch bridge
+(waterwave/alloc/torch_bridge.cpp, which raises torch.cuda.OutOfMemoryError)
+is built next to _C too; elsewhere it is built at first use.
 """
 import glob
+import importlib.util
 import os
+from pathlib import Path
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
@@ -23,6 +29,32 @@ sources = sorted(
     + glob.glob("csrc/planner/*.cpp")
     + glob.glob("csrc/bindings/*.cpp")
 )
+
+
+
+def load_torch_bridge_builder():
+    # By its path: importing the package would need the _C being built.
+    spec = importlib.util.spec_from_file_location("torch_bridge", "waterwave/alloc/torch_bridge.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithTorchBridge(build_ext):
+    def run(self):
+        super().run()
+        try:
+            import torch
+        except ImportError:
+            print("waterwave: torch is not installed; the torch bridge will be built at first use")
+            return
+        bridge = load_torch_bridge_builder()
+        target = Path(self.get_ext_fullpath("waterwave._C")).parent
+        try:
+            print(f"waterwave: built the torch bridge {bridge.build_into(target, torch)}")
+        except bridge.BridgeUnavailable as e:  # not fatal: install_allocator retries and says why
+            print(f"waterwave: warning: {e}")
+
 
 extra = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]
 if os.environ.get("WATERWAVE_DEBUG"):
@@ -43,5 +75,5 @@ setup(
             depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
         )
     ],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": BuildWithTorchBridge},
 )

@@ -1,4 +1,8 @@
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +14,26 @@ os.environ.setdefault("WATERWAVE_CPSAT_WORKERS", "1")
 
 MiB = 1024**2
 KiB = 1024
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_c_library(source: str, out: Path) -> Path:
+    """A test double in C (tests/cpp/fake_*.c), as a shared library."""
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-o", str(out),
+                    str(ROOT / source), "-lpthread"], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def fake_path(tmp_path_factory):
+    """The fake CUDA driver: host memory behind the driver API."""
+    return build_c_library("tests/cpp/fake_cuda.c", tmp_path_factory.mktemp("fakecuda") / "libfakecuda.so")
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    """Code in a fresh interpreter: PyTorch swaps its allocator once per process."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=120, check=False)
 
 
 @pytest.fixture(params=["waterwave", "pytorch"])

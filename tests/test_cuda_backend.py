@@ -7,15 +7,13 @@ stay pending until the test completes them, which drives the cross-stream
 paths. The driver is loaded once per process, so every test here shares it.
 """
 import ctypes
-import os
 import random
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import waterwave.cuda as wc
+from conftest import run_python
 
 import waterwave as ww
 from waterwave import _C
@@ -24,18 +22,6 @@ from waterwave.alloc.settings import split_policy
 MiB = 1024**2
 ROOT = Path(__file__).resolve().parent.parent
 S1, S2 = 0x1000, 0x2000  # stream handles (opaque to the allocator)
-
-
-def build_fake_driver(out_dir: Path) -> Path:
-    lib = out_dir / "libfakecuda.so"
-    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-o", str(lib),
-                    str(ROOT / "tests/cpp/fake_cuda.c"), "-lpthread"], check=True)
-    return lib
-
-
-@pytest.fixture(scope="session")
-def fake_path(tmp_path_factory):
-    return build_fake_driver(tmp_path_factory.mktemp("fakecuda"))
 
 
 @pytest.fixture
@@ -372,11 +358,6 @@ def test_random_run_never_hands_out_memory_twice(fake, policy):
     for p, (size, stream, byte) in live.items():
         assert intact(p, size, byte)
         _C.cuda_free(p, size, 0, stream)
-
-
-def run_python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env={**os.environ, **env}, timeout=120, check=False)
 
 
 @pytest.mark.parametrize("driver, message", [

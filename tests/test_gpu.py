@@ -119,20 +119,44 @@ def test_cross_stream_reuse_keeps_data_intact():
     assert out["bad"] == 0 and out["errors"] == 0
 
 
-def test_out_of_memory_is_an_error_pytorch_survives():
-    out = run(textwrap.dedent("""
-    import json, torch, waterwave as ww
-    ww.install_allocator()
+@pytest.mark.parametrize("policy", ["waterwave", "pytorch"])
+def test_out_of_memory_is_torchs_and_halving_the_batch_trains(policy):
+    """What training code does: catch torch.cuda.OutOfMemoryError, halve
+    the batch, go on. The allocator stays sound, and nothing leaks."""
+    out = run(textwrap.dedent(f"""
+    import json, torch, torchvision, waterwave as ww, waterwave.cuda as wc
+    settings = ww.install_allocator(policy={policy!r})
     free, total = torch.cuda.mem_get_info()
     try:
         torch.empty(2 * total, dtype=torch.uint8, device="cuda")
-        msg = ""
-    except RuntimeError as e:
-        msg = str(e)
-    x = torch.ones(1024, device="cuda")  # still works afterwards
-    print(json.dumps({'msg': msg, 'ok': float(x.sum()) == 1024.0}))
+        first = None
+    except torch.cuda.OutOfMemoryError as e:
+        first = str(e)
+    net = torchvision.models.resnet50().cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    batch, tried = 4096, []
+    while True:
+        tried.append(batch)
+        try:
+            x = torch.randn(batch, 3, 224, 224, device="cuda")
+            loss = net(x).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            break
+        except torch.cuda.OutOfMemoryError:
+            x = loss = None
+            opt.zero_grad(set_to_none=True)
+            batch //= 2
+    del x, loss
+    wc.check_invariants(0)
+    print(json.dumps({{'oom_error': settings['oom_error'], 'first': first, 'tried': tried,
+                      'errors': wc.free_errors()[0]}}))
     """))
-    assert "out of memory" in out["msg"] and out["ok"]
+    assert out["oom_error"] == "torch.cuda.OutOfMemoryError"
+    assert out["first"].startswith("CUDA out of memory (Waterwave allocator). Tried to allocate")
+    assert len(out["tried"]) >= 2 and out["tried"][-1] >= 32, out["tried"]
+    assert out["errors"] == 0
 
 
 def test_planned_trainer_runs_from_the_plan():

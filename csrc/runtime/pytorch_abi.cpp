@@ -1,5 +1,8 @@
 #include "pytorch_abi.h"
 
+#include <cstring>
+
+#include "../core/errors.h"
 #include "cuda_runtime.h"
 
 using waterwave::Addr;
@@ -9,6 +12,32 @@ using waterwave::cuda::stream_id;
 void* waterwave_cuda_malloc(std::size_t size, int device, void* stream) {
   return reinterpret_cast<void*>(CudaRuntime::get().allocate(size, device, stream_id(stream)));
 }
+
+namespace {
+int fail(int kind, const char* what, char* message, std::size_t capacity) {
+  if (message && capacity > 0) {
+    std::strncpy(message, what, capacity - 1);
+    message[capacity - 1] = '\0';
+  }
+  return kind;
+}
+}  // namespace
+
+int waterwave_cuda_try_malloc(std::size_t size, int device, void* stream, void** out, char* message,
+                              std::size_t capacity) {
+  try {
+    *out = waterwave_cuda_malloc(size, device, stream);
+    return kWaterwaveMallocOk;
+  } catch (const waterwave::OutOfMemoryError& e) {
+    return fail(kWaterwaveMallocOutOfMemory, e.what(), message, capacity);
+  } catch (const std::exception& e) {
+    return fail(kWaterwaveMallocFailed, e.what(), message, capacity);
+  } catch (...) {
+    return fail(kWaterwaveMallocFailed, "allocation failed with an unknown error", message, capacity);
+  }
+}
+
+int waterwave_cuda_try_malloc_abi() { return kWaterwaveTryMallocAbi; }
 
 void waterwave_cuda_free(void* ptr, std::size_t, int device, void*) {
   if (!ptr) return;

@@ -6,6 +6,11 @@
 // it into a RuntimeError); free never throws (PyTorch calls it from
 // destructors) and reports problems on stderr and in free_errors().
 //
+// waterwave_cuda_try_malloc is the same allocation without exceptions, for
+// the torch bridge (waterwave/alloc/torch_bridge.cpp): a library built
+// against torch's c10 that throws c10::OutOfMemoryError, which PyTorch turns
+// into torch.cuda.OutOfMemoryError. _C itself never links torch.
+//
 // May include: cuda_runtime.h.
 #pragma once
 
@@ -15,6 +20,14 @@
 
 WATERWAVE_EXPORT void* waterwave_cuda_malloc(std::size_t size, int device, void* stream);
 WATERWAVE_EXPORT void waterwave_cuda_free(void* ptr, std::size_t size, int device, void* stream);
+// What waterwave_cuda_try_malloc returns; the bridge's copy must agree
+// (it passes kWaterwaveTryMallocAbi to its init and is refused otherwise).
+enum WaterwaveMallocResult { kWaterwaveMallocOk = 0, kWaterwaveMallocOutOfMemory = 1, kWaterwaveMallocFailed = 2 };
+constexpr int kWaterwaveTryMallocAbi = 1;
+// On failure, message gets the error (truncated to capacity, NUL-terminated).
+WATERWAVE_EXPORT int waterwave_cuda_try_malloc(std::size_t size, int device, void* stream, void** out,
+                                               char* message, std::size_t capacity);
+WATERWAVE_EXPORT int waterwave_cuda_try_malloc_abi();
 // Optional hooks: Tensor.record_stream and torch.cuda.empty_cache().
 WATERWAVE_EXPORT void waterwave_cuda_record_stream(void* ptr, void* stream);
 WATERWAVE_EXPORT void waterwave_cuda_empty_cache();

@@ -93,13 +93,27 @@ int main(int argc, char** argv) {
         const std::uint64_t r = rng() % 1000;
         if (r < 450 && mine.size() < 48) {
           const std::size_t size = 1 + rng() % ((rng() % 10 == 0) ? 12 * kMiB : 256 * kKiB);
-          try {
-            void* p = waterwave_cuda_malloc(size, 0, stream);
+          void* p = nullptr;
+          if (rng() % 2 == 0) {  // the entry point PyTorch calls directly
+            try {
+              p = waterwave_cuda_malloc(size, 0, stream);
+            } catch (const OutOfMemoryError&) {
+              ++ooms;
+            }
+          } else {  // the one the torch bridge calls: codes, not exceptions
+            char message[256];
+            const int result = waterwave_cuda_try_malloc(size, 0, stream, &p, message, sizeof message);
+            if (result == kWaterwaveMallocOutOfMemory) {
+              ++ooms;
+              if (std::strncmp(message, "out of memory", 13) != 0) fail(std::string("OOM said: ") + message);
+            } else if (result != kWaterwaveMallocOk || p == nullptr) {
+              fail(std::string("try_malloc failed: ") + message);
+            }
+          }
+          if (p != nullptr) {
             const auto byte = static_cast<unsigned char>(rng());
             std::memset(p, byte, size);
             mine.push_back({p, size, stream, byte});
-          } catch (const OutOfMemoryError&) {
-            ++ooms;
           }
         } else if (r < 850 && !mine.empty()) {
           const std::size_t k = rng() % mine.size();

@@ -25,10 +25,12 @@ May import: waterwave._C and this package (torch, lazily).
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Any
 
 from .. import _C
 from . import snapshot as snapshots
+from . import torch_bridge
 from .settings import config_string, resolve_settings
 from .summary import memory_summary as format_summary
 
@@ -61,7 +63,10 @@ def install_allocator(policy: str | None = None, config: str | None = None,
     once per process. ``policy``: ``"waterwave"`` (default) or
     ``"pytorch"``; ``config``/keywords as for ``waterwave.Allocator``.
     Also wires ``Tensor.record_stream`` and ``torch.cuda.empty_cache()``.
-    Returns the settings."""
+    Out of memory raises ``torch.cuda.OutOfMemoryError`` through the torch
+    bridge (torch_bridge.py: built against this torch at install time or
+    now, once); without a C++ compiler it warns and raises ``RuntimeError``.
+    Returns the settings, with ``oom_error`` naming the type raised."""
     global _installed
     import torch
 
@@ -71,9 +76,20 @@ def install_allocator(policy: str | None = None, config: str | None = None,
         raise RuntimeError(f"this torch ({torch.__version__}) is built without CUDA: install a "
                            "CUDA build of torch to use the Waterwave allocator")
     settings = configure(policy, config, driver, **kwargs)
-    # Our entry points live in waterwave._C itself: opening it again gives
-    # the module already loaded, so PyTorch and Python share one state.
-    plug = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, MALLOC, FREE)
+    # The entry points live in waterwave._C itself, or in the bridge in
+    # front of it: opening _C again gives the module already loaded, so
+    # PyTorch and Python share one state.
+    entry, settings["oom_error"] = (_C.__file__, MALLOC, FREE), "RuntimeError"
+    if not torch_bridge.disabled():
+        try:
+            entry = (str(torch_bridge.load(_C.__file__, torch)), torch_bridge.MALLOC,
+                     torch_bridge.FREE)
+            settings["oom_error"] = "torch.cuda.OutOfMemoryError"
+        except torch_bridge.BridgeUnavailable as e:
+            warnings.warn(f"Waterwave: out of memory will raise RuntimeError, not "
+                          f"torch.cuda.OutOfMemoryError: {e}. Set WATERWAVE_TORCH_BRIDGE=off to "
+                          "accept that silently.", RuntimeWarning, stacklevel=2)
+    plug = torch.cuda.memory.CUDAPluggableAllocator(*entry)
     lib = ctypes.CDLL(_C.__file__)
     plug.allocator().set_record_stream_fn(_hook_address(lib, RECORD_STREAM))
     plug.allocator().set_reset_fn(_hook_address(lib, EMPTY_CACHE))
