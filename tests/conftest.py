@@ -30,6 +30,14 @@ def fake_path(tmp_path_factory):
     return build_c_library("tests/cpp/fake_cuda.c", tmp_path_factory.mktemp("fakecuda") / "libfakecuda.so")
 
 
+@pytest.fixture(scope="session")
+def fake_runtime(tmp_path_factory):
+    """The two CUDA runtime calls torch makes before its raw allocation
+    binding reaches a pluggable allocator; preload it (LD_PRELOAD)."""
+    return build_c_library("tests/cpp/fake_cudart.c",
+                           tmp_path_factory.mktemp("fakecudart") / "libfakecudart.so")
+
+
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
     """Code in a fresh interpreter: PyTorch swaps its allocator once per process."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,

@@ -11,7 +11,7 @@ import ctypes
 import json
 
 import pytest
-from conftest import build_c_library, run_python
+from conftest import run_python
 
 from waterwave import _C
 from waterwave.alloc import torch_bridge
@@ -21,12 +21,6 @@ if not hasattr(torch._C, "_cuda_customAllocator"):
     pytest.skip("needs a CUDA build of torch (it runs on the CPU)", allow_module_level=True)
 
 MiB = 1024**2
-
-
-@pytest.fixture(scope="module")
-def fake_runtime(tmp_path_factory):
-    return build_c_library("tests/cpp/fake_cudart.c",
-                           tmp_path_factory.mktemp("fakecudart") / "libfakecudart.so")
 
 
 # Halve the request until it fits, as training code halves its batch.

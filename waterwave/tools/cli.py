@@ -16,6 +16,10 @@ from . import sim_commands
 def _bench_alloc(args) -> int:
     from .. import _C
 
+    if args.gpu:  # a wrong name is refused before anything runs
+        from . import gpu_alloc_bench
+
+        gpu_alloc_bench.check_names(args.allocators.split(","))
     t0 = time.time()
     cases = _C.bench_alloc(args.pairs, args.seed, args.repeats)
     result = {
@@ -32,6 +36,9 @@ def _bench_alloc(args) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "seconds": round(time.time() - t0, 2),
     }
+    if args.gpu:
+        result["gpu"] = gpu_alloc_bench.run_all(args.allocators.split(","), args.gpu_pairs,
+                                                args.repeats, args.seed)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
@@ -43,7 +50,33 @@ def _bench_alloc(args) -> int:
             print(f"{c['name']:<18} {c['policy']:<10} {c['ns_per_pair']:>9.1f} "
                   f"{c['min_ns']:>8.1f} {c['max_ns']:>8.1f}")
         print(f"measured on {result['where']['processor']} ({result['where']['note']})")
+        if args.gpu:
+            _print_gpu_alloc(result["gpu"])
+    if args.gpu and not any("cases" in r and r["cases"] for r in result["gpu"]):
+        first = result["gpu"][0]
+        reason = first.get("failed") or next(iter(first["errors"].values()))
+        print(f"waterwave bench alloc --gpu: no allocator could be measured inside PyTorch "
+              f"({first['allocator']}: {reason}). Run it on a machine with a CUDA GPU",
+              file=sys.stderr)
+        return 2
     return 0
+
+
+def _print_gpu_alloc(runs: list[dict]) -> None:
+    from .gpu_alloc_bench import PATHS
+
+    print("\ninside PyTorch, ns per alloc+free pair (median), each allocator in its own process:")
+    print(f"{'allocator':<20} {'device':<24} {'case':<14} " + " ".join(f"{p:>9}" for p in PATHS))
+    for r in runs:
+        if "failed" in r:
+            print(f"{r['allocator']:<20} failed: {r['failed']}")
+            continue
+        for case, paths in r["cases"].items():
+            cells = " ".join(f"{paths[p]['ns_per_pair']:>9.0f}" if p in paths else f"{'-':>9}"
+                             for p in PATHS)
+            print(f"{r['allocator']:<20} {r['device'][:24]:<24} {case:<14} {cells}")
+        for path, error in r["errors"].items():
+            print(f"{r['allocator']:<20} {path} path not measured: {error}")
 
 
 def _cpu_name() -> str:
@@ -196,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     alloc.add_argument("--repeats", type=int, default=5, help="repetitions; the median is reported")
     alloc.add_argument("--seed", type=int, default=1)
     alloc.add_argument("--out", help="also write the JSON here")
+    alloc.add_argument("--gpu", action="store_true",
+                       help="also time torch.empty+free and PyTorch's raw alloc+free on a GPU under "
+                            "each allocator, each in its own process")
+    alloc.add_argument("--allocators", default="native,cudaMallocAsync,waterwave:pytorch,"
+                       "waterwave:waterwave", help="with --gpu: which, comma-separated")
+    alloc.add_argument("--gpu-pairs", type=int, default=20_000,
+                       help="with --gpu: pairs per case and repetition")
     alloc.set_defaults(func=_bench_alloc)
 
     demo = sub.add_parser("demo", help="two training jobs on a simulated GPU: PyTorch side by "
@@ -237,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     sim_commands.add_parsers(sub)
 
     args = parser.parse_args(argv)
-    if getattr(args, "pairs", 1) <= 0 or getattr(args, "repeats", 1) <= 0:
-        parser.error("--pairs and --repeats must be positive")
+    if min(getattr(args, "pairs", 1), getattr(args, "repeats", 1), getattr(args, "gpu_pairs", 1)) <= 0:
+        parser.error("--pairs, --gpu-pairs and --repeats must be positive")
     if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
         parser.error("--steps and --batch-size must be positive")
     return one_line_errors(args.func, args.command)(args)

@@ -1,0 +1,71 @@
+"""``waterwave bench alloc --gpu`` (waterwave/tools/gpu_alloc_bench.py).
+
+Without a GPU, its raw path (PyTorch's raw allocation binding) still runs
+under Waterwave's policies over the fake driver, with the fake CUDA runtime
+preloaded: that drives the whole command, each allocator in its own process.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch._C, "_cuda_customAllocator"):
+    pytest.skip("needs a CUDA build of torch (it runs on the CPU)", allow_module_level=True)
+
+from waterwave.tools import gpu_alloc_bench  # noqa: E402
+
+
+def bench(*args, **env):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "waterwave", "bench", "alloc", "--pairs", "500",
+                           "--repeats", "1", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300, check=False)
+
+
+def test_each_waterwave_policy_is_timed_in_its_own_process(fake_path, fake_runtime, tmp_path):
+    out = tmp_path / "alloc.json"
+    r = bench("--gpu", "--gpu-pairs", "300", "--allocators", "waterwave:pytorch,waterwave:waterwave",
+              "--out", str(out), LD_PRELOAD=str(fake_runtime), WATERWAVE_CUDA_DRIVER=str(fake_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["cases"]  # the CPU-side micro-benchmark ran beside it
+    runs = {run["allocator"]: run for run in result["gpu"]}
+    assert list(runs) == ["waterwave:pytorch", "waterwave:waterwave"]
+    for run in runs.values():
+        assert run["backend"] == "pluggable" and run["device"] == "fake driver"
+        assert set(run["cases"]) == set(gpu_alloc_bench.cases())
+        for figures in run["cases"].values():
+            raw = figures["raw"]
+            assert 0 < raw["min_ns"] <= raw["ns_per_pair"] <= raw["max_ns"]
+        assert "tensor" in run["errors"]  # torch.empty needs a real GPU
+    assert "waterwave:waterwave  fake driver" in r.stdout
+
+
+def test_a_wrong_allocator_name_is_one_line():
+    r = bench("--gpu", "--allocators", "native,jemalloc")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("waterwave bench: unknown allocator 'jemalloc': choose from native, "
+                                "cudaMallocAsync, waterwave:pytorch, waterwave:waterwave")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
+def test_without_a_gpu_it_says_so():
+    r = bench("--gpu", "--gpu-pairs", "10", "--allocators", "native,waterwave:waterwave")
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("waterwave bench alloc --gpu: no allocator could be measured inside PyTorch")
+    assert last.endswith("Run it on a machine with a CUDA GPU")
+
+
+def test_a_worker_refuses_the_wrong_environment():
+    with pytest.raises(RuntimeError, match="PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"):
+        gpu_alloc_bench.measure("cudaMallocAsync", 10, 1)
+
+
+def test_cases_are_seeded():
+    assert gpu_alloc_bench.cases(3) == gpu_alloc_bench.cases(3) != gpu_alloc_bench.cases(4)
+    mixed = gpu_alloc_bench.cases()["window8_mixed"]
+    assert min(mixed) >= 512 and max(mixed) <= 1024**2

@@ -1,0 +1,164 @@
+"""``waterwave bench alloc --gpu``: what one allocation and its free cost
+inside PyTorch on a GPU, under each allocator PyTorch can use.
+
+Allocators: ``native`` (PyTorch's caching allocator), ``cudaMallocAsync``
+(``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``) and Waterwave's two
+policies through ``install_allocator``. PyTorch chooses its allocator once
+per process, so each runs in a process of its own (this module, run as a
+worker), one after another, and checks that PyTorch reports the backend it
+was meant to get.
+
+Two paths, each timed on the host (an allocation launches no kernel; its
+cost is the CPU's):
+- ``tensor``: ``torch.empty(n, dtype=uint8, device="cuda")`` and dropping
+  it, which is what a training step pays (dispatcher, tensor and storage
+  included);
+- ``raw``: ``torch._C._cuda_cudaCachingAllocator_raw_alloc`` and
+  ``raw_delete``, the allocator behind PyTorch's interface without a
+  tensor. It skips CUDA's lazy init, so on a machine without a GPU it runs
+  over the fake driver the tests build: that is how the suite exercises
+  this module; such figures are labelled ``fake driver`` and are no GPU's.
+
+Each case: warm-up pairs (the cache then holds what the case needs), then
+``repeats`` timed runs of ``pairs`` pairs, median and range in ns per pair.
+
+May import: waterwave (alloc), torch lazily.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+KiB, MiB = 1024, 1024**2
+
+# name -> (environment, install_allocator policy or None, the backend PyTorch must report)
+ALLOCATORS = {
+    "native": ({}, None, "native"),
+    "cudaMallocAsync": ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, None,
+                        "cudaMallocAsync"),
+    "waterwave:pytorch": ({}, "pytorch", "pluggable"),
+    "waterwave:waterwave": ({}, "waterwave", "pluggable"),
+}
+PATHS = ("raw", "tensor")
+WINDOW = 8  # live allocations in the mixed case, freed oldest first
+
+
+def cases(seed: int = 1) -> dict[str, list[int]]:
+    """Each case's sizes, cycled: one size alloc+free at a time, or a FIFO
+    window of mixed sizes (log-uniform 512 B to 1 MiB, seeded)."""
+    rng = random.Random(seed)
+    mixed = [int(2 ** rng.uniform(9, 20)) for _ in range(64)]
+    return {"512B": [512], "64KiB": [64 * KiB], "2MiB": [2 * MiB], "32MiB": [32 * MiB],
+            "window8_mixed": mixed}
+
+
+def _timed(alloc, free, sizes: list[int], pairs: int) -> float:
+    """ns per alloc+free pair over ``pairs`` pairs, WINDOW live at a time
+    for mixed sizes, one at a time otherwise."""
+    window = WINDOW if len(sizes) > 1 else 1
+    live = [alloc(sizes[i % len(sizes)]) for i in range(window - 1)]
+    n = len(sizes)
+    start = time.perf_counter_ns()
+    for i in range(pairs):
+        live.append(alloc(sizes[i % n]))
+        free(live.pop(0))
+    elapsed = time.perf_counter_ns() - start
+    for handle in live:
+        free(handle)
+    return elapsed / pairs
+
+
+def _paths(torch):
+    def tensor_alloc(size):
+        return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+    raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+    raw_delete = torch._C._cuda_cudaCachingAllocator_raw_delete
+    return {  # raw first: a failed lazy init on the tensor path must not spoil it
+        "raw": (lambda size: raw_alloc(size, 0), raw_delete),
+        "tensor": (tensor_alloc, lambda t: None),  # dropping the reference frees it
+    }
+
+
+def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
+    """In a fresh process: set the allocator up, time every case on each
+    path. A path that cannot run here (the tensor path without a GPU)
+    carries its error instead of figures."""
+    env, policy, backend = ALLOCATORS[allocator]
+    for k, v in env.items():
+        if os.environ.get(k) != v:
+            raise RuntimeError(f"run {allocator} in a process started with {k}={v}")
+    import torch
+
+    if policy is not None:
+        from ..alloc.cuda import install_allocator
+
+        install_allocator(policy=policy)
+    got = torch.cuda.memory.get_allocator_backend()
+    if got != backend:
+        raise RuntimeError(f"PyTorch reports the {got!r} allocator, not {backend!r}")
+    out: dict = {"allocator": allocator, "backend": got, "cases": {}, "errors": {}}
+    for path, (alloc, free) in _paths(torch).items():
+        try:
+            for name, sizes in cases(seed).items():
+                _timed(alloc, free, sizes, min(pairs, 2000))  # warm-up: fill the cache
+                runs = [_timed(alloc, free, sizes, pairs) for _ in range(repeats)]
+                out["cases"].setdefault(name, {})[path] = {
+                    "ns_per_pair": statistics.median(runs), "min_ns": min(runs), "max_ns": max(runs)}
+        except Exception as e:  # noqa: BLE001 - reported per path; the other path still runs
+            out["errors"][path] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    out["device"] = (torch.cuda.get_device_name(0) if "tensor" not in out["errors"]
+                     else "fake driver" if os.environ.get("WATERWAVE_CUDA_DRIVER") else "unknown")
+    return out
+
+
+def check_names(allocators: list[str]) -> None:
+    for name in allocators:
+        if name not in ALLOCATORS:
+            raise ValueError(f"unknown allocator {name!r}: choose from {', '.join(ALLOCATORS)}")
+
+
+def run_all(allocators: list[str], pairs: int, repeats: int, seed: int = 1,
+            timeout: float = 600) -> list[dict]:
+    """Each allocator in its own process, one after another. One that fails
+    gives its error; the others still run."""
+    check_names(allocators)
+    results = []
+    for name in allocators:
+        env = {**os.environ, **ALLOCATORS[name][0]}
+        command = [sys.executable, "-m", __name__, name, "--pairs", str(pairs),
+                   "--repeats", str(repeats), "--seed", str(seed)]
+        try:
+            r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout,
+                               check=False)
+        except subprocess.TimeoutExpired:
+            results.append({"allocator": name, "failed": f"took over {timeout:.0f} s"})
+            continue
+        lines = r.stdout.strip().splitlines()
+        if r.returncode != 0 or not lines:
+            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            results.append({"allocator": name, "failed": tail[:300]})
+        else:
+            results.append(json.loads(lines[-1]))
+    return results
+
+
+def worker(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="one allocator's figures, as JSON on stdout")
+    parser.add_argument("allocator", choices=list(ALLOCATORS))
+    parser.add_argument("--pairs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.allocator, args.pairs, args.repeats, args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker())
