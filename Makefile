@@ -15,9 +15,11 @@ ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(CUDA_SRC) $(wildcard csrc/bench/*.cpp cs
 EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin
+# Extras make installs (EXTRAS=test,planner,cupy12 for CuPy on CUDA 12).
+EXTRAS ?= test,planner,cupy
 RANDOM_RUN_OPS ?= 1000000
 
-.PHONY: all build demo test test-python sanitize bench clean
+.PHONY: all build demo test test-python sanitize bench bench-gpu clean
 
 all: build
 
@@ -25,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=68" wheel "pybind11>=2.12,<4"
-	$(PY) -m pip install -q --no-build-isolation -e '.[test,planner]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
 $(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge.cpp waterwave/alloc/torch_bridge.py
@@ -85,5 +87,13 @@ bench: build
 	$(PY) -m waterwave bench alloc --json --out bench/results/alloc.json
 	$(PY) bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
 
+# On a GPU (docker/README.md): each allocator's cost inside PyTorch, training
+# under each allocator and the planner, and the concurrent jobs under 12 GiB.
+bench-gpu: build
+	$(PY) -m waterwave bench alloc --gpu --out bench/results/alloc_gpu.json
+	$(PY) bench/gpu.py --out bench/results/gpu.json
+	$(PY) bench/gpu.py --report bench/results/gpu.json
+	$(PY) bench/concurrent/gpu.py --out bench/results
+
 clean:
-	rm -rf build $(BIN) waterwave/_C*.so out
+	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so out

@@ -24,27 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 S1, S2 = 0x1000, 0x2000  # stream handles (opaque to the allocator)
 
 
-@pytest.fixture
-def fake(fake_path):
-    """A fresh allocator over the fake driver (1 GiB, one device); checks
-    afterwards that every byte went back to the driver."""
-    lib = ctypes.CDLL(str(fake_path))  # the same handle the backend opens
-    lib.fake_cuda_counter.restype = ctypes.c_longlong
-    lib.fake_cuda_counter.argtypes = [ctypes.c_char_p]
-    lib.fake_cuda_set_capacity.argtypes = [ctypes.c_size_t]
-    lib.fake_cuda_set_capacity(1024 * MiB)
-    lib.fake_cuda_set_device_count(1)
-    lib.fake_cuda_set_idle(0)
-    _C.cuda_reset()
-    lib.fake_cuda_reset_counters()
-    lib.count = lambda name: lib.fake_cuda_counter(name.encode())
-    lib.path = str(fake_path)
-    yield lib
-    lib.fake_cuda_complete_all()
-    _C.cuda_reset()
-    assert lib.count("bytes_in_use") == 0, "the backend leaked driver memory"
-
-
 def use(fake, policy="waterwave", **cfg):
     wc.configure(policy, "", driver=fake.path, **cfg)
 

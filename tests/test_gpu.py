@@ -159,6 +159,42 @@ def test_out_of_memory_is_torchs_and_halving_the_batch_trains(policy):
     assert out["errors"] == 0
 
 
+def test_cupy_and_torch_share_the_allocator():
+    """CuPy arrays on a CuPy stream and torch tensors come from one
+    allocator; CuPy's out of memory is its own error type; data is right."""
+    pytest.importorskip("cupy")
+    out = run(textwrap.dedent("""
+    import json, torch, cupy, waterwave as ww, waterwave.cuda as wc, waterwave.cupy as wcp
+    ww.install_allocator()
+    wcp.install()
+    t = torch.ones(1 << 20, device="cuda")
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        a = cupy.ones(1 << 20, dtype=cupy.float32)
+        total = float(a.sum())
+    side.synchronize()
+    streams = {b["stream"] for seg in wc._C.cuda_snapshot(0) for b in seg["blocks"]
+               if b["state"] == "allocated"}
+    both = wc.memory_allocated(0)
+    free, whole = torch.cuda.mem_get_info()
+    try:
+        cupy.empty(2 * whole, dtype=cupy.uint8)
+        oom = ""
+    except cupy.cuda.memory.OutOfMemoryError as e:
+        oom = str(e)
+    shared = torch.from_dlpack(a)  # CuPy's memory, read by torch
+    ok = float(shared.sum()) == float(1 << 20)
+    del a, shared, t
+    torch.cuda.synchronize()
+    wc.check_invariants(0)
+    print(json.dumps({'total': total, 'both': both, 'side_stream': side.ptr in streams, 'oom': oom,
+                      'ok': ok, 'after': wc.memory_allocated(0), 'errors': wc.free_errors()[0]}))
+    """))
+    assert out["total"] == float(1 << 20) and out["ok"] and out["side_stream"]
+    assert out["both"] >= 8 * 1024**2 and out["after"] == 0 and out["errors"] == 0
+    assert out["oom"].startswith("CUDA out of memory (Waterwave allocator, CuPy)")
+
+
 def test_planned_trainer_runs_from_the_plan():
     """waterwave.optimize on the GPU with the allocator installed: losses
     follow eager training; after a warm-up step and a recorded one, every

@@ -23,7 +23,7 @@ from ._C import (  # noqa: F401  (re-exported API)
     PointerError,
     SimDevice,
 )
-from .alloc import Allocator, PlanAllocator, config_string, cuda, parse_config  # noqa: F401
+from .alloc import Allocator, PlanAllocator, config_string, cuda, cupy, parse_config  # noqa: F401
 from .alloc.cuda import install_allocator  # noqa: F401  (imports torch only when called)
 from .exec import ConcurrentTrainer, Job, optimize  # noqa: F401  (torch only when called)
 from .planner import Plan, pack, plan  # noqa: F401
@@ -32,8 +32,10 @@ from .planner.graph import Graph  # noqa: F401
 from .sim import trace  # noqa: F401
 
 # ``import waterwave.cuda`` names the one module object waterwave.alloc.cuda,
-# ``import waterwave.trace`` waterwave.sim.trace.
+# ``import waterwave.cupy`` waterwave.alloc.cupy, ``import waterwave.trace``
+# waterwave.sim.trace.
 _sys.modules[__name__ + ".cuda"] = cuda
+_sys.modules[__name__ + ".cupy"] = cupy
 _sys.modules[__name__ + ".trace"] = trace
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "parse_config",
     "capture",
     "cuda",
+    "cupy",
     "trace",
     "Graph",
     "Plan",
