@@ -91,6 +91,7 @@ bench: build
 # under each allocator and the planner, and the concurrent jobs under 12 GiB.
 bench-gpu: build
 	$(PY) -m waterwave bench alloc --gpu --out bench/results/alloc_gpu.json
+	$(PY) bench/alloc_report.py bench/results/alloc_gpu.json bench/results/alloc_gpu.md
 	$(PY) bench/gpu.py --out bench/results/gpu.json
 	$(PY) bench/gpu.py --report bench/results/gpu.json
 	$(PY) bench/concurrent/gpu.py --out bench/results

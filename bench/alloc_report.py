@@ -1,4 +1,5 @@
-"""Turn `waterwave bench alloc --json` output into bench/results/alloc.md.
+"""Turn `waterwave bench alloc --json` output into bench/results/alloc.md,
+with a section for `--gpu`'s figures inside PyTorch when the run has them.
 
     python bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
 """
@@ -54,9 +55,38 @@ def main(src: str, dst: str) -> None:
         f"{'met' if big < 1000 else 'not met'}.",
         "",
     ]
+    if "gpu" in data:
+        lines += gpu_section(data["gpu"])
     with open(dst, "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def gpu_section(runs: list[dict]) -> list[str]:
+    """`--gpu`: each allocator's ns per pair inside PyTorch, on the device
+    each worker reported ('fake driver' is host memory, not a GPU)."""
+    devices = sorted({r.get("device", "?") for r in runs if "cases" in r})
+    lines = ["## Inside PyTorch (`--gpu`)", "",
+             f"Device: {', '.join(devices) or 'none'}. Each allocator in its own process; host "
+             "time per alloc+free pair (ns, median, min-max): `tensor` is `torch.empty(n, "
+             "device=\"cuda\")` and dropping it, `raw` PyTorch's raw alloc and delete.", ""]
+    if any(d == "fake driver" for d in devices):
+        lines += ["These figures ran over the test suite's fake driver, not a GPU.", ""]
+    lines += ["| allocator | case | raw | tensor |", "|---|---|---|---|"]
+    for r in runs:
+        if "failed" in r:
+            lines.append(f"| {r['allocator']} | failed: {r['failed']} | | |")
+            continue
+        for case, paths in r["cases"].items():
+            cells = [f"{paths[p]['ns_per_pair']:.0f} ({paths[p]['min_ns']:.0f}-"
+                     f"{paths[p]['max_ns']:.0f})" if p in paths else "not measured"
+                     for p in ("raw", "tensor")]
+            lines.append(f"| {r['allocator']} | {case} | {cells[0]} | {cells[1]} |")
+    errors = [f"- {r['allocator']}, {path} path: {e}" for r in runs for path, e in
+              r.get("errors", {}).items()]
+    if errors:
+        lines += ["", "Not measured:", "", *errors]
+    return lines + [""]
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ preloaded: that drives the whole command, each allocator in its own process.
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ if not hasattr(torch._C, "_cuda_customAllocator"):
     pytest.skip("needs a CUDA build of torch (it runs on the CPU)", allow_module_level=True)
 
 from waterwave.tools import gpu_alloc_bench  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args, **env):
@@ -25,6 +28,8 @@ def bench(*args, **env):
                           env={**os.environ, **env}, timeout=300, check=False)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="with a GPU, torch.empty would hand out the fake driver's host memory")
 def test_each_waterwave_policy_is_timed_in_its_own_process(fake_path, fake_runtime, tmp_path):
     out = tmp_path / "alloc.json"
     r = bench("--gpu", "--gpu-pairs", "300", "--allocators", "waterwave:pytorch,waterwave:waterwave",
@@ -42,6 +47,14 @@ def test_each_waterwave_policy_is_timed_in_its_own_process(fake_path, fake_runti
             assert 0 < raw["min_ns"] <= raw["ns_per_pair"] <= raw["max_ns"]
         assert "tensor" in run["errors"]  # torch.empty needs a real GPU
     assert "waterwave:waterwave  fake driver" in r.stdout
+    md = tmp_path / "alloc.md"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "alloc_report.py"), str(out), str(md)],
+                   check=True, capture_output=True)
+    report = md.read_text()
+    assert "These figures ran over the test suite's fake driver, not a GPU." in report
+    raw = runs["waterwave:pytorch"]["cases"]["2MiB"]["raw"]["ns_per_pair"]
+    assert f"| waterwave:pytorch | 2MiB | {raw:.0f} (" in report
+    assert "- waterwave:waterwave, tensor path: " in report
 
 
 def test_a_wrong_allocator_name_is_one_line():
