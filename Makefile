@@ -26,7 +26,7 @@ all: build
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=68" wheel "pybind11>=2.12,<4"
+	$(PY) -m pip install -q "setuptools>=77" wheel "pybind11>=2.12,<4"
 	$(PY) -m pip install -q --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
