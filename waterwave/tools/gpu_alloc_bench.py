@@ -80,7 +80,7 @@ def _paths(torch):
 
     raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
     raw_delete = torch._C._cuda_cudaCachingAllocator_raw_delete
-    return {  # raw first: a failed lazy init on the tensor path must not spoil it
+    return {
         "raw": (lambda size: raw_alloc(size, 0), raw_delete),
         "tensor": (tensor_alloc, lambda t: None),  # dropping the reference frees it
     }
@@ -104,6 +104,12 @@ def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
     if got != backend:
         raise RuntimeError(f"PyTorch reports the {got!r} allocator, not {backend!r}")
     out: dict = {"allocator": allocator, "backend": got, "cases": {}, "errors": {}}
+    try:
+        # PyTorch's own allocators serve raw allocations only once CUDA is
+        # initialized ("Allocator not initialized for device").
+        torch.cuda.init()
+    except Exception:  # noqa: BLE001 - no GPU: the tensor path reports why; raw may still run
+        pass
     for path, (alloc, free) in _paths(torch).items():
         try:
             for name, sizes in cases(seed).items():
