@@ -112,6 +112,14 @@ def test_a_corrupt_cached_bridge_is_rebuilt(tmp_path, monkeypatch):
     assert hasattr(ctypes.CDLL(str(path)), torch_bridge.MALLOC)
 
 
+def test_an_unwritable_cache_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch_bridge, "INSTALLED_DIR", tmp_path / "none")
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("WATERWAVE_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with pytest.raises(torch_bridge.BridgeUnavailable, match="set WATERWAVE_CACHE_DIR to a writable"):
+        torch_bridge.load(_C.__file__, torch)
+
+
 def test_a_corrupt_installed_bridge_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(torch_bridge, "INSTALLED_DIR", tmp_path)
     (tmp_path / torch_bridge.file_name(torch)).write_bytes(b"not a library")

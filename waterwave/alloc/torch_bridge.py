@@ -92,8 +92,12 @@ def compile_command(out: Path, torch=None, cxx: str | None = None) -> list[str]:
 def build(out: Path, torch=None, cxx: str | None = None) -> Path:
     """Compile the bridge to ``out``. The file appears whole or not at all,
     so processes building at once never load half of one."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    except OSError as e:
+        raise BridgeUnavailable(f"cannot write the torch bridge into {out.parent} ({e.strerror}): "
+                                "set WATERWAVE_CACHE_DIR to a writable folder") from None
     os.close(fd)
     command = compile_command(Path(tmp), torch, cxx)
     try:
