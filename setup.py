@@ -31,7 +31,6 @@ sources = sorted(
 )
 
 
-
 def load_torch_bridge_builder():
     # By its path: importing the package would need the _C being built.
     spec = importlib.util.spec_from_file_location("torch_bridge", "waterwave/alloc/torch_bridge.py")

@@ -1,3 +1,4 @@
+import ctypes
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import waterwave as ww
+from waterwave import _C
 
 # One CP-SAT worker in the suite: deterministic searches, and none of OR-Tools
 # 9.15's parallel-search aborts (one killed a fresh-clone run of this suite).
@@ -34,10 +36,6 @@ def fake_path(tmp_path_factory):
 def fake(fake_path):
     """A fresh allocator over the fake driver (1 GiB, one device); checks
     afterwards that every byte went back to the driver."""
-    import ctypes
-
-    from waterwave import _C
-
     lib = ctypes.CDLL(str(fake_path))  # the same handle the backend opens
     lib.fake_cuda_counter.restype = ctypes.c_longlong
     lib.fake_cuda_counter.argtypes = [ctypes.c_char_p]

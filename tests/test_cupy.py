@@ -12,6 +12,8 @@ import waterwave.cuda as wc
 import waterwave.cupy as wcp
 from conftest import MiB, run_python
 
+from waterwave import _C
+
 cupy = pytest.importorskip("cupy")
 S1, S2 = 0x1000, 0x2000  # stream handles, as CuPy's Stream.ptr gives them
 
@@ -26,7 +28,7 @@ def hook(fake, monkeypatch):
 
 
 def live_blocks():
-    return [b for seg in wc._C.cuda_snapshot(0) for b in seg["blocks"] if b["state"] == "allocated"]
+    return [b for seg in _C.cuda_snapshot(0) for b in seg["blocks"] if b["state"] == "allocated"]
 
 
 def test_allocations_go_on_cupys_current_stream(hook):

@@ -5,6 +5,7 @@ under Waterwave's policies over the fake driver, with the fake CUDA runtime
 preloaded: that drives the whole command, each allocator in its own process.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args, **env):
-    import os
-
     return subprocess.run([sys.executable, "-m", "waterwave", "bench", "alloc", "--pairs", "500",
                            "--repeats", "1", *args], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=300, check=False)

@@ -167,4 +167,3 @@ def load(c_library: str, torch=None) -> Path:
         raise BridgeUnavailable(f"the torch bridge {path} speaks another ABI than waterwave._C "
                                 f"(version {abi}): delete it to build it again")
     return path
-

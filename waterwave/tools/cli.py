@@ -16,10 +16,11 @@ from . import sim_commands
 def _bench_alloc(args) -> int:
     from .. import _C
 
+    allocators = args.allocators.split(",")
     if args.gpu:  # a wrong name is refused before anything runs
         from . import gpu_alloc_bench
 
-        gpu_alloc_bench.check_names(args.allocators.split(","))
+        gpu_alloc_bench.check_names(allocators)
     t0 = time.time()
     cases = _C.bench_alloc(args.pairs, args.seed, args.repeats)
     result = {
@@ -37,8 +38,7 @@ def _bench_alloc(args) -> int:
         "seconds": round(time.time() - t0, 2),
     }
     if args.gpu:
-        result["gpu"] = gpu_alloc_bench.run_all(args.allocators.split(","), args.gpu_pairs,
-                                                args.repeats, args.seed)
+        result["gpu"] = gpu_alloc_bench.run_all(allocators, args.gpu_pairs, args.repeats, args.seed)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 
 KiB, MiB = 1024, 1024**2
 
@@ -62,12 +63,12 @@ def _timed(alloc, free, sizes: list[int], pairs: int) -> float:
     """ns per alloc+free pair over ``pairs`` pairs, WINDOW live at a time
     for mixed sizes, one at a time otherwise."""
     window = WINDOW if len(sizes) > 1 else 1
-    live = [alloc(sizes[i % len(sizes)]) for i in range(window - 1)]
     n = len(sizes)
+    live = deque(alloc(sizes[i % n]) for i in range(window - 1))
     start = time.perf_counter_ns()
     for i in range(pairs):
         live.append(alloc(sizes[i % n]))
-        free(live.pop(0))
+        free(live.popleft())
     elapsed = time.perf_counter_ns() - start
     for handle in live:
         free(handle)
