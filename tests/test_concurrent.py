@@ -109,6 +109,32 @@ def test_three_jobs_train_as_each_trains_alone(schedule):
     assert all(j["error"] is None for j in s["jobs"])
 
 
+def test_a_loss_closing_over_its_targets_trains_as_alone():
+    """A loss that closes over its targets (as ``waterwave.tools.models``
+    builds them) captures them as FX ``get_attr`` constants, which the
+    trainer must fetch, not call."""
+    torch.manual_seed(4)
+    x, y = torch.randn(16, 32), torch.randint(0, 8, (16,))
+
+    def loss(out):
+        return torch.nn.functional.cross_entropy(out, y)
+
+    model = mlp(5)
+    solo = copy.deepcopy(model)
+    solo_opt = torch.optim.SGD(solo.parameters(), lr=0.1, momentum=0.9)
+    job = ww.Job(model, (x,), loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    assert any(n.op == "get_attr" for n in job.step_fn.gm.graph.nodes)
+    got = ww.ConcurrentTrainer([job, pairs()[0].job], split_size=4096).run(3)[0]
+    expected = []
+    for _ in range(3):
+        solo_opt.zero_grad()
+        value = loss(solo(x))
+        value.backward()
+        solo_opt.step()
+        expected.append(value.item())
+    assert job.error is None and got == pytest.approx(expected, rel=1e-4)
+
+
 def test_jobs_leave_and_join_between_steps():
     a, b, c = pairs()
     trainer = ww.ConcurrentTrainer([a.job, b.job], memory_limit=1 << 30)

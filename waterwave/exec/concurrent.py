@@ -141,9 +141,27 @@ class _GroupRunner:
         for n in self.stages[k].nodes:
             args = fx.node.map_arg(n.args, env.__getitem__)
             kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
-            env[n] = n.target(*args, **kwargs)
+            env[n] = self._call(n, args, kwargs)
             for value in self.stages[k].drop_after.get(n, ()):
                 env.pop(value, None)
+
+    def _call(self, n, args, kwargs):
+        """One FX node, as ``torch.fx.Interpreter`` runs it. A capture is
+        mostly ``call_function`` (aten operators); tensors a loss closes
+        over (the targets of ``models.build``'s losses) are ``get_attr``."""
+        if n.op == "call_function":
+            return n.target(*args, **kwargs)
+        if n.op == "get_attr":
+            obj = self.module
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            return obj
+        if n.op == "call_method":
+            return getattr(args[0], n.target)(*args[1:], **kwargs)
+        if n.op == "call_module":
+            return self.module.get_submodule(n.target)(*args, **kwargs)
+        raise ValueError(f"the captured step has an FX node {n.name!r} of kind {n.op!r}, "
+                         "which the trainer cannot run")
 
     def finish(self, env: dict):
         from torch import fx
