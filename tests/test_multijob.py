@@ -9,6 +9,7 @@ from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.maxbatch import max_batch, search  # noqa: E402
 from waterwave.sim.multijob import POLICIES, SimResult, simulate  # noqa: E402
 from waterwave.sim.schedules import Segment  # noqa: E402
+from waterwave.sim.schedules import schedule as named_schedule  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 
 GiB = 1 << 30
@@ -77,6 +78,41 @@ def test_memory_flows_only_where_the_schedule_lets_it(r18):
     assert pt.peak_reserved >= 1.95 * solo.peak_reserved  # two private pools
     assert ww.peak_reserved < 0.7 * pt.peak_reserved     # one job's memory, reused
     assert ww.stats["served.cross_stream_wait"] + ww.stats["served.promoted"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "phased", "waterwave"])
+def test_throughput_never_beats_the_gpu(r18, schedule):
+    """The GPU runs one kernel at a time, so two identical jobs can make at
+    most one batch per job's kernel time: the pair's measured throughput
+    stays within that, and says how busy the GPU was. Summing each job's
+    rate over its own run broke this (lockstep: 7,000 against 6,876)."""
+    sched = named_schedule(schedule, 2 * GiB)
+    jobs = [r18.trace_at(16, "H100-80GB", KERNELS, partition=getattr(sched, "partition", None))
+            for _ in range(2)]
+    r = simulate(jobs, "H100-80GB", 2 * GiB, sched, "waterwave", steps=3, record=False)
+    work = sum(op.gpu_us for op in jobs[0].ops)
+    assert r.ok and 0 < r.gpu_busy <= 1 + 1e-9
+    assert r.throughput == pytest.approx(16 / work * 1e6 * r.gpu_busy, rel=1e-9)
+    if schedule == "lockstep":  # jobs free to run keep the GPU busy
+        assert r.gpu_busy == pytest.approx(1, abs=1e-6)
+
+
+def test_one_jobs_throughput_is_its_batch_over_its_step_time(r18):
+    t = r18.trace_at(16, "H100-80GB", KERNELS)
+    r = simulate([t], "H100-80GB", None, "lockstep", "pytorch", steps=4, record=False)
+    assert r.throughput == pytest.approx(16 / r.step_time_us[0] * 1e6, rel=1e-9)
+    assert r.gpu_busy == pytest.approx(sum(op.gpu_us for op in t.ops) / r.step_time_us[0],
+                                       rel=1e-9)
+
+
+def test_jobs_that_never_run_together_have_no_pair_throughput(r18):
+    jobs = [r18.trace_at(16, "H100-80GB", KERNELS) for _ in range(2)]
+
+    def one_after_the_other(traces, steps):
+        return [[Segment(j, s, 0, len(t.ops)) for s in range(steps)] for j, t in enumerate(traces)]
+
+    r = simulate(jobs, schedule=one_after_the_other, policy="waterwave", steps=3, record=False)
+    assert r.ok and all(r.step_time_us) and r.throughput is None and r.gpu_busy is None
 
 
 def test_freeing_at_completion_holds_memory_longer(r18):

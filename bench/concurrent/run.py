@@ -155,17 +155,20 @@ def pipeline_markdown(result: dict) -> list[str]:
              "pairs the same groups as the paper does; `Waterwave-s` cuts each step in two "
              "(forward, backward) and pairs the halves by Algorithm 1; the last three rows change "
              "one part of `Waterwave` each. Largest batch per job in steps of 8; throughput in "
-             "samples per second for all jobs together, at that batch.", "",
+             "samples per second for all jobs together, at that batch, in steady steps (from "
+             "the last job's first step end to the first job's last; each job's progress "
+             "counted by the GPU time of its kernels); `GPU busy`: the share of that time the "
+             "GPU ran kernels, so that at 100% no schedule could be faster at that batch.", "",
              f"### Two resnet50 under 12 GiB on the H100 (one alone: {sole})", "",
              "`side by side`: of the schedule's rounds at that batch, the share in which both "
              "jobs ran (the rest, they took turns).", "",
-             "| variant | batch per job | of one alone | throughput | side by side | syncs | "
-             "hazards |", "|---|---|---|---|---|---|---|"]
+             "| variant | batch per job | of one alone | throughput | GPU busy | side by side | "
+             "syncs | hazards |", "|---|---|---|---|---|---|---|---|"]
     for label, v in h.items():
-        if label != "sole":
+        if label not in ("sole", "throughput_at_lockstep_batch"):
             lines.append(f"| {label} | {v['max_batch']} | {pct(v['max_batch'] / sole)} | "
-                         f"{rate(v['throughput'])} | {pct(v['shared_rounds'])} | {v['syncs']} | "
-                         f"{v['hazards']} |")
+                         f"{rate(v['throughput'])} | {pct(v['gpu_busy'])} | "
+                         f"{pct(v['shared_rounds'])} | {v['syncs']} | {v['hazards']} |")
     lines += ["", "### The paper's Table 1: two identical jobs on a 32 GB V100", "",
               "One alone: the larger of native PyTorch's and Waterwave's allocator's batch. "
               "Paper: TensorFlow on a V100, its own models (BERT's sequence length unstated; "
@@ -194,13 +197,20 @@ def pipeline_markdown(result: dict) -> list[str]:
                      f"{row['Waterwave + SyncAndCoalesce']['max_batch']} | "
                      f"{row['Waterwave, pytorch policy']['max_batch']} | "
                      f"{row['Waterwave, no max_split']['max_batch']} |")
-    lines += ["", "Throughput of the pair at lockstep's largest batch (samples/s):", "",
-              "| model | batch | lockstep | Waterwave |", "|---|---|---|---|"]
-    for name, row in t1.items():
-        same = row.get("throughput_at_lockstep_batch")
+    lines += ["", "Throughput of the pair at lockstep's largest batch (samples/s; GPU busy):", "",
+              "| model | batch | lockstep | Waterwave | Waterwave / lockstep |",
+              "|---|---|---|---|---|"]
+    same_batch = [(f"{name}, V100-32GB", row.get("throughput_at_lockstep_batch"))
+                  for name, row in t1.items()]
+    same_batch.append(("resnet50, H100 under 12 GiB", h.get("throughput_at_lockstep_batch")))
+    for label, same in same_batch:
         if same:
-            lines.append(f"| {name} | {same['batch']} | {rate(same['lockstep'])} | "
-                         f"{rate(same['Waterwave'])} |")
+            ratio = (same["Waterwave"] / same["lockstep"]
+                     if same["Waterwave"] and same["lockstep"] else None)
+            lines.append(f"| {label} | {same['batch']} | {rate(same['lockstep'])} "
+                         f"({pct(same['lockstep gpu_busy'])}) | {rate(same['Waterwave'])} "
+                         f"({pct(same['Waterwave gpu_busy'])}) | "
+                         f"{'-' if ratio is None else f'{ratio:.4f}'} |")
     lines += ["", "### More jobs, and two different ones (V100-32GB)", "",
               "| jobs | lockstep | Waterwave (side by side) | paper |", "|---|---|---|---|"]
     for n, row in result["more_jobs"].items():
@@ -271,6 +281,8 @@ def pipeline(kernels: KernelModel, cache: dict) -> dict:
     h100 = {label: lab.search(["resnet50"] * 2, *variant, gpu=GPU, limit=12 * GiB)
             for label, variant in tables.VARIANTS.items()}
     h100["sole"] = lab.search(["resnet50"], gpu=GPU, limit=12 * GiB)
+    h100["throughput_at_lockstep_batch"] = tables.at_lockstep_batch(
+        lab, "resnet50", h100["lockstep"], gpu=GPU, limit=12 * GiB)
     return {"h100_12gib": h100, "table1": tables.table1(lab), "more_jobs": tables.more_jobs(lab),
             "table2": tables.mixed(lab), "split_sweep": tables.split_sweep(lab)}
 

@@ -52,6 +52,7 @@ class Lab:
         r = found.result
         self.say(f"  {'+'.join(names)} {schedule} {policy} {config or ''}: {found.max_batch}")
         return {"max_batch": found.max_batch, "throughput": r.throughput if r else None,
+                "gpu_busy": r.gpu_busy if r else None,
                 "peak_reserved": r.peak_reserved if r else None, "syncs": r.syncs if r else None,
                 "hazards": r.hazards if r else None,
                 "shared_rounds": r.shared_rounds if r else None}
@@ -90,13 +91,23 @@ def table1(lab: Lab) -> dict:
             r = lab.search([name] * 2, *variant)
             r["ratio"] = r["max_batch"] / sole if sole else None
             row[label] = r
-        b = row["lockstep"]["max_batch"]
-        if b:
-            same = {label: lab.run_at([name] * 2, [b, b], *VARIANTS[label])
-                    for label in ("lockstep", "Waterwave")}
-            row["throughput_at_lockstep_batch"] = {
-                "batch": b, **{k: (v.throughput if v.ok else None) for k, v in same.items()}}
+        row["throughput_at_lockstep_batch"] = at_lockstep_batch(lab, name, row["lockstep"])
         out[name] = row
+    return out
+
+
+def at_lockstep_batch(lab: Lab, name: str, lockstep: dict, **where) -> dict | None:
+    """The pair's throughput and the GPU's busy share under lockstep and
+    Waterwave, both at lockstep's largest batch (the issue's target: the
+    pipeline's throughput at least lockstep's at the same batch)."""
+    b = lockstep["max_batch"]
+    if not b:
+        return None
+    out = {"batch": b}
+    for label in ("lockstep", "Waterwave"):
+        r = lab.run_at([name] * 2, [b, b], *VARIANTS[label], **where)
+        out[label] = r.throughput if r.ok else None
+        out[f"{label} gpu_busy"] = r.gpu_busy if r.ok else None
     return out
 
 

@@ -30,6 +30,7 @@ May import: waterwave._C, waterwave.alloc, this package.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
@@ -62,7 +63,8 @@ class SimResult:
     peak_reserved: int = 0
     peak_allocated: int = 0
     step_time_us: list[float | None] = field(default_factory=list)  # per job
-    throughput: float | None = None  # samples per second, all jobs
+    throughput: float | None = None  # samples per second, all jobs, in steady steps
+    gpu_busy: float | None = None    # the GPU's busy share over the same time
     syncs: int = 0
     stream_waits: int = 0
     hazards: int = 0
@@ -161,6 +163,10 @@ class _Run:
         self.gil_free = 0.0     # when the GIL is next free
         self.engine_free = 0.0  # when the autograd engine thread is next free
         self.queues = [deque() for _ in jobs]      # unfinished kernels' end times, per stream
+        # Each job's kernels, in order: end times, and the GPU time of its
+        # kernels up to each one: how far a job had come at any moment.
+        self.kernel_ends: list[list[float]] = [[] for _ in jobs]
+        self.work_by: list[list[float]] = [[] for _ in jobs]
         self.deferred: list[tuple[float, int, int]] = []  # (due, job, address)
         self.step_ends: list[dict[int, float]] = [{} for _ in jobs]
         self.called: set = set()  # (host thread, operator) pairs past their first call
@@ -278,7 +284,11 @@ class _Run:
             uses = [ptr.get((step, b)) or self.kept[j].get(b) for b in (*op.use, *op.free)]
             uses += [ptr[(step, b)] for b, _ in op.alloc]
             self.alloc.launch(stream, op.gpu_us, [p for p in uses if p])
-            self.queues[j].append(self.device.stream_completion(stream))
+            end = self.device.stream_completion(stream)
+            self.queues[j].append(end)
+            work = self.work_by[j]
+            self.kernel_ends[j].append(end)
+            work.append((work[-1] if work else 0.0) + op.gpu_us)
         for b in op.free:
             self._free(j, ptr.pop((step, b)), stream)
 
@@ -332,14 +342,50 @@ class _Run:
         r.syncs = s["num_sync_and_coalesce"] + s["num_host_event_syncs"] + s["num_alloc_retries"]
         r.stream_waits = s["num_stream_waits"]
         r.hazards = len(self.alloc.hazards())
-        rate = 0.0
-        for j, ends in enumerate(self.step_ends):
+        for ends in self.step_ends:
             done = sorted(ends.items())
-            if len(done) >= 2:
-                per_step = (done[-1][1] - done[0][1]) / (len(done) - 1)
-                r.step_time_us.append(per_step)
-                rate += (r.batch_sizes[j] or 1) / per_step * 1e6
-            else:
-                r.step_time_us.append(None)
-        r.throughput = rate if r.ok and all(x is not None for x in r.step_time_us) else None
+            r.step_time_us.append((done[-1][1] - done[0][1]) / (len(done) - 1)
+                                  if len(done) >= 2 else None)
+        if r.ok and all(x is not None for x in r.step_time_us):
+            r.throughput, r.gpu_busy = self._steady_rates(r.batch_sizes)
         r.time_us, r.reserved, r.per_job = self.time, self.reserved, self.per_job
+
+
+    def _steady_rates(self, batch_sizes: list[int | None]) -> tuple[float | None, float | None]:
+        """Samples per second of all jobs together in steady steps, and the
+        share of that time the GPU ran their kernels; None when no moment
+        finds every job past its first step and none finished.
+
+        The window opens when the last job ends its first step (the first
+        pays for warm-up: cuDNN's plans, and the others waiting on it) and
+        closes when the first job ends its last (after it, the others run
+        alone). A job's progress in it is the GPU time of the kernels it ran
+        there, over its step's: exact at any moment, where counting whole
+        steps errs by up to a step at each edge, more than the differences
+        between schedules. Summing each job's rate over its own whole run,
+        as before, counted the time a job ran alone as if the others ran
+        beside it, and overstated a pair whose jobs finish apart. The GPU
+        runs one kernel at a time, so the busy share is at most 1: at 1, no
+        schedule could be faster at this batch."""
+        start = max(min(e.values()) for e in self.step_ends)
+        stop = min(max(e.values()) for e in self.step_ends)
+        if stop <= start:
+            return None, None
+        rate = busy = 0.0
+        for j, t in enumerate(self.jobs):
+            step_work = sum(op.gpu_us for op in t.ops)
+            done = self._work_by(j, stop) - self._work_by(j, start)
+            rate += (batch_sizes[j] or 1) * done / step_work
+            busy += done
+        span = stop - start
+        return rate / span * 1e6, busy / span
+
+    def _work_by(self, j: int, t: float) -> float:
+        """GPU time job j's kernels had run by time ``t``."""
+        ends, work = self.kernel_ends[j], self.work_by[j]
+        k = bisect.bisect_right(ends, t)  # kernels [0, k) had ended
+        done = work[k - 1] if k else 0.0
+        if k < len(ends):  # the next one may be running: it started at its end less its length
+            length = work[k] - done
+            done += min(max(0.0, t - (ends[k] - length)), length)
+        return done
