@@ -95,6 +95,7 @@ bench-gpu: build
 	$(PY) bench/gpu.py --out bench/results/gpu.json
 	$(PY) bench/gpu.py --report bench/results/gpu.json
 	$(PY) bench/concurrent/gpu.py --out bench/results
+	$(PY) bench/concurrent/trainer_gpu.py --out bench/results
 
 clean:
 	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so out
