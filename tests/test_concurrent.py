@@ -20,7 +20,13 @@ from waterwave.exec.nodegroups import (  # noqa: E402
     partition,
     two_groups,
 )
-from waterwave.exec.pairing import JobGroups, JobPlan, iteration_rounds, memory_rounds  # noqa: E402
+from waterwave.exec.pairing import (  # noqa: E402
+    JobGroups,
+    JobPlan,
+    graph_plan,
+    iteration_rounds,
+    memory_rounds,
+)
 
 SCHEDULES = ["waterwave", "waterwave-alg1", "waterwave-s", "lockstep"]
 
@@ -196,6 +202,64 @@ def test_a_job_failing_in_any_group_stops_alone(schedule):
         assert trainer.stats()["jobs"][0]["error"].startswith("RuntimeError")
         assert trainer.step()[0] is None  # a failed job takes no more steps
     assert checked > 0
+
+
+class FakeProbe:
+    """What the allocator's counters say of each group on a GPU: here every
+    group holds nothing after it but rises ``rise`` bytes while it runs (a
+    workspace the graph cannot show)."""
+
+    def __init__(self, rise):
+        self.rise, self.groups = rise, 0
+
+    def start(self):
+        return 0
+
+    def since(self, start):
+        self.groups += 1
+        return 0, self.rise
+
+
+def test_on_a_gpu_the_first_step_alone_measures_the_groups_the_pairing_plans_from():
+    """On a GPU (a probe standing in for the allocator's counters) each job's
+    first step runs alone and is measured; the pairing then plans from the
+    measurements: rises the graph does not show make the jobs take turns,
+    where the graph's bytes let them run free. Training is as alone."""
+    rise = 1 << 20
+    free, measured = pairs()[:2], pairs()[:2]
+    persistent = sum(graph_plan(0, p.job.graph, partition(p.job.graph, 4096)).persistent
+                     for p in free)
+    limit = int((persistent + 1.5 * rise) / 0.97)
+    plain = ww.ConcurrentTrainer([p.job for p in free], split_size=4096, memory_limit=limit)
+    plain.run(3)
+    assert plain.rounds_run == 1  # the graph's bytes fit at once: no barrier
+    trainer = ww.ConcurrentTrainer([p.job for p in measured], split_size=4096, memory_limit=limit)
+    probe = FakeProbe(rise)
+    trainer._memory_probe = lambda jobs: probe
+    losses = trainer.run(3)
+    for p, got in zip(measured, losses):
+        p.check(got, 3)
+        assert p.job.measured == [(0, rise)] * len(p.job.partition.groups)
+    assert probe.groups == sum(len(p.job.partition.groups) for p in measured)  # one step each
+    groups = [len(p.job.partition.groups) for p in measured]
+    assert trainer.rounds_run == 2 * sum(groups)  # two steps, one group at a time
+    assert all(j["measured"] for j in trainer.stats()["jobs"])
+    trainer.run(1)  # measured once
+    assert probe.groups == sum(groups)
+
+
+def test_a_job_failing_in_its_measured_step_stops_alone():
+    bad, good = pairs()[:2]
+    trainer = ww.ConcurrentTrainer([bad.job, good.job], split_size=4096, memory_limit=1 << 30)
+    trainer._memory_probe = lambda jobs: FakeProbe(1024)
+
+    def failing(group, env):
+        raise RuntimeError("out of memory in the measured step")
+
+    bad.job.runner.run_group = failing
+    losses = trainer.run(3)
+    assert "measured step" in str(bad.job.error) and bad.job.measured is None
+    good.check(losses[1], 3)
 
 
 def test_bad_arguments_are_clear_errors():

@@ -115,6 +115,31 @@ def test_jobs_that_never_run_together_have_no_pair_throughput(r18):
     assert r.ok and all(r.step_time_us) and r.throughput is None and r.gpu_busy is None
 
 
+def test_the_pipeline_plans_from_bytes_that_include_the_workspaces(r18):
+    """The simulated pipeline plans from its traces' bytes, cuDNN's
+    workspaces included, as the trainer measures them on a GPU. Planned
+    from the captured graph alone (``graph_plan``: what the trainer knows
+    on the CPU), two resnet18 jobs under 2 GiB run out of memory at a batch
+    the measured plan fits."""
+    from waterwave.exec.pairing import graph_plan, memory_rounds
+
+    sched = named_schedule("waterwave", 2 * GiB)
+    g = r18.graph_at(56)
+    part = sched.partition(g)
+    jobs = [r18.trace_at(56, "H100-80GB", KERNELS, partition=sched.partition) for _ in range(2)]
+    plans = [graph_plan(j, g, part) for j in range(2)]
+
+    def from_graph(traces, steps):
+        where = memory_rounds(plans, 2 * GiB, steps)
+        return [[Segment(r, s, *t.meta["groups"][k][:2]) for r, s, k in where[j]]
+                for j, t in enumerate(traces)]
+
+    run = dict(gpu="H100-80GB", memory_limit=2 * GiB, policy="waterwave", steps=2,
+               config="max_split_size_mb:128", record=False)
+    assert simulate(jobs, schedule=sched, **run).ok
+    assert not simulate(jobs, schedule=from_graph, **run).ok
+
+
 def test_freeing_at_completion_holds_memory_longer(r18):
     jobs = [r18.trace_at(32, "H100-80GB", KERNELS) for _ in range(2)]
     late = simulate(jobs, policy="free-at-completion", steps=2)

@@ -132,3 +132,32 @@ def test_build_into_replaces_bridges_for_another_torch(tmp_path):
     stale.write_bytes(b"old")
     out = torch_bridge.build_into(tmp_path, torch)
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+PROBE = """
+    import ctypes, json, torch, waterwave as ww
+    from waterwave.exec.concurrent import _MemoryProbe
+    fake = ctypes.CDLL({driver!r})
+    fake.fake_cuda_set_capacity.argtypes = [ctypes.c_size_t]
+    fake.fake_cuda_set_capacity(256 << 20)
+    ww.install_allocator(policy="waterwave", driver={driver!r})
+    alloc, free = (torch._C._cuda_cudaCachingAllocator_raw_alloc,
+                   torch._C._cuda_cudaCachingAllocator_raw_delete)
+    kept = alloc(16 << 20, 0)  # held before the group: not the group's
+    probe = _MemoryProbe(torch.device("cuda", 0))
+    start = probe.start()
+    a = alloc(4 << 20, 0)
+    workspace = alloc(32 << 20, 0)
+    free(workspace)
+    print(json.dumps(dict(start=start, since=probe.since(start))))
+"""
+
+
+def test_the_trainers_probe_reads_the_waterwave_allocators_counters(fake_path, fake_runtime):
+    """On a GPU the ConcurrentTrainer measures each node group's net bytes
+    and rise with this probe; here through PyTorch's real pluggable path
+    down to the fake driver: a tensor kept and a workspace freed inside."""
+    r = run_python(PROBE.format(driver=str(fake_path)), LD_PRELOAD=str(fake_runtime))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["start"] == 16 * MiB and out["since"] == [4 * MiB, 36 * MiB]

@@ -23,6 +23,15 @@ allocation after an asynchronous stream wait; ``sync_at_barrier`` adds the
 paper's SyncAndCoalesce between rounds. Without a memory limit the budget
 is the GPU's free memory, or unlimited on the CPU.
 
+The ``waterwave`` schedule plans from each group's bytes. On the CPU they
+are the captured graph's tensors at their footprint in a caching allocator
+(``pairing.graph_plan``). On a GPU, kernels also allocate around themselves
+(cuDNN's workspaces: 316 MB for one resnet50 convolution at batch 64), which
+no graph shows; so each job's first step under the trainer runs alone, one
+job after another, and the allocator's counters give each group's net bytes
+and rise, workspaces included. That step trains like any other; it resets
+the allocator's peak statistics.
+
 A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
 
@@ -39,7 +48,7 @@ from typing import Any
 
 from .counter_barrier import BarrierAborted, CounterBarrier
 from .nodegroups import Partition, auto_split_size, partition, two_groups
-from .pairing import JobGroups, JobPlan, memory_rounds, rounds
+from .pairing import JobGroups, graph_plan, memory_rounds, rounds
 from .step import CapturedStep
 
 SCHEDULES = ("waterwave", "waterwave-alg1", "waterwave-s", "lockstep")
@@ -59,6 +68,7 @@ class Job:
         self.error: BaseException | None = None
         self.runner: _GroupRunner | None = None
         self.partition: Partition | None = None
+        self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
         self._stream = None
 
     @property
@@ -201,6 +211,7 @@ class ConcurrentTrainer:
             order = "program" if self.schedule == "lockstep" else self.order
             job.partition = partition(job.graph, size, order)
         job.runner = _GroupRunner(job.step_fn, job.partition)
+        job.measured = None  # its groups are this trainer's: measure them again
         self.jobs.append(job)
 
     def remove(self, job: Job) -> None:
@@ -232,9 +243,12 @@ class ConcurrentTrainer:
                     for k, j in enumerate(jobs)}
         limit = self._budget(jobs)
         if self.schedule == "waterwave":
-            plans = [JobPlan(k, j.persistent_bytes(), [(grp.delta, grp.rise)
-                                                       for grp in j.partition.groups])
-                     for k, j in enumerate(jobs)]
+            plans = []
+            for k, j in enumerate(jobs):
+                plan = graph_plan(k, j.graph, j.partition)
+                if j.measured is not None:
+                    plan.groups = list(j.measured)
+                plans.append(plan)
             return memory_rounds(plans, limit or 1 << 62, steps)
         groups = []
         for k, j in enumerate(jobs):
@@ -257,6 +271,15 @@ class ConcurrentTrainer:
         jobs = self.active
         if not jobs:
             return
+        probe = self._memory_probe(jobs) if self.schedule == "waterwave" else None
+        if probe is not None and any(j.measured is None for j in jobs):
+            # Every job's next step alone, so that all keep the same count.
+            for job in jobs:
+                self._solo_step(job, probe)
+            steps -= 1
+            jobs = self.active
+            if not steps or not jobs:
+                return
         plan = self._plan(jobs, steps)
         barrier = CounterBarrier()
         for k, job in enumerate(jobs):
@@ -281,7 +304,26 @@ class ConcurrentTrainer:
         self.rounds_run += 1 + max((r for entries in plan.values() for r, _, _ in entries),
                                    default=-1)
 
-    def _job_thread(self, job: Job, entries: list, barrier: CounterBarrier, enter) -> None:
+    def _solo_step(self, job: Job, probe: _MemoryProbe) -> None:
+        """One step of ``job`` alone, measuring each group's net bytes and
+        rise in the allocator (see the module's opening)."""
+        groups = len(job.partition.groups)
+        barrier = CounterBarrier()
+        barrier.plan(job, [0] * groups)
+        readings: list[tuple[int, int]] = []
+        self._job_thread(job, [(0, 0, g) for g in range(groups)], barrier, lambda r: None,
+                         measure=(probe, readings))
+        if not job.failed and len(readings) == groups:
+            job.measured = readings
+
+    def _memory_probe(self, jobs: list[Job]) -> _MemoryProbe | None:
+        """What measures the jobs' groups: the allocator serving their GPU;
+        None on the CPU, where the graph's bytes are what is allocated."""
+        cuda_jobs = [j for j in jobs if j.step_fn.device == "cuda"]
+        return _MemoryProbe(cuda_jobs[0].step_fn.params[0].device) if cuda_jobs else None
+
+    def _job_thread(self, job: Job, entries: list, barrier: CounterBarrier, enter,
+                    measure: tuple[_MemoryProbe, list] | None = None) -> None:
         import torch
 
         env, step_no = None, -1
@@ -294,7 +336,13 @@ class ConcurrentTrainer:
                         env, step_no = job.runner.start(job.step_fn.flat_inputs()), step
                     barrier.wait(job, round_)
                     enter(round_)
-                    job.runner.run_group(group, env)
+                    if measure is None:
+                        job.runner.run_group(group, env)
+                    else:
+                        probe, readings = measure
+                        start = probe.start()
+                        job.runner.run_group(group, env)
+                        readings.append(probe.since(start))
                     if group == len(job.partition.groups) - 1:
                         job.losses.append(float(job.runner.finish(env)))
                         env = None
@@ -329,9 +377,37 @@ class ConcurrentTrainer:
             out["jobs"].append({"name": j.name, "steps": len(j.losses), "groups": len(p.groups),
                                 "allocation_groups": sum(g.kind == "ANG" for g in p.groups),
                                 "split_size": p.split_size, "partition": p.how,
+                                "measured": j.measured is not None,
                                 "error": None if j.error is None else repr(j.error)})
         from ..alloc import cuda
 
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()
         return out
+
+
+class _MemoryProbe:
+    """Bytes allocated on a GPU, from whichever allocator serves PyTorch
+    there: Waterwave's counters when it is installed, torch's otherwise.
+    Allocators count a tensor when the host asks for it, so the readings
+    need no synchronization."""
+
+    def __init__(self, device):
+        from ..alloc import cuda
+
+        if cuda.is_installed():
+            self.stats = cuda
+        else:
+            import torch
+
+            self.stats = torch.cuda
+        self.device = device
+
+    def start(self) -> int:
+        self.stats.reset_peak_memory_stats(self.device)
+        return self.stats.memory_allocated(self.device)
+
+    def since(self, start: int) -> tuple[int, int]:
+        """(net bytes, most bytes above ``start``) since ``start()``."""
+        now = self.stats.memory_allocated(self.device)
+        return now - start, max(0, self.stats.max_memory_allocated(self.device) - start)

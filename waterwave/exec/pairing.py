@@ -18,11 +18,15 @@ the last one has ended; ``overlap=True`` (ours) starts a job's next step as
 soon as its previous one and the pairs' width of two allow, which removes
 the bubble at the start of every step.
 
-May import: this package.
+May import: waterwave.planner (graphs and lifetimes), this package.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..planner.graph import Graph
+from ..planner.lifetimes import lifetimes
+from .nodegroups import Partition
 
 
 @dataclass
@@ -207,6 +211,32 @@ def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float
             done[j] += 1
         r += 1
     return out
+
+
+def graph_plan(job: int, g: Graph, part: Partition) -> JobPlan:
+    """What the memory-aware pairing knows of a job: its captured step's
+    tensors, each at its ``footprint`` in the allocator. A node holds its
+    outputs before the tensors it used last are freed (eager PyTorch frees
+    them when the operator returns), so a group's rise counts them both.
+    The trainer and the simulator both plan from this. What kernels
+    allocate around themselves (cuDNN's workspaces) is not in the graph:
+    the pairing's margin is for it."""
+    size = {t.id: footprint(t.size) for t in g.tensors}
+    kept = {t.id for t in g.tensors if t.persistent or t.kind == "input"}
+    freed: dict[int, int] = {}  # node -> bytes of the tensors it used last
+    for t, (_, end) in zip(g.tensors, lifetimes(g, part.order)):
+        if t.id not in kept and t.size:
+            v = part.order[end]
+            freed[v] = freed.get(v, 0) + size[t.id]
+    groups = []
+    for grp in part.groups:
+        level = rise = 0
+        for v in grp.nodes:
+            level += sum(size[t] for t in g.nodes[v].outputs if t not in kept)
+            rise = max(rise, level)
+            level -= freed.get(v, 0)
+        groups.append((level, rise))
+    return JobPlan(job, sum(size[t] for t in kept), groups)
 
 
 def footprint(nbytes: int) -> int:
