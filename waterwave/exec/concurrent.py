@@ -52,6 +52,7 @@ from .pairing import JobGroups, graph_plan, memory_rounds, rounds
 from .step import CapturedStep
 
 SCHEDULES = ("waterwave", "waterwave-alg1", "waterwave-s", "lockstep")
+LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see _job_thread)
 
 
 class Job:
@@ -327,8 +328,14 @@ class ConcurrentTrainer:
         import torch
 
         env, step_no = None, -1
+        # Each step's loss, read a few steps later: reading a GPU tensor
+        # waits for its stream, and the host should stay ahead of the GPU
+        # (its queue holds about one step), as the simulator's host does.
+        pending: list = []
         stream = job.stream()
         try:
+            if stream is not None:  # the model and batch were made on the default stream
+                stream.wait_stream(torch.cuda.default_stream(stream.device))
             with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None
                                    else contextlib.nullcontext()):
                 for round_, step, group in entries:
@@ -344,8 +351,10 @@ class ConcurrentTrainer:
                         job.runner.run_group(group, env)
                         readings.append(probe.since(start))
                     if group == len(job.partition.groups) - 1:
-                        job.losses.append(float(job.runner.finish(env)))
+                        pending.append(job.runner.finish(env).detach())
                         env = None
+                        if len(pending) > LOSSES_IN_FLIGHT:
+                            job.losses.append(float(pending.pop(0)))
                     barrier.done(job, round_)
         except BarrierAborted:
             pass
@@ -355,6 +364,13 @@ class ConcurrentTrainer:
             job.error = e
         finally:
             env = None  # its tensors go back to the allocator
+            try:
+                job.losses += [float(x) for x in pending]  # the steps it finished
+                if stream is not None:  # the caller reads the parameters on the default stream
+                    torch.cuda.default_stream(stream.device).wait_stream(stream)
+            except BaseException as e:
+                job.error = job.error or e
+            pending = []
             barrier.leave(job)
 
     def _sync_and_coalesce(self, jobs: list[Job]) -> None:
