@@ -198,6 +198,9 @@ def test_simulate_at_a_batch_with_a_plot(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] and data["hazards"] == 0 and data["schedule"] == "phased"
     assert png.stat().st_size > 10_000
+    assert 0 < data["gpu_busy"] <= 1 and data["throughput"] > 0
+    assert cli.main(["simulate", "resnet18", "resnet18", "--batch-size", "16"]) == 0
+    assert "GPU busy, same time" in capsys.readouterr().out
     assert cli.main(["simulate", "resnet18", "--batch-size", "512", "--memory-limit", "1GiB"]) == 1
     assert "out of memory" in capsys.readouterr().out
 

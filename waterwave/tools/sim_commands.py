@@ -158,8 +158,10 @@ def _print_simulation(result: dict, args) -> None:
         t.add_row("peak allocated", _mib(result["peak_allocated"]))
         for name, st in zip(result["jobs"], result["step_time_us"]):
             t.add_row(f"step time, {name}", "-" if st is None else f"{st / 1000:.1f} ms")
-        t.add_row("throughput", f"{result['throughput']:,.0f} samples/s"
+        t.add_row("throughput, steady steps", f"{result['throughput']:,.0f} samples/s"
                   if result["throughput"] else "-")
+        t.add_row("GPU busy, same time", f"{result['gpu_busy']:.1%}"
+                  if result.get("gpu_busy") is not None else "-")
         t.add_row("syncs / stream waits", f"{result['syncs']} / {result['stream_waits']}")
         t.add_row("hazards", str(result["hazards"]))
     console.print(t)
