@@ -37,16 +37,19 @@ def bench():
         del sys.modules[spec.name]
 
 
-@pytest.mark.parametrize("schedule", ["lockstep", "waterwave"])
-def test_a_trial_trains_every_job_in_its_own_process(tmp_path, schedule):
+@pytest.mark.parametrize("schedule,split", [("lockstep", []), ("waterwave", []),
+                                            ("waterwave", ["--split-mib", "0.001"])])
+def test_a_trial_trains_every_job_in_its_own_process(tmp_path, schedule, split):
     (tmp_path / "tiny_model.py").write_text(TINY)
     r = subprocess.run([sys.executable, str(SCRIPT), "trial", schedule, "tiny_model:build", "4",
-                        "2", "12", "3", "--device", "cpu"], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=300)
+                        "2", "12", "3", "--device", "cpu", *split], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout.splitlines()[-1])
     assert row["fits"] and row["error"] is None and row["throughput"] > 0
     assert (row["schedule"], row["batch"], row["jobs"], row["steps"]) == (schedule, 4, 2, 3)
+    if split:  # the trainer cuts its groups at the size given
+        assert row["split_sizes"] == [int(0.001 * 2**20)] * 2
 
 
 def test_a_trial_that_cannot_build_its_model_does_not_fit(tmp_path):
@@ -62,7 +65,7 @@ def test_the_search_and_report_over_trial_results(bench):
     lockstep 128 per job; the pipeline is given 248 per job."""
     calls = []
 
-    def trial(schedule, model, batch, njobs, cap_gib, steps):
+    def trial(schedule, model, batch, njobs, cap_gib, steps, split_mib=None):
         calls.append((schedule, batch, njobs))
         room = 248 if schedule == "waterwave" and njobs == 2 else 256 // njobs
         return {"schedule": schedule, "batch": batch, "fits": batch <= room,

@@ -6,25 +6,28 @@ throughput at least lockstep's at the same batch), which
 bench/concurrent/run.py can only simulate.
 
     python bench/concurrent/trainer_gpu.py [--model resnet50] [--jobs 2] [--cap-gib 12]
-                                           [--steps 6] [--out bench/results]
+                                           [--steps 6] [--split-mib N] [--out bench/results]
 
 It finds the largest batch per job (steps of 8, the simulator's search)
 for one job alone and for the jobs together under the trainer's
 ``lockstep`` schedule (no barrier: PyTorch's jobs side by side) and its
 ``waterwave`` schedule, then times both schedules at lockstep's largest
-batch. Every trial runs in its own process, since PyTorch takes an
-allocator once per process:
+batch. ``--split-mib`` sets the trainer's ``split_size`` (default: its own
+choice, a step's peak over 8); the simulator finds that groups as large as
+the peak, taking turns step by step, fit more at the same throughput, which
+only a GPU can confirm. Every trial runs in its own process, since PyTorch
+takes an allocator once per process:
 
     python bench/concurrent/trainer_gpu.py trial SCHEDULE MODEL BATCH JOBS CAP_GIB STEPS
-                                                 [--device cpu]
+                                                 [--device cpu] [--split-mib N]
 
 prints one JSON line: whether every job trained ``STEPS`` steps after a
 warm-up step, the samples per second of all jobs over those steps, the
 allocator's peak, and a failed job's error. ``--device cpu`` runs a trial
 on CPU tensors, with no allocator and no cap, so that the suite can check
 the trial on a machine without a GPU. Results go to
-bench/results/concurrent_trainer_gpu.{json,md}, naming the GPU. Without a
-CUDA GPU the search says so and exits 2.
+bench/results/concurrent_trainer_gpu.{json,md}, naming the GPU (``_split<N>mib`` added
+with ``--split-mib``). Without a CUDA GPU the search says so and exits 2.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ SCHEDULES = ("lockstep", "waterwave")
 
 
 def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, steps: int,
-          device: str = "cuda") -> dict:
+          device: str = "cuda", split_mib: float | None = None) -> dict:
     """One trial in this process: ``njobs`` copies of ``model`` at ``batch``
     trained by the ConcurrentTrainer under ``schedule``."""
     if str(ROOT) not in sys.path:
@@ -65,7 +68,7 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
 
     out = {"schedule": schedule, "model": model, "batch": batch, "jobs": njobs,
            "cap_gib": cap_gib if device == "cuda" else None, "steps": steps, "device": device,
-           "fits": False, "throughput": None, "error": None}
+           "split_mib": split_mib, "fits": False, "throughput": None, "error": None}
     try:
         jobs = []
         for k in range(njobs):
@@ -74,7 +77,8 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
             opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
             jobs.append(waterwave.Job(net, inputs, loss_fn, opt, name=f"{model}-{k}"))
         trainer = waterwave.ConcurrentTrainer(
-            jobs, memory_limit=cap if device == "cuda" else None, schedule=schedule)
+            jobs, memory_limit=cap if device == "cuda" else None, schedule=schedule,
+            split_size=int(split_mib * 2**20) if split_mib else None)
         trainer.step()  # warm-up: cuDNN's plans, the allocator's first segments
         _sync(device)
         start = time.perf_counter()
@@ -93,7 +97,9 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
         if not out["fits"]:
             out["error"] = "a loss is missing or not finite"
         out["throughput"] = njobs * batch * steps / seconds
-    out["syncs"] = trainer.stats()["syncs"]
+    stats = trainer.stats()
+    out["syncs"] = stats["syncs"]
+    out["split_sizes"] = [j["split_size"] for j in stats["jobs"]]
     if device == "cuda":
         stats = waterwave.cuda.memory_stats()
         out["peak_reserved_mib"] = stats["reserved_bytes.all.peak"] / 2**20
@@ -119,10 +125,12 @@ class Trial:
 
 
 def run_trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, steps: int,
-              device: str = "cuda", timeout: int = 1800) -> dict:
+              device: str = "cuda", split_mib: float | None = None, timeout: int = 1800) -> dict:
     """A trial in its own process; a crash or a hang is a trial that failed."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "trial", schedule, model, str(batch),
            str(njobs), str(cap_gib), str(steps), "--device", device]
+    if split_mib:
+        cmd += ["--split-mib", str(split_mib)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -137,14 +145,14 @@ def run_trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float,
 
 
 def measure(model: str, njobs: int, cap_gib: float, steps: int, say=print,
-            trial_fn=run_trial) -> dict:
+            trial_fn=run_trial, split_mib: float | None = None) -> dict:
     """The largest batch per job alone, lockstep and under the pipeline,
     then both schedules' throughput at lockstep's largest batch."""
     from waterwave.sim.maxbatch import search
 
     def largest(schedule: str, n: int) -> dict:
         def fits(batch: int) -> Trial:
-            row = trial_fn(schedule, model, batch, n, cap_gib, steps)
+            row = trial_fn(schedule, model, batch, n, cap_gib, steps, split_mib=split_mib)
             say(json.dumps(row))
             return Trial(row)
 
@@ -153,14 +161,14 @@ def measure(model: str, njobs: int, cap_gib: float, steps: int, say=print,
                 "at_max": found.result.row if found.result else None}
 
     out = {"model": model, "jobs": njobs, "cap_gib": cap_gib, "steps": steps,
-           "alone": largest("lockstep", 1)}
+           "split_mib": split_mib, "alone": largest("lockstep", 1)}
     for schedule in SCHEDULES:
         out[schedule] = largest(schedule, njobs)
     b = out["lockstep"]["max_batch"]
     out["at_lockstep_batch"] = {"batch": b}
     if b:
         for schedule in SCHEDULES:
-            row = trial_fn(schedule, model, b, njobs, cap_gib, steps)
+            row = trial_fn(schedule, model, b, njobs, cap_gib, steps, split_mib=split_mib)
             say(json.dumps(row))
             out["at_lockstep_batch"][schedule] = row
     return out
@@ -179,7 +187,8 @@ def markdown(result: dict) -> str:
              f"`python bench/concurrent/trainer_gpu.py` ({result['seconds']:.0f} s): "
              "`waterwave.ConcurrentTrainer` on the Waterwave allocator "
              f"(policy `waterwave`, `max_split_size_mb:128`), each trial in its own process, "
-             f"{result['steps']} timed steps after a warm-up step.", "",
+             f"{result['steps']} timed steps after a warm-up step; split size "
+             f"{_split(result.get('split_mib'))}.", "",
              "| schedule | largest batch per job | of one alone | samples/s at that batch | "
              "peak reserved (MiB) |", "|---|---|---|---|---|",
              f"| one job alone | {alone} | | {rate(result['alone']['at_max'])} | "
@@ -193,6 +202,10 @@ def markdown(result: dict) -> str:
         lines += ["", f"At lockstep's largest batch ({same['batch']} per job): lockstep "
                   f"{rate(same['lockstep'])} samples/s, the pipeline {rate(same['waterwave'])}."]
     return "\n".join(lines) + "\n"
+
+
+def _split(mib) -> str:
+    return "the trainer's choice (a step's peak / 8)" if not mib else f"{mib:g} MiB"
 
 
 def _mib(row) -> str:
@@ -211,15 +224,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("cap_gib", type=float)
         ap.add_argument("steps", type=int)
         ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+        ap.add_argument("--split-mib", type=float)
         a = ap.parse_args(argv[1:])
         print(json.dumps(trial(a.schedule, a.model, a.batch, a.jobs, a.cap_gib, a.steps,
-                               a.device)), flush=True)
+                               a.device, a.split_mib)), flush=True)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cap-gib", type=float, default=12.0)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--split-mib", type=float, help="node groups' size (default: the trainer's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     import torch
@@ -230,14 +245,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     t0 = time.time()
-    result = measure(args.model, args.jobs, args.cap_gib, args.steps)
+    result = measure(args.model, args.jobs, args.cap_gib, args.steps, split_mib=args.split_mib)
     result.update(gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
                   date=time.strftime("%Y-%m-%d"), seconds=round(time.time() - t0, 1),
                   measured=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "concurrent_trainer_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "concurrent_trainer_gpu.md").write_text(markdown(result))
+    stem = "concurrent_trainer_gpu" + (f"_split{args.split_mib:g}mib" if args.split_mib else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
