@@ -289,6 +289,14 @@ def test_bfs_order_is_topological_and_groups_cover_it(graph):
     assert all(abs(g.delta) >= 2048 for g in part.groups[:-1])
     assert part.num_angs >= 1 and part.groups[part.num_angs].kind == "DNG"
     assert auto_split_size(graph) >= max(abs(d) for d in deltas)
+    # The simulator's node-group schedule cuts each peak in its `groups`:
+    # one group per peak gives fewer, larger groups than the default eight.
+    from waterwave.sim.schedules import NodeGroupSchedule
+
+    whole = NodeGroupSchedule(groups=1).partition(graph)
+    default = NodeGroupSchedule().partition(graph)
+    assert whole.split_size == auto_split_size(graph, 1) >= default.split_size
+    assert len(whole.groups) < len(default.groups)
 
 
 def test_two_groups_cut_after_the_forward_pass(graph):

@@ -13,6 +13,7 @@ from waterwave.sim.jobs import JobModel
 from waterwave.sim.kernels import KernelModel
 from waterwave.sim.maxbatch import max_batch
 from waterwave.sim.multijob import simulate
+from waterwave.sim.schedules import NODE_GROUP_SCHEDULES, NodeGroupSchedule
 from waterwave.sim.schedules import schedule as named_schedule
 from waterwave.tools import models
 
@@ -45,12 +46,16 @@ class Lab:
         return self.models[name]
 
     def search(self, names, schedule="lockstep", policy="pytorch", config="", sync=False,
-               gpu=GPU, limit=None, split_size=None):
+               gpu=GPU, limit=None, split_size=None, groups=None):
+        if groups is not None:  # a node-group schedule cutting each peak in `groups`
+            schedule = NodeGroupSchedule(schedule, split_size, limit or _memory(gpu),
+                                         groups=groups, **NODE_GROUP_SCHEDULES[schedule])
         found = max_batch([self.model(n) for n in names], gpu, limit, schedule, policy,
                           self.kernels, config=config, split_size=split_size,
                           sync_at_barrier=sync)
         r = found.result
-        self.say(f"  {'+'.join(names)} {schedule} {policy} {config or ''}: {found.max_batch}")
+        self.say(f"  {'+'.join(names)} {getattr(schedule, '__name__', schedule)} {policy} "
+                 f"{config or ''}{f' groups {groups}' if groups else ''}: {found.max_batch}")
         return {"max_batch": found.max_batch, "throughput": r.throughput if r else None,
                 "gpu_busy": r.gpu_busy if r else None,
                 "peak_reserved": r.peak_reserved if r else None, "syncs": r.syncs if r else None,
@@ -149,4 +154,18 @@ def split_sweep(lab: Lab, name="resnet50", sizes_gib=(0.25, 0.5, 1, 2, 4, 6, 8, 
     for gib in sizes_gib:
         out[gib] = lab.search([name] * 2, *VARIANTS["Waterwave"], split_size=int(gib * (1 << 30)))
     out["auto"] = lab.search([name] * 2, *VARIANTS["Waterwave"])
+    return out
+
+
+def turns(lab: Lab, h100_limit: int) -> dict:
+    """Waterwave with groups as large as a step's peak: the safe pairing
+    then takes turns step by step. Against the default (peak / 8), per
+    Table 1 model and for the H100 pair under its cap."""
+    lab.say("Whole steps in turns")
+    out = {}
+    cases = [(name, GPU, None) for name in TABLE1] + [("resnet50", "H100-80GB", h100_limit)]
+    for name, gpu, limit in cases:
+        label = name if limit is None else f"{name}, H100 under {limit / (1 << 30):g} GiB"
+        out[label] = {"peak": lab.search([name] * 2, *VARIANTS["Waterwave"], gpu=gpu,
+                                         limit=limit, groups=1)}
     return out

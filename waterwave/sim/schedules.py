@@ -85,6 +85,7 @@ class NodeGroupSchedule:
     cut: str | None = None           # two groups: "forward" or "peak" (waterwave-s)
     overlap: bool = True             # a job's next step starts as soon as it can
     pairing: str = "algorithm1"      # or "memory" (exec/pairing.memory_rounds)
+    groups: int = 8                  # without a split_size: each job's peak over this many
 
     @property
     def __name__(self) -> str:
@@ -93,7 +94,7 @@ class NodeGroupSchedule:
     def partition(self, g) -> Partition:
         if self.cut:
             return two_groups(g, self.cut)
-        return partition(g, self.split_size or auto_split_size(g), self.order)
+        return partition(g, self.split_size or auto_split_size(g, self.groups), self.order)
 
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         for t in jobs:
