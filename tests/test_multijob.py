@@ -1,6 +1,8 @@
 """Several jobs on one simulated GPU: schedules, policies, out of memory as a
 result, the batch-size search, and the calibration against the H100."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -10,6 +12,7 @@ from waterwave.sim.maxbatch import max_batch, search  # noqa: E402
 from waterwave.sim.multijob import POLICIES, SimResult, simulate  # noqa: E402
 from waterwave.sim.schedules import Segment  # noqa: E402
 from waterwave.sim.schedules import schedule as named_schedule  # noqa: E402
+from waterwave.sim.trace import Op, Trace  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 
 GiB = 1 << 30
@@ -95,6 +98,51 @@ def test_throughput_never_beats_the_gpu(r18, schedule):
     assert r.throughput == pytest.approx(16 / work * 1e6 * r.gpu_busy, rel=1e-9)
     if schedule == "lockstep":  # jobs free to run keep the GPU busy
         assert r.gpu_busy == pytest.approx(1, abs=1e-6)
+
+
+@st.composite
+def jobs_and_schedules(draw):
+    """Identical jobs (a random step of operators, some with a first call's
+    cost) and a random schedule: each step cut in pieces, each piece in a
+    round no earlier than the job's last."""
+    n_ops = draw(st.integers(2, 8))
+    ops, block = [], 0
+    for k in range(n_ops):
+        op = Op(f"op{k}", phase="forward", gpu_us=draw(st.floats(0, 500)),
+                cpu_us=draw(st.floats(1, 60)), first_us=draw(st.sampled_from([0.0, 0.0, 900.0])))
+        op.alloc, op.free = [(block, 512 * draw(st.integers(1, 8)))], [block]
+        block += 1
+        ops.append(op)
+    ops[0].gpu_us = max(ops[0].gpu_us, 1.0)  # a step does some work on the GPU
+    trace = Trace("random", ops, meta={"batch_size": 8})
+    n_jobs, steps = draw(st.integers(2, 3)), draw(st.integers(2, 4))
+    cuts = {}
+    for j in range(n_jobs):
+        r, segs = 0, []
+        for s in range(steps):
+            bounds = sorted(set(draw(st.lists(st.integers(1, n_ops - 1), max_size=2))))
+            for first, last in zip([0, *bounds], [*bounds, n_ops]):
+                r += draw(st.integers(0, 2))
+                segs.append(Segment(r, s, first, last))
+        cuts[j] = segs
+    return [trace] * n_jobs, steps, cuts
+
+
+@given(jobs_and_schedules())
+@settings(max_examples=60, deadline=None)
+def test_no_schedule_makes_the_gpu_busier_than_always(case):
+    """Whatever the schedule, the jobs' kernels run one at a time: the busy
+    share is at most 1, and identical jobs make at most one batch per step's
+    kernel time; the throughput is exactly that bound times the busy share."""
+    jobs, steps, cuts = case
+    r = simulate(jobs, "H100-80GB", None, lambda traces, n: [cuts[j] for j in range(len(traces))],
+                 "waterwave", steps=steps, record=False)
+    assert r.ok and r.hazards == 0
+    if r.throughput is None:  # no moment found every job past its first step and none done
+        return
+    work = sum(op.gpu_us for op in jobs[0].ops)
+    assert 0 <= r.gpu_busy <= 1 + 1e-9
+    assert r.throughput == pytest.approx(8 / work * 1e6 * r.gpu_busy, rel=1e-9, abs=1e-9)
 
 
 def test_one_jobs_throughput_is_its_batch_over_its_step_time(r18):
