@@ -270,6 +270,12 @@ def test_bad_arguments_are_clear_errors():
         ww.ConcurrentTrainer([job], split_size=0)
     with pytest.raises(ValueError, match="steps must be at least 1"):
         ww.ConcurrentTrainer([job]).run(0)
+    with pytest.raises(ValueError, match="memory_limit must be a positive number of bytes"):
+        ww.ConcurrentTrainer([job], memory_limit=0)
+    small = ww.ConcurrentTrainer([job], memory_limit=1024)
+    with pytest.raises(ValueError, match="does not even hold the jobs' persistent tensors"):
+        small.run(1)
+    assert job.losses == [] and job.error is None  # nothing ran
 
 
 # Partitions -----------------------------------------------------------------

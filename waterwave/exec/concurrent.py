@@ -193,6 +193,9 @@ class ConcurrentTrainer:
             raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if split_size is not None and split_size <= 0:
             raise ValueError(f"split_size must be positive, got {split_size}")
+        if memory_limit is not None and not memory_limit > 0:
+            raise ValueError(f"memory_limit must be a positive number of bytes, got "
+                             f"{memory_limit!r}; leave it out to plan for the device's free memory")
         self.schedule, self.split_size, self.memory_limit = schedule, split_size, memory_limit
         self.sync_at_barrier, self.order = sync_at_barrier, order
         self.jobs: list[Job] = []
@@ -258,6 +261,18 @@ class ConcurrentTrainer:
                                     p.split_size))
         return rounds(groups, limit, steps)
 
+    def _check_budget(self, jobs: list[Job]) -> None:
+        """A limit below what the jobs hold between steps can never be met."""
+        if self.memory_limit is None or self.schedule == "lockstep":
+            return
+        held = sum(graph_plan(k, j.graph, j.partition).persistent for k, j in enumerate(jobs))
+        if held >= self.memory_limit:
+            names = ", ".join(j.name for j in jobs)
+            raise ValueError(f"memory_limit {self.memory_limit} bytes does not even hold the jobs' "
+                             f"persistent tensors ({held} bytes: parameters, buffers, optimizer "
+                             f"state and batches of {names}): raise it, or train fewer jobs "
+                             "together")
+
     def _budget(self, jobs: list[Job]) -> int | None:
         if self.memory_limit is not None:
             return self.memory_limit
@@ -272,6 +287,7 @@ class ConcurrentTrainer:
         jobs = self.active
         if not jobs:
             return
+        self._check_budget(jobs)
         probe = self._memory_probe(jobs) if self.schedule == "waterwave" else None
         if probe is not None and any(j.measured is None for j in jobs):
             # Every job's next step alone, so that all keep the same count.
