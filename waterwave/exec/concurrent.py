@@ -43,12 +43,12 @@ import contextlib
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .counter_barrier import BarrierAborted, CounterBarrier
 from .nodegroups import Partition, auto_split_size, partition, two_groups
-from .pairing import JobGroups, graph_plan, memory_rounds, rounds
+from .pairing import JobGroups, JobPlan, graph_plan, memory_rounds, rounds
 from .step import CapturedStep
 
 SCHEDULES = ("waterwave", "waterwave-alg1", "waterwave-s", "lockstep")
@@ -69,6 +69,7 @@ class Job:
         self.error: BaseException | None = None
         self.runner: _GroupRunner | None = None
         self.partition: Partition | None = None
+        self.plan: JobPlan | None = None  # its groups' bytes from the graph, for the pairing
         self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
         self._stream = None
 
@@ -215,6 +216,7 @@ class ConcurrentTrainer:
             order = "program" if self.schedule == "lockstep" else self.order
             job.partition = partition(job.graph, size, order)
         job.runner = _GroupRunner(job.step_fn, job.partition)
+        job.plan = graph_plan(0, job.graph, job.partition)
         job.measured = None  # its groups are this trainer's: measure them again
         self.jobs.append(job)
 
@@ -247,12 +249,8 @@ class ConcurrentTrainer:
                     for k, j in enumerate(jobs)}
         limit = self._budget(jobs)
         if self.schedule == "waterwave":
-            plans = []
-            for k, j in enumerate(jobs):
-                plan = graph_plan(k, j.graph, j.partition)
-                if j.measured is not None:
-                    plan.groups = list(j.measured)
-                plans.append(plan)
+            plans = [replace(j.plan, job=k, groups=list(j.measured or j.plan.groups))
+                     for k, j in enumerate(jobs)]
             return memory_rounds(plans, limit or 1 << 62, steps)
         groups = []
         for k, j in enumerate(jobs):
@@ -265,7 +263,7 @@ class ConcurrentTrainer:
         """A limit below what the jobs hold between steps can never be met."""
         if self.memory_limit is None or self.schedule == "lockstep":
             return
-        held = sum(graph_plan(k, j.graph, j.partition).persistent for k, j in enumerate(jobs))
+        held = sum(j.plan.persistent for j in jobs)
         if held >= self.memory_limit:
             names = ", ".join(j.name for j in jobs)
             raise ValueError(f"memory_limit {self.memory_limit} bytes does not even hold the jobs' "
@@ -386,7 +384,6 @@ class ConcurrentTrainer:
                     torch.cuda.default_stream(stream.device).wait_stream(stream)
             except BaseException as e:
                 job.error = job.error or e
-            pending = []
             barrier.leave(job)
 
     def _sync_and_coalesce(self, jobs: list[Job]) -> None:

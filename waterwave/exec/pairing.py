@@ -218,9 +218,10 @@ def graph_plan(job: int, g: Graph, part: Partition) -> JobPlan:
     tensors, each at its ``footprint`` in the allocator. A node holds its
     outputs before the tensors it used last are freed (eager PyTorch frees
     them when the operator returns), so a group's rise counts them both.
-    The trainer and the simulator both plan from this. What kernels
-    allocate around themselves (cuDNN's workspaces) is not in the graph:
-    the pairing's margin is for it."""
+    The trainer plans from this on the CPU. What kernels allocate around
+    themselves (cuDNN's workspaces) is not in the graph, so on a GPU the
+    trainer measures its groups instead, and the simulator plans from its
+    traces (``sim.schedules.group_rises``)."""
     size = {t.id: footprint(t.size) for t in g.tensors}
     kept = {t.id for t in g.tensors if t.persistent or t.kind == "input"}
     freed: dict[int, int] = {}  # node -> bytes of the tensors it used last

@@ -350,7 +350,6 @@ class _Run:
             r.throughput, r.gpu_busy = self._steady_rates(r.batch_sizes)
         r.time_us, r.reserved, r.per_job = self.time, self.reserved, self.per_job
 
-
     def _steady_rates(self, batch_sizes: list[int | None]) -> tuple[float | None, float | None]:
         """Samples per second of all jobs together in steady steps, and the
         share of that time the GPU ran their kernels; None when no moment
