@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -38,7 +39,11 @@ def solve_paper_ilp(g: Graph, time_limit: float = 60.0):
         # The head of stderr holds the error (or a fatal error's stack).
         raise RuntimeError(f"the HiGHS ILP solve failed (exit {r.returncode}): "
                            f"{r.stderr.strip()[:3000]}")
-    out = json.loads(r.stdout)
+    try:
+        out = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"the HiGHS ILP solve answered no JSON on stdout: "
+                           f"{r.stdout.strip()[:3000]!r}") from None
     if out is None:
         return None
     return out["order"], {int(k): v for k, v in out["offsets"].items()}, out["arena"], out["status"]
@@ -128,11 +133,22 @@ def _solve_here(g: Graph, time_limit: float):
     return order, offsets, arena, "optimal" if status == highspy.HighsModelStatus.kOptimal else "feasible"
 
 
-if __name__ == "__main__":
+def _main() -> None:
     graph = Graph.from_dict(json.load(sys.stdin))
+    # The answer alone goes to stdout: whatever the solver library prints
+    # (highspy 1.16 prints its banner before any option can silence it)
+    # goes to stderr, at the descriptor, where C's printf writes too.
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     res = _solve_here(graph, float(sys.argv[1]))
     if res is None:
-        print("null")
+        answer.write("null\n")
     else:
         order, offsets, arena, status = res
-        print(json.dumps({"order": order, "offsets": offsets, "arena": arena, "status": status}))
+        answer.write(json.dumps({"order": order, "offsets": offsets, "arena": arena,
+                                 "status": status}) + "\n")
+    answer.close()
+
+
+if __name__ == "__main__":
+    _main()
