@@ -209,8 +209,8 @@ class FakeProbe:
     group holds nothing after it but rises ``rise`` bytes while it runs (a
     workspace the graph cannot show)."""
 
-    def __init__(self, rise):
-        self.rise, self.groups = rise, 0
+    def __init__(self, rise, available=None):
+        self.rise, self.groups, self.free = rise, 0, available
 
     def start(self):
         return 0
@@ -218,6 +218,9 @@ class FakeProbe:
     def since(self, start):
         self.groups += 1
         return 0, self.rise
+
+    def available(self):
+        return self.free
 
 
 def test_on_a_gpu_the_first_step_alone_measures_the_groups_the_pairing_plans_from():
@@ -246,6 +249,26 @@ def test_on_a_gpu_the_first_step_alone_measures_the_groups_the_pairing_plans_fro
     assert all(j["measured"] for j in trainer.stats()["jobs"])
     trainer.run(1)  # measured once
     assert probe.groups == sum(groups)
+
+
+@pytest.mark.parametrize("room", ["little", "plenty"])
+def test_without_a_limit_a_gpu_budget_is_what_the_allocator_can_still_give(room):
+    """No memory_limit on a GPU: the jobs may hold what they hold already plus
+    what the allocator can still give (its cache, the driver's free memory
+    within its fraction). Little room beside their measured rises makes the
+    jobs take turns; plenty lets them run free."""
+    rise = 1 << 20
+    jobs = pairs()[:2]
+    persistent = sum(graph_plan(0, p.job.graph, partition(p.job.graph, 4096)).persistent
+                     for p in jobs)
+    available = int((persistent + 1.5 * rise) / 0.97) - persistent if room == "little" else 1 << 40
+    trainer = ww.ConcurrentTrainer([p.job for p in jobs], split_size=4096)
+    trainer._memory_probe = lambda jobs: FakeProbe(rise, available)
+    losses = trainer.run(3)
+    for p, got in zip(jobs, losses):
+        p.check(got, 3)
+    groups = sum(len(p.job.partition.groups) for p in jobs)
+    assert trainer.rounds_run == (2 * groups if room == "little" else 1)
 
 
 def test_a_job_failing_in_its_measured_step_stops_alone():

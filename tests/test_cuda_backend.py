@@ -487,6 +487,18 @@ def test_torch_names_and_the_summary_on_the_cuda_backend(fake, policy):
     assert wc.memory_allocated(0) == 0
 
 
+def test_device_memory_and_the_memory_fraction_by_torchs_names(fake):
+    """``mem_get_info`` is the driver's view: cached memory counts as used;
+    ``get_per_process_memory_fraction`` is the allocator's cap."""
+    use(fake, per_process_memory_fraction=0.25)
+    assert wc.mem_get_info(0) == (1024 * MiB, 1024 * MiB)  # the fixture's capacity
+    assert wc.get_per_process_memory_fraction("cuda:0") == 0.25
+    p = _C.cuda_malloc(3 * MiB, 0, S1)
+    _C.cuda_free(p, 3 * MiB, 0, S1)
+    reserved = wc.memory_reserved(0)
+    assert reserved >= 3 * MiB and wc.mem_get_info(0) == (1024 * MiB - reserved, 1024 * MiB)
+
+
 def test_snapshots_from_the_cuda_backend_open_in_torchs_memory_viz(fake, policy, tmp_path):
     mv = pytest.importorskip("torch.cuda._memory_viz")
     from waterwave.sim.trace import from_snapshot

@@ -140,7 +140,7 @@ PROBE = """
     fake = ctypes.CDLL({driver!r})
     fake.fake_cuda_set_capacity.argtypes = [ctypes.c_size_t]
     fake.fake_cuda_set_capacity(256 << 20)
-    ww.install_allocator(policy="waterwave", driver={driver!r})
+    ww.install_allocator(policy="waterwave", driver={driver!r}, per_process_memory_fraction=0.5)
     alloc, free = (torch._C._cuda_cudaCachingAllocator_raw_alloc,
                    torch._C._cuda_cudaCachingAllocator_raw_delete)
     kept = alloc(16 << 20, 0)  # held before the group: not the group's
@@ -149,15 +149,18 @@ PROBE = """
     a = alloc(4 << 20, 0)
     workspace = alloc(32 << 20, 0)
     free(workspace)
-    print(json.dumps(dict(start=start, since=probe.since(start))))
+    print(json.dumps(dict(start=start, since=probe.since(start), available=probe.available())))
 """
 
 
 def test_the_trainers_probe_reads_the_waterwave_allocators_counters(fake_path, fake_runtime):
     """On a GPU the ConcurrentTrainer measures each node group's net bytes
     and rise with this probe; here through PyTorch's real pluggable path
-    down to the fake driver: a tensor kept and a workspace freed inside."""
+    down to the fake driver: a tensor kept and a workspace freed inside.
+    What the allocator can still give is its cap (half of 256 MiB) less the
+    20 MiB live, whatever it has cached."""
     r = run_python(PROBE.format(driver=str(fake_path)), LD_PRELOAD=str(fake_runtime))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["start"] == 16 * MiB and out["since"] == [4 * MiB, 36 * MiB]
+    assert out["available"] == 128 * MiB - 20 * MiB

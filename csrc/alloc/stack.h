@@ -57,6 +57,7 @@ class AllocatorStack {
   std::vector<SegmentInfo> snapshot() { return online_->snapshot(); }
   void check_invariants();
   Allocator& online() { return *online_; }
+  Device& device() { return device_; }
   // Allocated bytes, planned blocks included: nothing may be reset while > 0.
   std::size_t live_bytes();
 

@@ -32,6 +32,13 @@ void bind_runtime(py::module_& m, CudaRuntime& rt) {
     AllocatorStack& s = rt.stack(device);
     return stats_dict(s.stats(), s.online().kind());
   }, py::arg("device"));
+  m.def("cuda_mem_get_info", [&rt](int device) {
+    Device& d = rt.stack(device).device();
+    return std::make_pair(d.free_memory(), d.total_memory());
+  }, py::arg("device"), "(free, total) bytes of the device, as its driver reports them.");
+  m.def("cuda_memory_fraction", [&rt](int device) {
+    return rt.stack(device).online().config().per_process_memory_fraction;
+  }, py::arg("device"));
   m.def("cuda_snapshot", [&rt](int device) { return segments_list(rt.stack(device).snapshot()); },
         py::arg("device"));
   m.def("cuda_record_history",

@@ -147,6 +147,19 @@ def max_memory_allocated(device=None) -> int:
     return memory_stats(device)["allocated_bytes.all.peak"]
 
 
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device as its driver reports them
+    (``torch.cuda.mem_get_info``): memory this allocator has cached counts
+    as used."""
+    return tuple(_C.cuda_mem_get_info(_device_index(device)))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The share of the device's memory this allocator may reserve
+    (``per_process_memory_fraction``; torch's name), 1.0 for no limit."""
+    return _C.cuda_memory_fraction(_device_index(device))
+
+
 def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,
                           device=None) -> None:
     """Record the device allocator's events for ``memory_snapshot`` (torch's

@@ -21,7 +21,9 @@ On a GPU the Waterwave allocator (``waterwave.install_allocator()``) serves
 every job from one cache, so a block one job frees can serve another's
 allocation after an asynchronous stream wait; ``sync_at_barrier`` adds the
 paper's SyncAndCoalesce between rounds. Without a memory limit the budget
-is the GPU's free memory, or unlimited on the CPU.
+is what the jobs hold plus what the GPU's allocator can still give (its
+cached free blocks, and the driver's free memory within the allocator's
+memory fraction), or unlimited on the CPU.
 
 The ``waterwave`` schedule plans from each group's bytes. On the CPU they
 are the captured graph's tensors at their footprint in a caching allocator
@@ -272,14 +274,15 @@ class ConcurrentTrainer:
                              "together")
 
     def _budget(self, jobs: list[Job]) -> int | None:
+        """The bytes the jobs may hold together: ``memory_limit``; else, on a
+        GPU, what the allocator can still give (``_MemoryProbe.available``)
+        plus what the jobs hold already; else (the CPU) no limit."""
         if self.memory_limit is not None:
             return self.memory_limit
-        if any(j.step_fn.device == "cuda" for j in jobs):
-            import torch
-
-            free, _ = torch.cuda.mem_get_info()
-            return free + sum(j.persistent_bytes() for j in jobs)  # theirs are already there
-        return None
+        probe = self._memory_probe(jobs)
+        if probe is None:
+            return None
+        return probe.available() + sum(j.plan.persistent for j in jobs)
 
     def _run(self, steps: int) -> None:
         jobs = self.active
@@ -440,3 +443,14 @@ class _MemoryProbe:
         """(net bytes, most bytes above ``start``) since ``start()``."""
         now = self.stats.memory_allocated(self.device)
         return now - start, max(0, self.stats.max_memory_allocated(self.device) - start)
+
+    def available(self) -> int:
+        """Bytes new tensors can still take: the allocator's cached free
+        blocks, and what it may still reserve from the driver, within its
+        ``per_process_memory_fraction``. (The driver's free memory alone
+        misses the cache, and a cap the allocator keeps.)"""
+        free, total = self.stats.mem_get_info(self.device)
+        reserved = self.stats.memory_reserved(self.device)
+        cap = int(self.stats.get_per_process_memory_fraction(self.device) * total)
+        cached = reserved - self.stats.memory_allocated(self.device)
+        return min(free, max(0, cap - reserved)) + cached
