@@ -405,6 +405,43 @@ def test_the_counter_barrier_releases_waiters_when_a_job_leaves():
         b.done("a", 1)
 
 
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_counter_barrier_tracks_the_lowest_unfinished_round(data):
+    """Random jobs plan rounds, finish groups in any admissible order, leave
+    and plan again: after every step the barrier's counts equal a plain
+    model's, its lowest unfinished round is the model's, and a job at an
+    admissible round passes ``wait`` at once."""
+    b, model = CounterBarrier(), {}  # model: job -> its unfinished rounds, in order
+    ops = data.draw(st.lists(st.sampled_from(["plan", "run", "run", "run", "leave"]),
+                             min_size=1, max_size=60))
+    for op in ops:
+        job = data.draw(st.sampled_from("abc"))
+        if op == "plan":
+            start = max((r for rs in model.values() for r in rs), default=0)
+            rounds = sorted(data.draw(st.lists(st.integers(start, start + 8), max_size=6)))
+            b.plan(job, rounds)
+            model.setdefault(job, []).extend(rounds)
+            model[job].sort()
+        elif op == "leave":
+            b.leave(job)
+            model.pop(job, None)
+        else:
+            lowest = min((r for rs in model.values() for r in rs), default=None)
+            ready = [j for j, rs in model.items() if rs and rs[0] == lowest]
+            if ready:
+                j = data.draw(st.sampled_from(sorted(ready)))
+                b.wait(j, lowest)  # admissible: returns at once
+                b.done(j, lowest)
+                model[j].pop(0)
+        want = {}
+        for rs in model.values():
+            for r in rs:
+                want[r] = want.get(r, 0) + 1
+        assert b.pending() == want
+        assert b._lowest() == min(want, default=float("inf"))
+
+
 @pytest.mark.gpu
 def test_concurrent_jobs_on_a_gpu_train_as_alone():
     if not torch.cuda.is_available():
