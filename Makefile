@@ -86,6 +86,7 @@ test: build sanitize test-python
 bench: build
 	$(PY) -m waterwave bench alloc --json --out bench/results/alloc.json
 	$(PY) bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
+	$(PY) bench/concurrent/host.py --out bench/results
 
 # On a GPU (docker/README.md): each allocator's cost inside PyTorch, training
 # under each allocator and the planner, and the concurrent jobs under 12 GiB.

@@ -153,7 +153,7 @@ def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float
     bytes), the jobs run free, in one round."""
     limit = int(mem_limit * (1 - margin))
     by_job = {j.job: j for j in jobs}
-    if sum(_step_peak(j) for j in jobs) <= mem_limit * (1 - free_margin):
+    if sum(step_peak(j) for j in jobs) <= mem_limit * (1 - free_margin):
         # Every job's whole step fits beside the others': no barrier at all.
         return {j.job: [(0, s, g) for s in range(steps) for g in range(len(j.groups))]
                 for j in jobs}
@@ -248,7 +248,7 @@ def footprint(nbytes: int) -> int:
     return -(-rounded // (2 << 20)) * (2 << 20) if rounded > 10 << 20 else rounded
 
 
-def _step_peak(j: JobPlan) -> int:
+def step_peak(j: JobPlan) -> int:
     """The most a job holds over a step: persistent bytes and the highest
     level its groups reach."""
     level = most = j.persistent

@@ -1,0 +1,26 @@
+"""bench/concurrent/host.py, the NodeGroup pipeline's host cost: its quick
+run measures a real barrier and a real pairing and writes its report."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_host_cost_benchmark_measures_and_reports(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "host.py"), "--quick",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "concurrent_host.json").read_text())
+    assert res["measured"] == "CPU" and "cores" in res["machine"]
+    assert {(b["layout"], b["groups_per_job"]) for b in res["barrier"]} == {
+        (layout, n) for layout in ("turns", "side by side") for n in (100, 1000)}
+    assert all(b["us_per_group"] > 0 for b in res["barrier"])
+    # Turns: each job's group in a round of its own, so a run of s steps of
+    # 40 groups each takes 80 s rounds.
+    assert [(p["steps"], p["rounds"]) for p in res["pairing"]] == [(2, 160), (20, 1600)]
+    text = (tmp_path / "concurrent_host.md").read_text()
+    assert "| 1,000 | turns |" in text and "| 20 | 1,600 |" in text
+    assert str(tmp_path / "concurrent_host.md") in r.stdout
