@@ -181,13 +181,41 @@ def test_simulate_max_batch_json(capsys):
     assert cli.main(["simulate", "resnet18", "resnet18", "--memory-limit", "3GiB", "--max-batch",
                      "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["simulated"] and set(data["max_batch"]) == {"lockstep", "phased"}
+    found = data["max_batch"]
+    assert data["simulated"] and list(found) == ["lockstep", "phased", "waterwave"]
     sole = data["sole_max_batch"]
     assert sole > 0 and sole % 8 == 0
-    for schedule in data["max_batch"].values():
-        assert 0 < schedule["max_batch"] <= sole
+    for schedule in found.values():
+        assert 0 < schedule["max_batch"] <= sole and schedule["hazards"] == 0
         assert schedule["ratio_to_sole"] == round(schedule["max_batch"] / sole, 3)
         assert schedule["peak_reserved"] <= 3 * 2**30
+    # Each schedule under its own allocator: PyTorch's jobs under PyTorch's
+    # policy, the NodeGroup pipeline under ours, and it fits more.
+    assert [found[s]["policy"] for s in found] == ["pytorch", "pytorch", "waterwave"]
+    assert found["waterwave"]["config"] == "max_split_size_mb:128"
+    assert found["waterwave"]["max_batch"] > found["lockstep"]["max_batch"]
+
+
+def test_simulate_the_nodegroup_pipeline_at_a_batch(capsys):
+    """Node-group schedules from the command line, cut at a given split
+    size, under their own allocator unless one is given."""
+    pytest.importorskip("torch")
+    argv = ["simulate", "resnet18", "resnet18", "--memory-limit", "3GiB", "--batch-size", "96",
+            "--schedule", "waterwave", "--split-size", "256MiB", "--json"]
+    assert cli.main(argv) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert ours["ok"] and ours["hazards"] == 0 and ours["schedule"] == "waterwave"
+    assert (ours["policy"], ours["config"]) == ("waterwave", "max_split_size_mb:128")
+    assert ours["split_size"] == [256 * 2**20] * 2 and ours["peak_reserved"] <= 3 * 2**30
+    assert ours["shared_rounds"] < 1  # the jobs took turns at times
+    assert cli.main(argv + ["--policy", "pytorch", "--config", ""]) in (0, 1)
+    theirs = json.loads(capsys.readouterr().out)
+    assert (theirs["policy"], theirs["config"]) == ("pytorch", "")
+    assert cli.main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    assert "waterwave, max_split_size_mb:128" in out and "256 MiB, 256 MiB" in out
+    assert cli.main(["simulate", "resnet18", "--batch-size", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["split_size"] == [None]  # lockstep: no groups
 
 
 def test_simulate_at_a_batch_with_a_plot(tmp_path, capsys):
@@ -222,6 +250,8 @@ def test_replay_a_snapshot(tmp_path, capsys):
     (["simulate", "resnet18", "--memory-limit", "twelve"], "cannot read 'twelve' as a size"),
     (["simulate", "resnet18", "--memory-limit", "1TiB"], "cannot read '1TiB'"),
     (["simulate", "resnet18", "--memory-limit", "900GiB"], "not within"),
+    (["simulate", "resnet18", "--split-size=0"], "--split-size must be positive"),
+    (["simulate", "resnet18", "--config", "bogus:1"], "unrecognized key 'bogus'"),
 ])
 def test_simulate_and_replay_answer_bad_input_in_one_line(argv, says, capsys, tmp_path):
     assert cli.main(argv) == 2

@@ -147,6 +147,16 @@ NODE_GROUP_SCHEDULES = {
     "waterwave-s": dict(cut="forward", order="program"),
 }
 NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES)
+# Each schedule's allocator (policy, config), as the benchmarks and the demo
+# run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
+# the waterwave policy, blocks over 128 MiB never split (the paper's setting).
+ALLOCATORS: dict[str, tuple[str, str]] = {
+    "lockstep": ("pytorch", ""),
+    "phased": ("pytorch", ""),
+    "waterwave": ("waterwave", "max_split_size_mb:128"),
+    "waterwave-alg1": ("waterwave", "max_split_size_mb:128"),
+    "waterwave-s": ("waterwave", ""),
+}
 
 
 def schedule(name_or_fn: str | Schedule, memory_limit: int | None = None,

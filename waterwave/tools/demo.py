@@ -20,15 +20,12 @@ from ..sim.jobs import JobModel
 from ..sim.kernels import KernelModel
 from ..sim.maxbatch import max_batch
 from ..sim.multijob import simulate
+from ..sim.schedules import ALLOCATORS
 from ..sim.schedules import schedule as named_schedule
 
 GiB = 1 << 30
-# name -> (schedule, policy, allocator config), as bench/concurrent/tables.py
-SCHEDULES = {
-    "lockstep": ("lockstep", "pytorch", ""),
-    "phased": ("phased", "pytorch", ""),
-    "waterwave": ("waterwave", "waterwave", "max_split_size_mb:128"),
-}
+# name -> (schedule, policy, allocator config), each schedule's own allocator
+SCHEDULES = {name: (name, *ALLOCATORS[name]) for name in ("lockstep", "phased", "waterwave")}
 
 
 def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",

@@ -12,7 +12,9 @@ import re
 
 from ..sim.gpus import GPUS
 from ..sim.multijob import POLICIES
-from ..sim.schedules import SCHEDULES
+from ..sim.schedules import ALLOCATORS, NAMES
+
+MAX_BATCH_SCHEDULES = ("lockstep", "phased", "waterwave")  # --max-batch without --schedule
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20,
          "gib": 1 << 30}
@@ -54,9 +56,17 @@ def simulate_command(args) -> int:
     from ..sim.kernels import NONE, KernelModel
 
     limit = parse_size(args.memory_limit) if args.memory_limit else None
+    if args.split_size is not None:
+        args.split_size = parse_size(args.split_size)
+        if args.split_size <= 0:
+            raise ValueError("--split-size must be positive, e.g. 256MiB")
+    if args.config:
+        from ..alloc.settings import parse_config
+
+        parse_config(args.config)  # a bad one is refused before anything is captured
     jobs = _job_models(args.models)
     kernels = KernelModel.load() if args.kernels == "measured" else NONE
-    schedules = args.schedule or (list(SCHEDULES) if args.max_batch else ["lockstep"])
+    schedules = args.schedule or (list(MAX_BATCH_SCHEDULES) if args.max_batch else ["lockstep"])
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[last]}"),
                   TimeElapsedColumn(), console=console, transient=True,
@@ -72,20 +82,39 @@ def simulate_command(args) -> int:
     return 0 if result.get("ok", True) else 1
 
 
-def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
-    from ..sim.multijob import simulate
+def allocator_for(args, schedule: str) -> tuple[str, str]:
+    """The policy and config a schedule runs under: the ones given, else the
+    schedule's own (``sim.schedules.ALLOCATORS``)."""
+    policy, config = ALLOCATORS[schedule]
+    return args.policy or policy, config if args.config is None else args.config
 
-    task = progress.add_task(f"capturing {', '.join(sorted(set(args.models)))}", total=None,
-                             last="")
-    traces = [m.trace_at(args.batch_size, args.gpu, kernels) for m in jobs]
-    progress.update(task, description=f"simulating {len(traces)} job(s), {args.steps} steps")
-    r = simulate(traces, args.gpu, limit, schedule, args.policy, args.steps)
+
+def _simulate_at(args, jobs, kernels, limit, schedule: str, batch: int):
+    """The jobs at ``batch`` under ``schedule`` and its allocator, recorded."""
+    from ..sim.gpus import gpu as named_gpu
+    from ..sim.multijob import simulate
+    from ..sim.schedules import schedule as named_schedule
+
+    policy, config = allocator_for(args, schedule)
+    sched = named_schedule(schedule, limit or named_gpu(args.gpu).memory, args.split_size)
+    traces = [m.trace_at(batch, args.gpu, kernels, partition=getattr(sched, "partition", None))
+              for m in jobs]
+    result = simulate(traces, args.gpu, limit, sched, policy, args.steps, config=config)
+    split = [t.meta["partition"]["split_size"] if "partition" in t.meta else None for t in traces]
+    return result, split
+
+
+def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
+    task = progress.add_task(f"simulating {len(jobs)} job(s) at batch {args.batch_size}, "
+                             f"{args.steps} steps", total=None, last="")
+    r, split = _simulate_at(args, jobs, kernels, limit, schedule, args.batch_size)
     progress.remove_task(task)
     if args.plot:
         from .plots import jobs_memory
 
         jobs_memory(r, args.plot)
-    return {"simulated": True, **r.summary(), "plot": args.plot}
+    return {"simulated": True, **r.summary(), "config": allocator_for(args, schedule)[1],
+            "split_size": split, "plot": args.plot}
 
 
 def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
@@ -97,36 +126,38 @@ def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
         def heard(batch, fits):
             progress.update(task, last=f"batch {batch}: {'fits' if fits else 'out of memory'}")
 
-        found = max_batch(models, args.gpu, limit, schedule, args.policy, kernels, args.steps,
-                          on_trial=heard)
+        policy, config = allocator_for(args, schedule)
+        found = max_batch(models, args.gpu, limit, schedule, policy, kernels, args.steps,
+                          on_trial=heard, split_size=args.split_size, config=config)
         progress.remove_task(task)
         return found
 
     distinct = list(dict.fromkeys(args.models))
     sole = {n: run([jobs[args.models.index(n)]], "lockstep", f"{n} alone").max_batch
             for n in distinct}
-    out = {"simulated": True, "gpu": args.gpu, "memory_limit": limit, "policy": args.policy,
-           "jobs": args.models,
+    out = {"simulated": True, "gpu": args.gpu, "memory_limit": limit,
+           "policy": allocator_for(args, "lockstep")[0], "jobs": args.models,
            "sole_max_batch": sole[distinct[0]] if len(distinct) == 1 else sole, "max_batch": {}}
     reference = min(sole.values())
     for schedule in schedules:
         found = run(jobs, schedule, f"{len(jobs)} jobs, {schedule}")
         r = found.result
+        policy, config = allocator_for(args, schedule)
         out["max_batch"][schedule] = {
+            "policy": policy, "config": config,
             "max_batch": found.max_batch,
             "ratio_to_sole": round(found.max_batch / reference, 3) if reference else None,
             "trials": found.trials,
             "peak_reserved": r.peak_reserved if r else None,
             "throughput": r.throughput if r else None,
+            "hazards": r.hazards if r else None,
         }
-    if args.plot and any(v["max_batch"] for v in out["max_batch"].values()):
-        from ..sim.multijob import simulate
+    best = max(schedules, key=lambda s: out["max_batch"][s]["max_batch"])
+    if args.plot and out["max_batch"][best]["max_batch"]:
         from .plots import jobs_memory
 
-        schedule = max(out["max_batch"], key=lambda s: out["max_batch"][s]["max_batch"])
-        b = out["max_batch"][schedule]["max_batch"]
-        jobs_memory(simulate([m.trace_at(b, args.gpu, kernels) for m in jobs], args.gpu, limit,
-                             schedule, args.policy, args.steps), args.plot)
+        jobs_memory(_simulate_at(args, jobs, kernels, limit, best,
+                                 out["max_batch"][best]["max_batch"])[0], args.plot)
         out["plot"] = args.plot
     return out
 
@@ -137,21 +168,28 @@ def _print_simulation(result: dict, args) -> None:
 
     console = Console()
     cap = _mib(result.get("memory_limit")) if result.get("memory_limit") else "the whole GPU"
-    title = (f"{' + '.join(args.models)} on a simulated {args.gpu}, {cap}, "
-             f"policy {args.policy}")
+    title = f"{' + '.join(args.models)} on a simulated {args.gpu}, {cap}"
     if "max_batch" in result:
         t = Table(title=f"largest batch per job: {title}")
-        for col in ("schedule", "max batch", "of sole", "peak reserved", "samples/s"):
-            t.add_column(col, justify="right" if col != "schedule" else "left")
-        t.add_row("sole (one job alone)", str(result["sole_max_batch"]), "", "", "")
+        for col in ("schedule", "policy", "batch", "of alone", "peak", "samples/s",
+                    "hazards"):
+            t.add_column(col, justify="left" if col in ("schedule", "policy") else "right",
+                         no_wrap=True)
+        t.add_row("alone", result["policy"], str(result["sole_max_batch"]), "", "", "", "")
         for s, v in result["max_batch"].items():
-            t.add_row(s, str(v["max_batch"]), f"{v['ratio_to_sole']:.0%}" if v["ratio_to_sole"]
-                      else "-", _mib(v["peak_reserved"]),
-                      f"{v['throughput']:,.0f}" if v["throughput"] else "-")
+            t.add_row(s, v["policy"], str(v["max_batch"]),
+                      f"{v['ratio_to_sole']:.0%}" if v["ratio_to_sole"] else "-",
+                      _mib(v["peak_reserved"]),
+                      f"{v['throughput']:,.0f}" if v["throughput"] else "-",
+                      "-" if v["hazards"] is None else str(v["hazards"]))
+        configs = {s: v["config"] for s, v in result["max_batch"].items() if v["config"]}
     else:
-        t = Table(title=f"batch {args.batch_size}: {title}, {result['schedule']}")
+        t = Table(title=f"batch {args.batch_size}: {title}")
         t.add_column("")
         t.add_column("value", justify="right")
+        t.add_row("schedule", result["schedule"])
+        t.add_row("allocator", result["policy"] + (f", {result['config']}" if result["config"]
+                                                   else ""))
         t.add_row("result", "ran" if result["ok"] else
                   f"out of memory in {result['oom']['name']}")
         t.add_row("peak reserved", _mib(result["peak_reserved"]))
@@ -162,9 +200,13 @@ def _print_simulation(result: dict, args) -> None:
                   if result["throughput"] else "-")
         t.add_row("GPU busy, same time", f"{result['gpu_busy']:.1%}"
                   if result.get("gpu_busy") is not None else "-")
+        if any(result["split_size"]):
+            t.add_row("node-group split size", ", ".join(_mib(b) for b in result["split_size"]))
         t.add_row("syncs / stream waits", f"{result['syncs']} / {result['stream_waits']}")
         t.add_row("hazards", str(result["hazards"]))
     console.print(t)
+    if "max_batch" in result and configs:
+        print("allocator config: " + "; ".join(f"{s}: {c}" for s, c in configs.items()))
     print("all figures are simulated, not measured on a GPU"
           + (f"; memory over time: {result['plot']}" if result.get("plot") else ""))
 
@@ -209,9 +251,18 @@ def add_parsers(sub) -> None:
     size.add_argument("--batch-size", type=int, default=32, help="the batch of every job")
     size.add_argument("--max-batch", action="store_true",
                       help="search the largest batch per job, alone and for each schedule")
-    sim.add_argument("--schedule", action="append", choices=list(SCHEDULES),
-                     help="repeat for several (default: lockstep; with --max-batch, all)")
-    sim.add_argument("--policy", default="pytorch", choices=POLICIES)
+    sim.add_argument("--schedule", action="append", choices=list(NAMES),
+                     help="repeat for several (default: lockstep; with --max-batch, "
+                          f"{', '.join(MAX_BATCH_SCHEDULES)}); waterwave, waterwave-alg1 and "
+                          "waterwave-s are the NodeGroup pipeline")
+    sim.add_argument("--policy", choices=POLICIES,
+                     help="the allocator's policy (default: each schedule's own: pytorch for "
+                          "lockstep and phased, waterwave for the NodeGroup pipeline)")
+    sim.add_argument("--config", help="the allocator's config, PYTORCH_CUDA_ALLOC_CONF-style "
+                                      "(default: each schedule's own: max_split_size_mb:128 for "
+                                      "waterwave and waterwave-alg1, none for the others)")
+    sim.add_argument("--split-size", help="node-group size for the NodeGroup pipeline, e.g. "
+                                          "256MiB (default: each job's peak over 8)")
     sim.add_argument("--steps", type=int, default=3, help="training steps per job")
     sim.add_argument("--kernels", choices=["measured", "none"], default="measured",
                      help="library workspaces and first calls as measured on an H100, or none")
