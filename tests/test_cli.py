@@ -176,11 +176,13 @@ def test_pack_bad_csv(tmp_path, capsys, text, message):
     assert message in capsys.readouterr().err
 
 
-def test_simulate_max_batch_json(capsys):
+def test_simulate_max_batch_json(capsys, tmp_path):
     pytest.importorskip("torch")
+    png = tmp_path / "best.png"
     assert cli.main(["simulate", "resnet18", "resnet18", "--memory-limit", "3GiB", "--max-batch",
-                     "--json"]) == 0
+                     "--plot", str(png), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
+    assert data["plot"] == str(png) and png.stat().st_size > 10_000  # the best schedule's run
     found = data["max_batch"]
     assert data["simulated"] and list(found) == ["lockstep", "phased", "waterwave"]
     sole = data["sole_max_batch"]

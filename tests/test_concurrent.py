@@ -269,6 +269,7 @@ def test_without_a_limit_a_gpu_budget_is_what_the_allocator_can_still_give(room)
         p.check(got, 3)
     groups = sum(len(p.job.partition.groups) for p in jobs)
     assert trainer.rounds_run == (2 * groups if room == "little" else 1)
+    assert trainer.stats()["budget"] == available + persistent
 
 
 def test_a_job_failing_in_its_measured_step_stops_alone():

@@ -204,6 +204,7 @@ class ConcurrentTrainer:
         self.jobs: list[Job] = []
         self.rounds_run = 0
         self.syncs = 0
+        self.budget: int | None = None  # bytes the last run planned for (None: no limit)
         for job in jobs:
             self.add(job)
 
@@ -249,7 +250,7 @@ class ConcurrentTrainer:
         if self.schedule == "lockstep":
             return {k: [(0, s, g) for s in range(steps) for g in range(len(j.partition.groups))]
                     for k, j in enumerate(jobs)}
-        limit = self._budget(jobs)
+        limit = self.budget = self._budget(jobs)
         if self.schedule == "waterwave":
             plans = [replace(j.plan, job=k, groups=list(j.measured or j.plan.groups))
                      for k, j in enumerate(jobs)]
@@ -398,9 +399,11 @@ class ConcurrentTrainer:
 
     def stats(self) -> dict:
         """Per job: node groups (and how many allocate), the split size,
-        steps run and the error of a job that failed; and the allocator's
-        statistics where the Waterwave allocator serves the jobs."""
-        out = {"schedule": self.schedule, "memory_limit": self.memory_limit,
+        steps run and the error of a job that failed; the bytes the last run
+        planned for (``budget``: the memory limit, or on a GPU without one
+        what the allocator could give); and the allocator's statistics where
+        the Waterwave allocator serves the jobs."""
+        out = {"schedule": self.schedule, "memory_limit": self.memory_limit, "budget": self.budget,
                "split_size": self.split_size, "split_size_chosen": self.split_size is None,
                "sync_at_barrier": self.sync_at_barrier, "syncs": self.syncs,
                "rounds_run": self.rounds_run, "jobs": []}
