@@ -10,8 +10,9 @@ import pytest
 import waterwave as ww
 from waterwave import _C
 
-# One CP-SAT worker in the suite: deterministic searches, and none of OR-Tools
-# 9.15's parallel-search aborts (one killed a fresh-clone run of this suite).
+# One CP-SAT worker in the suite: deterministic searches. (OR-Tools 9.15
+# aborts now and then even so; every solve runs in a child process for that:
+# waterwave/planner/cpsat_child.py.)
 os.environ.setdefault("WATERWAVE_CPSAT_WORKERS", "1")
 
 MiB = 1024**2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from . import cpsat_child
 from .graph import Graph
 from .lifetimes import lifetimes, live_profile
 
@@ -29,18 +30,6 @@ def _gcd(sizes) -> int:
     for s in sizes:
         g = math.gcd(g, s)
     return g or 1
-
-
-def _solver(time_limit: float, workers: int):
-    cp_model = _cp()
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
-    solver.parameters.num_workers = workers
-    # No relative_gap_limit here: while it was set, OR-Tools 9.15 aborted the
-    # process once in our suite (a native abort in a CP-SAT solve; 9.15 has
-    # known crashes in its parallel search, or-tools#5025). The caller checks
-    # the gap against its own bound before calling CP-SAT at all.
-    return solver
 
 
 def spans(g: Graph) -> tuple[list[int], list[int]]:
@@ -145,9 +134,9 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
     if result is None:
         return None
-    solver, order, value, bound, status = result
-    offsets = {t.id: solver.Value(off[t.id]) * unit for t in tensors}
-    return order, offsets, value, bound, status
+    value_of, order, arena, bound, status = result
+    offsets = {t.id: value_of(off[t.id]) * unit for t in tensors}
+    return order, offsets, arena, bound, status
 
 
 def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2):
@@ -173,15 +162,19 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
 
 
 def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int):
-    """Solve; returns (solver, order by position, peak bytes, proven bound
-    bytes, status), or None when no solution was found in time."""
-    cp_model = _cp()
+    """Solve (in the child process, ``cpsat_child.py``); returns (the value
+    of a variable, order by position, peak bytes, proven bound bytes,
+    status), or None when no solution was found in time or the solver
+    crashed."""
     m.Minimize(peak)
-    solver = _solver(time_limit, workers)
-    st = solver.Solve(m)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    answer = cpsat_child.solve(m, max(0.05, float(time_limit)), workers)
+    if answer is None or answer.status not in ("OPTIMAL", "FEASIBLE"):
         return None
-    order = sorted(range(len(pos)), key=lambda v: solver.Value(pos[v]))
-    bound = int(math.ceil(solver.BestObjectiveBound())) * unit
-    return (solver, order, solver.Value(peak) * unit, bound,
-            "optimal" if st == cp_model.OPTIMAL else "feasible")
+
+    def value(var) -> int:
+        return answer.values[var.Index()]
+
+    order = sorted(range(len(pos)), key=lambda v: value(pos[v]))
+    bound = int(math.ceil(answer.bound)) * unit
+    return (value, order, value(peak) * unit, bound,
+            "optimal" if answer.status == "OPTIMAL" else "feasible")
