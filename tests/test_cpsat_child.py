@@ -88,3 +88,15 @@ def test_the_model_planner_survives_crashes_on_random_graphs():
 
     run()
     assert sum(crashed) > 0, "no plan called the solver: the test proves nothing"
+
+
+def test_without_an_interpreter_to_start_the_solve_runs_in_process(monkeypatch):
+    """Embedded Python (no interpreter on disk): the solve still answers."""
+    child = cpsat_child._child
+    with child.lock:
+        child._reap()
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    m, x, y = tiny_model()
+    answer = cpsat_child.solve(m, 5.0, 1)
+    assert answer.status == "OPTIMAL" and answer.values[x.Index()] == 3
+    assert child.proc is None

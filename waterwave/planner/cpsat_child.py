@@ -6,7 +6,8 @@ solve's parallel search (or-tools#5025, fixed on its main branch only); it
 took the test suite's whole process down twice. A planner that can kill
 the training script calling it loses everything, so every solve runs here:
 one child per process, started at the first solve and kept for the next
-(importing OR-Tools costs about half a second). A solve whose child dies
+(importing OR-Tools costs about half a second); where no interpreter can be
+started (embedded Python), the solve runs in process, as it used to. A solve whose child dies
 returns None, which the planner treats as "no solution in time" (it keeps
 its warm start); the next solve starts a fresh child.
 
@@ -49,8 +50,12 @@ class _Child:
     def solve(self, text: str, time_limit: float, workers: int) -> Answer | None:
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
-                self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                try:
+                    self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                except OSError:  # no interpreter to start (embedded Python): solve here
+                    self.proc = None
+                    return Answer(*_solve_text(text, time_limit, workers))
             try:
                 _send(self.proc.stdin, (text, time_limit, workers))
                 status, values, bound = _receive(self.proc.stdout)
@@ -111,28 +116,33 @@ def _receive(stream):
     return pickle.loads(data)
 
 
-def _serve() -> None:
-    """The child: answer requests until the parent closes stdin."""
+def _solve_text(text: str, time_limit: float, workers: int) -> tuple[str, list[int], float]:
+    """One solve of a model in text format: (status, values, bound)."""
     from ortools.sat.python import cp_model
 
+    model = cp_model.CpModel()
+    model.Proto().parse_text_format(text)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit
+    solver.parameters.num_workers = workers
+    # No relative_gap_limit: the callers check the gap against their own
+    # bound before they solve at all.
+    status = solver.Solve(model)
+    response = solver.ResponseProto()
+    return status.name, list(response.solution), float(response.best_objective_bound)
+
+
+def _serve() -> None:
+    """The child: answer requests until the parent closes stdin."""
     # Answers alone on stdout: anything the solver prints goes to stderr.
     requests, answers = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     while True:
         try:
-            text, time_limit, workers = _receive(requests)
+            request = _receive(requests)
         except EOFError:
             return
-        model = cp_model.CpModel()
-        model.Proto().parse_text_format(text)
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit
-        solver.parameters.num_workers = workers
-        # No relative_gap_limit: the callers check the gap against their own
-        # bound before they solve at all.
-        status = solver.Solve(model)
-        response = solver.ResponseProto()
-        _send(answers, (status.name, list(response.solution), float(response.best_objective_bound)))
+        _send(answers, _solve_text(*request))
 
 
 if __name__ == "__main__":
