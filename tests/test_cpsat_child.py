@@ -63,7 +63,7 @@ def test_a_crashed_solve_is_no_answer_and_the_next_starts_a_fresh_child(crashing
     assert answer.status == "OPTIMAL" and answer.values[x.Index()] == 3
 
 
-def test_a_crashed_solve_leaves_the_planner_its_warm_start(crashing_child):
+def test_a_crashed_solve_gives_the_order_search_no_solution(crashing_child):
     g = chain()
     hint = g.topological_order()
     before = cpsat_child.crashes()

@@ -2,14 +2,14 @@
 costs one solve, not the caller's process.
 
 OR-Tools 9.15 (the newest release) aborts now and then inside a CP-SAT
-solve's parallel search (or-tools#5025, fixed on its main branch only); it
-took the test suite's whole process down twice. A planner that can kill
-the training script calling it loses everything, so every solve runs here:
-one child per process, started at the first solve and kept for the next
-(importing OR-Tools costs about half a second); where no interpreter can be
-started (embedded Python), the solve runs in process, as it used to. A solve whose child dies
-returns None, which the planner treats as "no solution in time" (it keeps
-its warm start); the next solve starts a fresh child.
+solve (or-tools#5025, fixed on its main branch only); it took the test
+suite's whole process down twice, once with a single worker. A planner that
+can kill the training script calling it loses everything, so every solve
+runs here: one child per process, started at the first solve and kept for
+the next (importing OR-Tools costs about half a second). A solve whose
+child dies returns None, which the planner treats as "no solution in time"
+(it keeps its warm start); the next solve starts a fresh child. Where no
+interpreter can be started (embedded Python), the solve runs in process.
 
 Requests and answers are pickles behind an 8-byte length on the child's
 stdin and stdout. The model travels in protobuf text format, which the
@@ -70,7 +70,6 @@ class _Child:
         if proc is not None:
             proc.kill()
             proc.wait()
-
 
     def close(self) -> None:
         """At exit: the child ends when its input closes."""

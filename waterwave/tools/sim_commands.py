@@ -142,7 +142,7 @@ def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
     for schedule in schedules:
         found = run(jobs, schedule, f"{len(jobs)} jobs, {schedule}")
         r = found.result
-        policy, config = allocator_for(args, schedule)
+        policy, config = allocator_for(args, schedule)  # as run() searched with
         out["max_batch"][schedule] = {
             "policy": policy, "config": config,
             "max_batch": found.max_batch,
@@ -169,6 +169,7 @@ def _print_simulation(result: dict, args) -> None:
     console = Console()
     cap = _mib(result.get("memory_limit")) if result.get("memory_limit") else "the whole GPU"
     title = f"{' + '.join(args.models)} on a simulated {args.gpu}, {cap}"
+    configs = {}  # schedule -> allocator config, under the largest-batch table
     if "max_batch" in result:
         t = Table(title=f"largest batch per job: {title}")
         for col in ("schedule", "policy", "batch", "of alone", "peak", "samples/s",
@@ -205,7 +206,7 @@ def _print_simulation(result: dict, args) -> None:
         t.add_row("syncs / stream waits", f"{result['syncs']} / {result['stream_waits']}")
         t.add_row("hazards", str(result["hazards"]))
     console.print(t)
-    if "max_batch" in result and configs:
+    if configs:
         print("allocator config: " + "; ".join(f"{s}: {c}" for s, c in configs.items()))
     print("all figures are simulated, not measured on a GPU"
           + (f"; memory over time: {result['plot']}" if result.get("plot") else ""))
