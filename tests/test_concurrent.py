@@ -115,6 +115,22 @@ def test_three_jobs_train_as_each_trains_alone(schedule):
     assert all(j["error"] is None for j in s["jobs"])
 
 
+@pytest.mark.parametrize("schedule", ["waterwave", "waterwave-alg1", "lockstep"])
+def test_a_run_planned_a_step_at_a_time_trains_as_alone(schedule, monkeypatch):
+    """A run of many windows (one step each here): the jobs go on from one
+    window to the next as from one round to the next, and train as alone."""
+    monkeypatch.setattr("waterwave.exec.round_feed.WINDOW_STEPS", 1)
+    ps = pairs()
+    jobs = [p.job for p in ps]
+    trainer = ww.ConcurrentTrainer(jobs, split_size=4096, schedule=schedule)
+    trainer.memory_limit = budget(jobs)
+    losses = trainer.run(7)
+    for p, got in zip(ps, losses):
+        p.check(got, 7)
+    if schedule != "lockstep":
+        assert trainer.stats()["rounds_run"] > 7 * max(len(j.partition.groups) for j in jobs) // 2
+
+
 def test_a_loss_closing_over_its_targets_trains_as_alone():
     """A loss that closes over its targets (as ``waterwave.tools.models``
     builds them) captures them as FX ``get_attr`` constants, which the

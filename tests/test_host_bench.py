@@ -21,6 +21,7 @@ def test_the_host_cost_benchmark_measures_and_reports(tmp_path):
     # Turns: each job's group in a round of its own, so a run of s steps of
     # 40 groups each takes 80 s rounds.
     assert [(p["steps"], p["rounds"]) for p in res["pairing"]] == [(2, 160), (20, 1600)]
+    assert all(0 < p["first_window_ms"] <= p["seconds"] * 1e3 for p in res["pairing"])
     text = (tmp_path / "concurrent_host.md").read_text()
     assert "| 1,000 | turns |" in text and "| 20 | 1,600 |" in text
     assert str(tmp_path / "concurrent_host.md") in r.stdout

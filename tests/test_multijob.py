@@ -65,6 +65,24 @@ def test_out_of_memory_is_a_result_naming_the_job(r18):
         simulate(jobs, gpu="TPU")
 
 
+def test_a_schedule_that_runs_a_job_out_of_order_is_refused(r18):
+    """Frees replayed before their allocations would corrupt the replay: a
+    schedule must keep each job's steps and operators in order."""
+    jobs = [r18.trace_at(32, "H100-80GB", KERNELS)]
+    n = len(jobs[0].ops)
+    cases = [
+        ([Segment(0, 0, n // 2, n), Segment(1, 0, 0, n // 2)], "after"),  # second half first
+        ([Segment(0, 1, 0, n), Segment(1, 0, 0, n)], "after"),            # step 1 before step 0
+        ([Segment(1, 0, 0, n // 2), Segment(0, 0, n // 2, n)], "after"),  # a round goes back
+        ([Segment(0, 0, 0, n + 1)], "outside"),
+    ]
+    for segs, what in cases:
+        with pytest.raises(ValueError, match=what):
+            simulate(jobs, schedule=lambda traces, steps, segs=segs: [segs], steps=1)
+    ok = [Segment(0, 0, 0, n // 2), Segment(0, 0, n // 2, n), Segment(1, 1, 0, n)]
+    assert simulate(jobs, schedule=lambda traces, steps: [ok], steps=2).ok
+
+
 def test_memory_flows_only_where_the_schedule_lets_it(r18):
     """Two jobs one after the other (a schedule hook: job 2 waits for job 1)
     need one job's memory under the waterwave policy, which hands one job's

@@ -17,6 +17,9 @@ before it have finished, in the rounds the schedule gives:
   Algorithm 1;
 - ``lockstep``: no barrier at all.
 
+A run's rounds are planned a window of a few steps at a time, as the jobs
+reach them (``round_feed.py``), so ``run(100_000)`` starts at once.
+
 On a GPU the Waterwave allocator (``waterwave.install_allocator()``) serves
 every job from one cache, so a block one job frees can serve another's
 allocation after an asynchronous stream wait; ``sync_at_barrier`` adds the
@@ -50,7 +53,15 @@ from typing import Any
 
 from .counter_barrier import BarrierAborted, CounterBarrier
 from .nodegroups import Partition, auto_split_size, partition, two_groups
-from .pairing import JobGroups, JobPlan, graph_plan, memory_rounds, rounds
+from .pairing import (
+    JobGroups,
+    JobPlan,
+    MemoryPairing,
+    PeriodicRounds,
+    algorithm1_rounds,
+    graph_plan,
+)
+from .round_feed import RoundFeed
 from .step import CapturedStep
 
 SCHEDULES = ("waterwave", "waterwave-alg1", "waterwave-s", "lockstep")
@@ -246,21 +257,23 @@ class ConcurrentTrainer:
         self._run(steps)
         return [list(j.losses) for j in self.jobs]
 
-    def _plan(self, jobs: list[Job], steps: int) -> dict[int, list[tuple[int, int, int]]]:
+    def _planner(self, jobs: list[Job], steps: int) -> PeriodicRounds | MemoryPairing:
+        """The run's rounds, planned a window at a time as the jobs need them
+        (``round_feed.py``); job k is ``jobs[k]``."""
         if self.schedule == "lockstep":
-            return {k: [(0, s, g) for s in range(steps) for g in range(len(j.partition.groups))]
-                    for k, j in enumerate(jobs)}
+            return PeriodicRounds({k: [(0, g) for g in range(len(j.partition.groups))]
+                                   for k, j in enumerate(jobs)}, 0, steps)
         limit = self.budget = self._budget(jobs)
         if self.schedule == "waterwave":
             plans = [replace(j.plan, job=k, groups=list(j.measured or j.plan.groups))
                      for k, j in enumerate(jobs)]
-            return memory_rounds(plans, limit or 1 << 62, steps)
+            return MemoryPairing(plans, limit or 1 << 62, steps)
         groups = []
         for k, j in enumerate(jobs):
             p = j.partition
             groups.append(JobGroups(k, p.num_angs, len(p.groups), j.persistent_bytes() + p.peak,
                                     p.split_size))
-        return rounds(groups, limit, steps)
+        return algorithm1_rounds(groups, limit, steps)
 
     def _check_budget(self, jobs: list[Job]) -> None:
         """A limit below what the jobs hold between steps can never be met."""
@@ -299,10 +312,7 @@ class ConcurrentTrainer:
             jobs = self.active
             if not steps or not jobs:
                 return
-        plan = self._plan(jobs, steps)
-        barrier = CounterBarrier()
-        for k, job in enumerate(jobs):
-            barrier.plan(job, [r for r, _, _ in plan[k]])
+        feed = RoundFeed(self._planner(jobs, steps), jobs, CounterBarrier())
         boundary = threading.Lock()
         opened = [0]  # the highest round SyncAndCoalesce has run before
 
@@ -314,24 +324,22 @@ class ConcurrentTrainer:
                         opened[0] = round_
 
         threads = [threading.Thread(target=self._job_thread, name=f"waterwave job {job.name}",
-                                    args=(job, plan[k], barrier, enter), daemon=True)
+                                    args=(job, feed, k, enter), daemon=True)
                    for k, job in enumerate(jobs)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        self.rounds_run += 1 + max((r for entries in plan.values() for r, _, _ in entries),
-                                   default=-1)
+        self.rounds_run += 1 + feed.last_round
 
     def _solo_step(self, job: Job, probe: _MemoryProbe) -> None:
         """One step of ``job`` alone, measuring each group's net bytes and
         rise in the allocator (see the module's opening)."""
         groups = len(job.partition.groups)
-        barrier = CounterBarrier()
-        barrier.plan(job, [0] * groups)
+        feed = RoundFeed(PeriodicRounds({0: [(0, g) for g in range(groups)]}, 0, 1), [job],
+                         CounterBarrier())
         readings: list[tuple[int, int]] = []
-        self._job_thread(job, [(0, 0, g) for g in range(groups)], barrier, lambda r: None,
-                         measure=(probe, readings))
+        self._job_thread(job, feed, 0, lambda r: None, measure=(probe, readings))
         if not job.failed and len(readings) == groups:
             job.measured = readings
 
@@ -341,7 +349,7 @@ class ConcurrentTrainer:
         cuda_jobs = [j for j in jobs if j.step_fn.device == "cuda"]
         return _MemoryProbe(cuda_jobs[0].step_fn.params[0].device) if cuda_jobs else None
 
-    def _job_thread(self, job: Job, entries: list, barrier: CounterBarrier, enter,
+    def _job_thread(self, job: Job, feed: RoundFeed, k: int, enter,
                     measure: tuple[_MemoryProbe, list] | None = None) -> None:
         import torch
 
@@ -356,10 +364,10 @@ class ConcurrentTrainer:
                 stream.wait_stream(torch.cuda.default_stream(stream.device))
             with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None
                                    else contextlib.nullcontext()):
-                for round_, step, group in entries:
+                for round_, step, group in feed.entries(k):
                     if step != step_no:
                         env, step_no = job.runner.start(job.step_fn.flat_inputs()), step
-                    barrier.wait(job, round_)
+                    feed.barrier.wait(job, round_)
                     enter(round_)
                     if measure is None:
                         job.runner.run_group(group, env)
@@ -373,7 +381,7 @@ class ConcurrentTrainer:
                         env = None
                         if len(pending) > LOSSES_IN_FLIGHT:
                             job.losses.append(float(pending.pop(0)))
-                    barrier.done(job, round_)
+                    feed.barrier.done(job, round_)
         except BarrierAborted:
             pass
         except BaseException as e:  # the job stops alone, with its error
@@ -388,7 +396,7 @@ class ConcurrentTrainer:
                     torch.cuda.default_stream(stream.device).wait_stream(stream)
             except BaseException as e:
                 job.error = job.error or e
-            barrier.leave(job)
+            feed.leave(k)
 
     def _sync_and_coalesce(self, jobs: list[Job]) -> None:
         from ..alloc import cuda

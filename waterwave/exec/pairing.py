@@ -55,21 +55,29 @@ def algorithm1(jobs: list[JobGroups], mem_limit: int | None) -> tuple[dict, dict
     idx1, idx2 = 0, first.num_angs
     for k, job in enumerate(jobs):
         second, last = k == 1, k == len(jobs) - 1
-        i = 0
+        i = at = 0  # at: the index of the job's last group so far
         if second:
             for i in range(p):
                 dv[offset + i] = (job.job, i)
+                at = offset + i
             i = p
         for i in range(i, job.num_angs):
             av[idx1] = (job.job, i)
+            at = idx1
             idx1 += 1
         i = job.num_angs
+        # A job's DNGs come no earlier than its own ANGs (in the same round
+        # they run in order): a first job with few groups can leave dv's
+        # index behind the second job's last ANG in av.
         while i < job.num_groups:
-            if last and idx2 > idx1:
+            if last and idx2 > idx1 >= at:
                 av[idx1] = (job.job, i)
+                at = idx1
                 idx1 += 1
             else:
+                idx2 = max(idx2, at)
                 dv[idx2] = (job.job, i)
+                at = idx2
                 idx2 += 1
             i += 1
     return av, dv
@@ -88,6 +96,12 @@ def rounds(jobs: list[JobGroups], mem_limit: int | None, steps: int,
            overlap: bool = True) -> dict[int, list[tuple[int, int, int]]]:
     """Each job's (round, step, group) over ``steps`` steps, rounds counted
     from 0 over the whole run."""
+    return whole_run(algorithm1_rounds(jobs, mem_limit, steps, overlap), steps)
+
+
+def algorithm1_rounds(jobs: list[JobGroups], mem_limit: int | None, steps: int,
+                      overlap: bool = True) -> PeriodicRounds:
+    """``rounds``, planned a window at a time (``PeriodicRounds``)."""
     one = iteration_rounds(jobs, mem_limit)
     where = {j.job: [] for j in jobs}  # job -> [(round in the step, group)]
     for r, pair in enumerate(one):
@@ -101,11 +115,48 @@ def rounds(jobs: list[JobGroups], mem_limit: int | None, steps: int,
         shift = max(rs[-1][0] - rs[0][0] + 1 for rs in where.values() if rs)
         while not _fits(where, shift, steps):
             shift += 1
-    out = {job: [] for job in where}
-    for s in range(steps):
-        for job, rs in where.items():
-            out[job] += [(r + s * shift, s, group) for r, group in rs]
-    return out
+    return PeriodicRounds(where, shift, steps)
+
+
+class PeriodicRounds:
+    """A run whose every step repeats one step's rounds, ``shift`` rounds
+    later (0: every group in round 0, where nothing waits), handed out a
+    window at a time: ``window(n)`` gives each job's entries (round, step,
+    group) in the next rounds, about ``n`` steps of them. A window holds
+    whole rounds, so every entry of a later window has a higher round than
+    every entry handed out before it (the barrier's order needs that: a
+    round must be planned whole before any job can pass it)."""
+
+    def __init__(self, where: dict[int, list[tuple[int, int]]], shift: int, steps: int):
+        self.where, self.shift, self.steps = where, shift, steps
+        self.jobs = list(where)
+        self._next = 0  # shift 0: the next step; else the next round
+
+    @property
+    def finished(self) -> bool:
+        if self.shift == 0:
+            return self._next >= self.steps
+        last = max((rs[-1][0] for rs in self.where.values() if rs), default=-1)
+        return self._next > last + (self.steps - 1) * self.shift
+
+    def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
+        out: dict[int, list[tuple[int, int, int]]] = {job: [] for job in self.where}
+        if self.shift == 0:
+            first, self._next = self._next, min(self.steps, self._next + max(1, steps))
+            for job, rs in self.where.items():
+                out[job] = [(r, s, g) for s in range(first, self._next) for r, g in rs]
+            return out
+        lo, hi = self._next, self._next + max(1, steps) * self.shift
+        self._next = hi
+        for job, rs in self.where.items():
+            if not rs:
+                continue
+            # The steps that have a round in [lo, hi).
+            s_lo = max(0, (lo - rs[-1][0] + self.shift - 1) // self.shift)
+            s_hi = min(self.steps, (hi - 1 - rs[0][0]) // self.shift + 1)
+            out[job] = sorted((r + s * self.shift, s, g) for s in range(s_lo, s_hi)
+                              for r, g in rs if lo <= r + s * self.shift < hi)
+        return out
 
 
 def _fits(where: dict, shift: int, steps: int) -> bool:
@@ -130,6 +181,22 @@ class JobPlan:
 
 def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float = 0.03,
                   free_margin: float = 0.05) -> dict[int, list[tuple[int, int, int]]]:
+    """Each job's (round, step, group) over ``steps`` steps under
+    ``mem_limit`` bytes: ``MemoryPairing``'s whole run at once."""
+    return whole_run(MemoryPairing(jobs, mem_limit, steps, margin, free_margin), steps)
+
+
+def whole_run(planner: PeriodicRounds | MemoryPairing,
+              steps: int) -> dict[int, list[tuple[int, int, int]]]:
+    """Every window of a planner, joined: each job's entries for the run."""
+    out: dict[int, list[tuple[int, int, int]]] = {job: [] for job in planner.jobs}
+    while not planner.finished:
+        for job, entries in planner.window(steps).items():
+            out[job] += entries
+    return out
+
+
+class MemoryPairing:
     """Ours: rounds filled greedily under a memory budget, kept safe as the
     banker's algorithm keeps a system safe. Each job's groups run in order,
     steps one after another with no pause between.
@@ -150,66 +217,103 @@ def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float
     the group that needs least runs alone (if that fails, the batch does not
     fit). When every job's whole step fits beside the others' with
     ``free_margin`` to spare (allocators cache and fragment: plans count
-    bytes), the jobs run free, in one round."""
-    limit = int(mem_limit * (1 - margin))
-    by_job = {j.job: j for j in jobs}
-    if sum(step_peak(j) for j in jobs) <= mem_limit * (1 - free_margin):
-        # Every job's whole step fits beside the others': no barrier at all.
-        return {j.job: [(0, s, g) for s in range(steps) for g in range(len(j.groups))]
-                for j in jobs}
-    held = {j.job: j.persistent for j in jobs}
-    done = {j.job: 0 for j in jobs}  # groups run so far, over all steps
-    total = {j.job: len(j.groups) * steps for j in jobs}
-    out: dict[int, list[tuple[int, int, int]]] = {j.job: [] for j in jobs}
+    bytes), the jobs run free, in one round.
 
-    def claim(j: int, held_j: int, next_done: int) -> int:
-        """The most job j holds from group ``next_done`` to its step's end."""
-        plan = by_job[j].groups
-        if next_done % len(plan) == 0:  # at a step boundary: no claim yet
-            return held_j
-        level, most = held_j, held_j
-        for g in range(next_done % len(plan), len(plan)):
-            most = max(most, level + max(0, plan[g][1]))
-            level += plan[g][0]
-        return most
+    The run is planned a window at a time (``window``), as the trainer runs
+    it: a long run neither waits for its whole plan nor holds it. A claim
+    costs O(1) (each job's claims from every group on are tabled once)."""
 
-    def safe(state: dict[int, int], progress: dict[int, int]) -> bool:
-        left = set(state)
-        hold = dict(state)
-        while left:
-            for j in sorted(left):
-                others = sum(hold[k] for k in hold if k != j)
-                if claim(j, state[j], progress[j]) + others <= limit:
-                    left.remove(j)
-                    hold[j] = by_job[j].persistent
-                    break
-            else:
-                return False
-        return True
+    def __init__(self, jobs: list[JobPlan], mem_limit: int, steps: int, margin: float = 0.03,
+                 free_margin: float = 0.05):
+        self.limit = int(mem_limit * (1 - margin))
+        self.by_job = {j.job: j for j in jobs}
+        self.jobs = list(self.by_job)
+        self.free = sum(step_peak(j) for j in jobs) <= mem_limit * (1 - free_margin)
+        self.held = {j.job: j.persistent for j in jobs}
+        self.done = {j.job: 0 for j in jobs}  # groups planned so far, over all steps
+        self.total = {j.job: len(j.groups) * steps for j in jobs}
+        self.round = 0  # the next round to plan
+        self._rise_from = {j.job: rises_from(j.groups) for j in jobs}
 
-    r = 0
-    while any(done[j] < total[j] for j in done):
-        waiting = sorted((j for j in done if done[j] < total[j]), key=lambda j: (done[j], j))
-        budget = limit - sum(held.values())
+    @property
+    def finished(self) -> bool:
+        return all(self.done[j] >= self.total[j] for j in self.done)
+
+    def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
+        """Each job's entries (round, step, group) in the next rounds: about
+        ``steps`` steps of every job, in whole rounds (see
+        ``PeriodicRounds``); empty once the run is planned."""
+        out: dict[int, list[tuple[int, int, int]]] = {j: [] for j in self.by_job}
+        if self.free:  # every group in round 0: nothing waits
+            for j, plan in self.by_job.items():
+                n = len(plan.groups)
+                first = self.done[j]
+                self.done[j] = min(self.total[j], first + max(1, steps) * n)
+                out[j] = [(0, *divmod(k, n)) for k in range(first, self.done[j])]
+            return out
+        want = max(1, steps) * sum(len(p.groups) for p in self.by_job.values())
+        planned = 0
+        while planned < want and not self.finished:
+            for j in self._next_round():
+                step, g = divmod(self.done[j], len(self.by_job[j].groups))
+                out[j].append((self.round, step, g))
+                self.held[j] += self.by_job[j].groups[g][0]
+                self.done[j] += 1
+                planned += 1
+            self.round += 1
+        return out
+
+    def _next_round(self) -> list[int]:
+        """The jobs whose next group runs in the next round."""
+        done, by_job = self.done, self.by_job
+        waiting = sorted((j for j in done if done[j] < self.total[j]), key=lambda j: (done[j], j))
+        budget = self.limit - sum(self.held.values())
         chosen: list[int] = []
-        state, progress = dict(held), dict(done)
+        state, progress = dict(self.held), dict(done)
         for j in waiting:
             delta, rise = by_job[j].groups[done[j] % len(by_job[j].groups)]
             trial_state = {**state, j: state[j] + delta}
             trial_progress = {**progress, j: progress[j] + 1}
-            if max(0, rise) <= budget and safe(trial_state, trial_progress):
+            if max(0, rise) <= budget and self._safe(trial_state, trial_progress):
                 chosen.append(j)
                 budget -= max(0, rise)
                 state, progress = trial_state, trial_progress
         if not chosen:
             chosen = [min(waiting,
                           key=lambda j: by_job[j].groups[done[j] % len(by_job[j].groups)][1])]
-        for j in chosen:
-            step, g = divmod(done[j], len(by_job[j].groups))
-            out[j].append((r, step, g))
-            held[j] += by_job[j].groups[g][0]
-            done[j] += 1
-        r += 1
+        return chosen
+
+    def _claim(self, j: int, held_j: int, next_done: int) -> int:
+        """The most job j holds from group ``next_done`` to its step's end."""
+        k = next_done % len(self.by_job[j].groups)
+        if k == 0:  # at a step boundary: no claim yet
+            return held_j
+        return held_j + self._rise_from[j][k]
+
+    def _safe(self, state: dict[int, int], progress: dict[int, int]) -> bool:
+        left = set(state)
+        hold = dict(state)
+        total = sum(hold.values())
+        while left:
+            for j in sorted(left):
+                if self._claim(j, state[j], progress[j]) + total - hold[j] <= self.limit:
+                    left.remove(j)
+                    total += self.by_job[j].persistent - hold[j]
+                    hold[j] = self.by_job[j].persistent
+                    break
+            else:
+                return False
+        return True
+
+
+def rises_from(groups: list[tuple[int, int]]) -> list[int]:
+    """For each group k, the most a step rises above its level at k's start
+    while groups k, k+1, ... run (0 if it never rises)."""
+    out, above = [0] * len(groups), None  # above: the most over groups k.., from k's start
+    for k in range(len(groups) - 1, -1, -1):
+        delta, rise = groups[k]
+        above = max(0, rise) if above is None else max(0, rise, delta + above)
+        out[k] = above
     return out
 
 

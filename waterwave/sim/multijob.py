@@ -123,6 +123,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     device = _C.SimDevice(spec.memory, 0.0, True)
     alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, config)
     segments = sched(jobs, steps)
+    _check_order(jobs, segments)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth)
     result = SimResult(True, policy, getattr(sched, "__name__", str(schedule)), spec.name,
                        memory_limit, [t.name for t in jobs],
@@ -137,6 +138,24 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
                       "time_us": device.now(), "message": str(e)}
     run.report(result)
     return result
+
+
+def _check_order(jobs: list[Trace], segments: list[list[Segment]]) -> None:
+    """A schedule runs each job's operators in their order: rounds never go
+    back, steps follow each other, and a step's segments follow each other
+    within its trace. One that does not would replay frees before their
+    allocations: it is refused, naming the first segment out of place."""
+    for t, segs in zip(jobs, segments):
+        prev = None
+        for seg in segs:
+            if not 0 <= seg.first <= seg.last <= len(t.ops):
+                raise ValueError(f"schedule: job {t.name!r} has a segment {seg} outside its "
+                                 f"{len(t.ops)} operators")
+            if prev is not None and (seg.round < prev.round or seg.step < prev.step or (
+                    seg.step == prev.step and seg.first < prev.last)):
+                raise ValueError(f"schedule: job {t.name!r} runs {seg} after {prev}: a job's "
+                                 "segments must follow its steps and operators in order")
+            prev = seg
 
 
 def _shared_rounds(segments: list[list[Segment]]) -> float:
