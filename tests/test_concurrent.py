@@ -100,35 +100,27 @@ def budget(jobs):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_three_jobs_train_as_each_trains_alone(schedule):
+@pytest.mark.parametrize("window", [None, 1])
+def test_three_jobs_train_as_each_trains_alone(schedule, window, monkeypatch):
+    """``window``: steps planned at a time; 1 makes a run of seven steps go
+    through seven windows, the jobs going on from one to the next as from
+    one round to the next."""
+    steps = 3
+    if window:
+        monkeypatch.setattr("waterwave.exec.round_feed.WINDOW_STEPS", window)
+        steps = 7
     ps = pairs()
     jobs = [p.job for p in ps]
     trainer = ww.ConcurrentTrainer(jobs, split_size=4096, schedule=schedule)
     trainer.memory_limit = budget(jobs)
-    losses = trainer.run(3)
+    losses = trainer.run(steps)
     for p, got in zip(ps, losses):
-        p.check(got, 3)
+        p.check(got, steps)
     s = trainer.stats()
-    assert [j["steps"] for j in s["jobs"]] == [3, 3, 3] and s["schedule"] == schedule
+    assert [j["steps"] for j in s["jobs"]] == [steps] * 3 and s["schedule"] == schedule
     if schedule == "waterwave":  # the budget holds one step at a time: the jobs take turns
-        assert s["rounds_run"] > 3 * max(j["groups"] for j in s["jobs"])
+        assert s["rounds_run"] > steps * max(j["groups"] for j in s["jobs"])
     assert all(j["error"] is None for j in s["jobs"])
-
-
-@pytest.mark.parametrize("schedule", ["waterwave", "waterwave-alg1", "lockstep"])
-def test_a_run_planned_a_step_at_a_time_trains_as_alone(schedule, monkeypatch):
-    """A run of many windows (one step each here): the jobs go on from one
-    window to the next as from one round to the next, and train as alone."""
-    monkeypatch.setattr("waterwave.exec.round_feed.WINDOW_STEPS", 1)
-    ps = pairs()
-    jobs = [p.job for p in ps]
-    trainer = ww.ConcurrentTrainer(jobs, split_size=4096, schedule=schedule)
-    trainer.memory_limit = budget(jobs)
-    losses = trainer.run(7)
-    for p, got in zip(ps, losses):
-        p.check(got, 7)
-    if schedule != "lockstep":
-        assert trainer.stats()["rounds_run"] > 7 * max(len(j.partition.groups) for j in jobs) // 2
 
 
 def test_a_loss_closing_over_its_targets_trains_as_alone():

@@ -14,7 +14,9 @@
 //   5. a new segment from the device (with expandable segments: S's own
 //      segment grows, idle synced pages of any segment moving there first,
 //      new pages mapped for the rest);
-//   6. on device out-of-memory: SyncAndCoalesce, release empty segments, retry;
+//   6. on device out-of-memory: SyncAndCoalesce, release empty segments, retry
+//      (with expandable segments: retry first, since every free page is now
+//      idle and may move; release free pages only if that fails);
 //   7. OutOfMemoryError with the statistics.
 // Frees coalesce only with neighbours in the same unsynced set; merging with
 // synced neighbours is deferred until promotion, SyncAndCoalesce, or a
@@ -60,8 +62,15 @@ class WaterwavePolicy final : public Allocator {
                                                             Served& how) {
     stats_.num_oom_retries++;
     sync_and_coalesce_locked(lock);
-    release_free_segments_locked(lock);
-    Block* b = find_cached_or_new_locked(lock, r, how);
+    Block* b = nullptr;
+    // With expandable segments every free page is now idle and growth moves
+    // as many as it needs: unmapping them all first would cost a device
+    // call per page twice over (unmap now, map again at once).
+    if (cfg_.expandable_segments) b = find_cached_or_new_locked(lock, r, how);
+    if (!b) {
+      release_free_segments_locked(lock);
+      b = find_cached_or_new_locked(lock, r, how);
+    }
     how = Served::kAfterSync;
     return b;
   }
