@@ -1,7 +1,7 @@
 """Several jobs on one simulated GPU: schedules, policies, out of memory as a
 result, the batch-size search, and the calibration against the H100."""
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
@@ -118,6 +118,22 @@ def test_throughput_never_beats_the_gpu(r18, schedule):
         assert r.gpu_busy == pytest.approx(1, abs=1e-6)
 
 
+def _tiny_window_case():
+    ops = []
+    for k, gpu_us in enumerate([1.0, 170.0, 1.3000377263511277e-08]):
+        op = Op(f"op{k}", phase="forward", gpu_us=gpu_us, cpu_us=1.0, first_us=0.0)
+        op.alloc, op.free = [(k, 512)], [k]
+        ops.append(op)
+    trace = Trace("random", ops, meta={"batch_size": 8})
+    cuts = {0: [Segment(0, 0, 0, 1), Segment(1, 0, 1, 3), Segment(1, 1, 0, 3),
+                Segment(1, 2, 0, 3)],
+            1: [Segment(0, 0, 0, 3), Segment(0, 1, 0, 1), Segment(1, 1, 1, 3),
+                Segment(1, 2, 0, 3)],
+            2: [Segment(0, 0, 0, 3), Segment(0, 1, 0, 3), Segment(0, 2, 0, 1),
+                Segment(1, 2, 1, 3)]}
+    return [trace] * 3, 3, cuts
+
+
 @st.composite
 def jobs_and_schedules(draw):
     """Identical jobs (a random step of operators, some with a first call's
@@ -146,6 +162,9 @@ def jobs_and_schedules(draw):
     return [trace] * n_jobs, steps, cuts
 
 
+# Found on a fresh clone: a kernel of 1.3e-8 µs made a steady window of
+# femtoseconds, where the clock's rounding showed as a busy share of 1.0000066.
+@example(case=_tiny_window_case())
 @given(jobs_and_schedules())
 @settings(max_examples=60, deadline=None)
 def test_no_schedule_makes_the_gpu_busier_than_always(case):

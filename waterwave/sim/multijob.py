@@ -47,6 +47,7 @@ POLICIES = ("pytorch", "waterwave", "free-at-completion")
 GIL_US = 3.0        # Python glue per operator, under the GIL
 QUEUE_DEPTH = 1024  # kernels a stream holds before a launch blocks
 GIL, ENGINE = 0, 1  # where an operator runs: its job's thread, or the autograd engine
+MIN_WINDOW_US = 1.0  # the shortest steady window a throughput is measured over
 
 
 @dataclass
@@ -384,10 +385,13 @@ class _Run:
         as before, counted the time a job ran alone as if the others ran
         beside it, and overstated a pair whose jobs finish apart. The GPU
         runs one kernel at a time, so the busy share is at most 1: at 1, no
-        schedule could be faster at this batch."""
+        schedule could be faster at this batch. A window under
+        ``MIN_WINDOW_US`` measures nothing: a step lasts far longer, and the
+        clock's rounding (times of thousands of microseconds) would then show
+        as a busy share over 1."""
         start = max(min(e.values()) for e in self.step_ends)
         stop = min(max(e.values()) for e in self.step_ends)
-        if stop <= start:
+        if stop - start < MIN_WINDOW_US:
             return None, None
         rate = busy = 0.0
         for j, t in enumerate(self.jobs):
