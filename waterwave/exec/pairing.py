@@ -18,6 +18,11 @@ the last one has ended; ``overlap=True`` (ours) starts a job's next step as
 soon as its previous one and the pairs' width of two allow, which removes
 the bubble at the start of every step.
 
+Ours, ``MemoryPairing``, fills rounds under a memory budget (its docstring).
+Both plan a run a window of whole rounds at a time (``window``), as the
+trainer needs them (``round_feed.py``); ``rounds`` and ``memory_rounds``
+join every window.
+
 May import: waterwave.planner (graphs and lifetimes), this package.
 """
 from __future__ import annotations
