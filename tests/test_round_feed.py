@@ -161,3 +161,40 @@ def test_a_job_that_leaves_mid_run_never_holds_the_others():
     for k in (0, 2):
         assert [r for e, j, r in log if e == "start" and j == k] == [r for r, _, _ in whole[k]]
     assert feed.barrier.pending() == {}
+
+
+@given(st.lists(st.tuples(job_groups, st.integers(0, 30)), min_size=2, max_size=4),
+       st.integers(60, 400), st.integers(1, 12), st.integers(1, 3), st.data())
+@settings(max_examples=40, deadline=None)
+def test_threads_through_random_plans_keep_round_order_whoever_leaves(jobs, limit, steps,
+                                                                      window, data):
+    """Thread stress: random jobs and limits, windows of 1-3 steps, any job
+    leaving after any number of its groups: no deadlock, the jobs that stay
+    run their whole plan, and no group starts before every group of the
+    earlier rounds run by a job still there has finished."""
+    plans = [JobPlan(j, p, gs) for j, (gs, p) in enumerate(jobs)]
+    whole = memory_rounds(plans, limit, steps)
+    leaving = data.draw(st.dictionaries(st.sampled_from(range(len(plans))),
+                                        st.integers(0, 3 * steps), max_size=len(plans) - 1))
+    names = [f"job{k}" for k in range(len(plans))]
+    feed = RoundFeed(MemoryPairing(plans, limit, steps), names, CounterBarrier(),
+                     window_steps=window)
+    log = run_threads(feed, names, stop_after=leaving)
+    started = {k: [r for e, j, r in log if e == "start" and j == k] for k in whole}
+    for k, entries in whole.items():
+        rounds_k = [r for r, _, _ in entries]
+        if k in leaving:
+            assert started[k] == rounds_k[:leaving[k]]
+        else:
+            assert started[k] == rounds_k
+    ran: dict[int, int] = {}  # round -> groups that ever started in it
+    for event, _, r in log:
+        if event == "start":
+            ran[r] = ran.get(r, 0) + 1
+    finished: dict[int, int] = {}
+    for event, _, r in log:
+        if event == "done":
+            finished[r] = finished.get(r, 0) + 1
+        else:
+            assert all(finished.get(q, 0) == n for q, n in ran.items() if q < r), r
+    assert feed.barrier.pending() == {}
