@@ -300,8 +300,9 @@ def test_bad_arguments_are_clear_errors():
         ww.ConcurrentTrainer([job], schedule="sideways")
     with pytest.raises(ValueError, match="split_size must be positive"):
         ww.ConcurrentTrainer([job], split_size=0)
-    with pytest.raises(ValueError, match="steps must be at least 1"):
-        ww.ConcurrentTrainer([job]).run(0)
+    for steps in (0, 2.5, "3", True, torch.tensor(2.0)):
+        with pytest.raises(ValueError, match="steps must be a whole number of steps, at least 1"):
+            ww.ConcurrentTrainer([job]).run(steps)
     with pytest.raises(ValueError, match="memory_limit must be a positive number of bytes"):
         ww.ConcurrentTrainer([job], memory_limit=0)
     small = ww.ConcurrentTrainer([job], memory_limit=1024)

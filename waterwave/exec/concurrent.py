@@ -45,6 +45,7 @@ May import: waterwave.planner, waterwave.alloc, this package; torch.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -252,9 +253,13 @@ class ConcurrentTrainer:
     def run(self, steps: int) -> list[list[float]]:
         """``steps`` steps of every job, one step following another without
         a pause; each job's losses (all of them since it was made)."""
-        if steps < 1:
-            raise ValueError(f"steps must be at least 1, got {steps}")
-        self._run(steps)
+        try:
+            whole = None if isinstance(steps, bool) else operator.index(steps)
+        except TypeError:
+            whole = None
+        if whole is None or whole < 1:
+            raise ValueError(f"steps must be a whole number of steps, at least 1; got {steps!r}")
+        self._run(whole)
         return [list(j.losses) for j in self.jobs]
 
     def _planner(self, jobs: list[Job], steps: int) -> PeriodicRounds | MemoryPairing:
