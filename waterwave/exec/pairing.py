@@ -136,13 +136,13 @@ class PeriodicRounds:
         self.where, self.shift, self.steps = where, shift, steps
         self.jobs = list(where)
         self._next = 0  # shift 0: the next step; else the next round
+        # Where _next ends: past the last step, or past the last step's last round.
+        last = max((rs[-1][0] for rs in where.values() if rs), default=-1)
+        self._end = steps if shift == 0 else last + (steps - 1) * shift + 1
 
     @property
     def finished(self) -> bool:
-        if self.shift == 0:
-            return self._next >= self.steps
-        last = max((rs[-1][0] for rs in self.where.values() if rs), default=-1)
-        return self._next > last + (self.steps - 1) * self.shift
+        return self._next >= self._end
 
     def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
         out: dict[int, list[tuple[int, int, int]]] = {job: [] for job in self.where}
@@ -360,8 +360,4 @@ def footprint(nbytes: int) -> int:
 def step_peak(j: JobPlan) -> int:
     """The most a job holds over a step: persistent bytes and the highest
     level its groups reach."""
-    level = most = j.persistent
-    for delta, rise in j.groups:
-        most = max(most, level + max(0, rise))
-        level += delta
-    return most
+    return j.persistent + (rises_from(j.groups)[0] if j.groups else 0)
