@@ -1,10 +1,13 @@
 # Waterwave: `make demo` runs the main job, `make test` the whole suite.
-# Both create .venv on a fresh machine and install what they need.
+# Both create .venv on a fresh machine and install what they need, at the
+# exact versions in constraints/dev.txt (pyproject.toml keeps ranges).
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 CXX ?= g++
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CONSTRAINTS := constraints/dev.txt
 # The allocator stack over the simulated device; the CUDA runtime over the
 # driver backend; the planner's search. The bindings sit on top of them all.
 CORE_SRC := $(wildcard csrc/core/*.cpp csrc/alloc/*.cpp csrc/device/sim/*.cpp)
@@ -15,23 +18,24 @@ ALL_SRC := $(CORE_SRC) $(PLANNER_SRC) $(CUDA_SRC) $(wildcard csrc/bench/*.cpp cs
 EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin
+OBJ := $(BIN)/obj
 # Extras make installs (EXTRAS=test,planner,cupy12 for CuPy on CUDA 12).
 EXTRAS ?= test,planner,cupy
 RANDOM_RUN_OPS ?= 1000000
 
-.PHONY: all build demo test test-python sanitize bench bench-gpu clean
+.PHONY: all build demo test test-python sanitize sanitize-build bench bench-gpu gpu-check clean
 
 all: build
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=77" wheel "pybind11>=2.12,<4"
-	$(PY) -m pip install -q --no-build-isolation -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) setuptools wheel pybind11
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
 $(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge.cpp waterwave/alloc/torch_bridge.py
-	$(PY) setup.py -q build_ext --inplace
+	WATERWAVE_BUILD_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace
 	touch $@
 
 build: $(EXT)
@@ -39,64 +43,81 @@ build: $(EXT)
 demo: build
 	$(PY) -m waterwave demo --out out
 
-$(BIN)/random_run: tests/cpp/random_run.cpp $(CORE_SRC) $(HEADERS)
-	mkdir -p $(BIN)
-	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $< -o $@
+# The sanitizer drivers. Every source is compiled once under ASan/UBSan into
+# $(OBJ) and each driver links the objects it needs, so `make -j` builds them
+# side by side and no source is compiled twice.
+san_obj = $(patsubst %.cpp,$(OBJ)/%.o,$(1))
+CORE_OBJ := $(call san_obj,$(CORE_SRC))
+PLANNER_OBJ := $(call san_obj,$(PLANNER_SRC))
+CUDA_OBJ := $(call san_obj,$(CUDA_SRC))
 
-$(BIN)/stress_threads: tests/cpp/stress_threads.cpp $(CORE_SRC) $(HEADERS)
-	mkdir -p $(BIN)
-	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $< -o $@
+$(OBJ)/%.o: %.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN_FLAGS) -c $< -o $@
 
-$(BIN)/offset_search_run: tests/cpp/offset_search_run.cpp $(PLANNER_SRC) $(HEADERS)
-	mkdir -p $(BIN)
-	$(CXX) $(SAN_FLAGS) $(PLANNER_SRC) $< -o $@
+$(BIN)/random_run: $(OBJ)/tests/cpp/random_run.o $(CORE_OBJ)
+	$(CXX) $(SAN_FLAGS) $^ -o $@
+
+$(BIN)/stress_threads: $(OBJ)/tests/cpp/stress_threads.o $(CORE_OBJ)
+	$(CXX) $(SAN_FLAGS) $^ -o $@
+
+$(BIN)/offset_search_run: $(OBJ)/tests/cpp/offset_search_run.o $(PLANNER_OBJ)
+	$(CXX) $(SAN_FLAGS) $^ -o $@
 
 # The fake CUDA driver (host memory behind the driver API) and the CUDA
 # backend over it, through the entry points PyTorch calls.
 $(BIN)/libfakecuda.so: tests/cpp/fake_cuda.c
-	mkdir -p $(BIN)
+	@mkdir -p $(BIN)
 	$(CC) -shared -fPIC -O1 -g -fsanitize=address,undefined -o $@ $< -lpthread
 
-$(BIN)/cuda_backend_run: tests/cpp/cuda_backend_run.cpp $(CORE_SRC) $(CUDA_SRC) $(HEADERS)
-	mkdir -p $(BIN)
-	$(CXX) $(SAN_FLAGS) $(CORE_SRC) $(CUDA_SRC) $< -ldl -o $@
+$(BIN)/cuda_backend_run: $(OBJ)/tests/cpp/cuda_backend_run.o $(CORE_OBJ) $(CUDA_OBJ)
+	$(CXX) $(SAN_FLAGS) $^ -ldl -o $@
+
+SAN_BINS := $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run $(BIN)/cuda_backend_run $(BIN)/libfakecuda.so
+sanitize-build: $(SAN_BINS)
 
 # The allocator under AddressSanitizer and UndefinedBehaviorSanitizer: a long
 # random run of each policy (invariants after every step) and a thread stress;
 # the CUDA backend over the fake driver; the planner's offset search on random
-# instances.
-sanitize: $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run $(BIN)/cuda_backend_run $(BIN)/libfakecuda.so
-	$(BIN)/random_run waterwave $(RANDOM_RUN_OPS) 1
-	$(BIN)/random_run pytorch $(RANDOM_RUN_OPS) 1
-	$(BIN)/stress_threads waterwave 4 100000 1
-	$(BIN)/stress_threads pytorch 4 100000 1
-	$(BIN)/stress_threads waterwave 4 50000 2 expandable_segments:True
-	$(BIN)/stress_threads pytorch 4 50000 2 expandable_segments:True
-	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so waterwave 4 20000 1
-	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so pytorch 4 20000 1
-	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so waterwave 4 10000 2 expandable_segments:True
-	$(BIN)/cuda_backend_run $(BIN)/libfakecuda.so pytorch 4 10000 2 expandable_segments:True
-	$(BIN)/offset_search_run 400 1
+# instances. The runs are independent: tests/cpp/run_all.sh runs them side by
+# side and fails if any fails, printing each one's output.
+sanitize: sanitize-build
+	RANDOM_RUN_OPS=$(RANDOM_RUN_OPS) JOBS=$(JOBS) tests/cpp/run_all.sh $(BIN)
 
 test-python: build
 	$(PY) -m pytest -q
 
-test: build sanitize test-python
+# The sanitizer build, then its runs beside the Python suite: neither reads
+# the other's files. A failure of either fails `make test`.
+test:
+	$(MAKE) -j$(JOBS) build sanitize-build
+	$(MAKE) test-side-by-side
+
+.PHONY: test-side-by-side
+test-side-by-side:
+	@mkdir -p $(BIN); \
+	( $(MAKE) --no-print-directory sanitize > $(BIN)/sanitize.log 2>&1; echo $$? > $(BIN)/sanitize.rc ) & \
+	$(PY) -m pytest -q 2>&1 | tee $(BIN)/pytest.log; py=$${PIPESTATUS[0]}; wait; \
+	echo "---- sanitizer runs (tests/cpp/run_all.sh) ----"; cat $(BIN)/sanitize.log; \
+	san=$$(cat $(BIN)/sanitize.rc); \
+	echo "make test: pytest exit $$py, sanitizer runs exit $$san; pytest's summary:"; \
+	tail -n 1 $(BIN)/pytest.log; \
+	[ $$py -eq 0 ] && [ $$san -eq 0 ]
 
 bench: build
 	$(PY) -m waterwave bench alloc --json --out bench/results/alloc.json
 	$(PY) bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
 	$(PY) bench/concurrent/host.py --out bench/results
 
-# On a GPU (docker/README.md): each allocator's cost inside PyTorch, training
-# under each allocator and the planner, and the concurrent jobs under 12 GiB.
+# When a GPU is lent, the one command to run: every GPU test, then every GPU
+# benchmark (bench/gpu_check.py lists them), their figures under
+# bench/results/ with the device named, within 25 minutes. It refuses to run
+# without a GPU rather than skip everything. bench-gpu: the benchmarks alone.
+gpu-check: build
+	$(PY) bench/gpu_check.py --out bench/results
+
 bench-gpu: build
-	$(PY) -m waterwave bench alloc --gpu --out bench/results/alloc_gpu.json
-	$(PY) bench/alloc_report.py bench/results/alloc_gpu.json bench/results/alloc_gpu.md
-	$(PY) bench/gpu.py --out bench/results/gpu.json
-	$(PY) bench/gpu.py --report bench/results/gpu.json
-	$(PY) bench/concurrent/gpu.py --out bench/results
-	$(PY) bench/concurrent/trainer_gpu.py --out bench/results
+	$(PY) bench/gpu_check.py --benchmarks-only --out bench/results
 
 clean:
 	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so out

@@ -1,7 +1,7 @@
 """Random training-like graphs for planner tests (hypothesis strategies)."""
 import hypothesis.strategies as st
 
-from waterwave.planner.graph import Graph
+from waterwave.graph import Graph
 
 
 @st.composite

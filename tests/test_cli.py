@@ -81,7 +81,7 @@ def test_plan_a_torchvision_model_with_table_and_plot(tmp_path, capsys):
 
 def test_plan_records_whose_kernels_it_captured(tmp_path, capsys):
     pytest.importorskip("torchvision")
-    from waterwave.planner.graph import Graph
+    from waterwave.graph import Graph
 
     for kernels in ("cuda", "cpu"):
         graph = tmp_path / f"{kernels}.json"

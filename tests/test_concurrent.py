@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
-from waterwave.exec.counter_barrier import CounterBarrier  # noqa: E402
-from waterwave.exec.nodegroups import (  # noqa: E402
+from waterwave.pipeline.counter_barrier import CounterBarrier  # noqa: E402
+from waterwave.pipeline.nodegroups import (  # noqa: E402
     auto_split_size,
     bfs_order,
     node_deltas,
     partition,
     two_groups,
 )
-from waterwave.exec.pairing import (  # noqa: E402
+from waterwave.pipeline.pairing import (  # noqa: E402
     JobGroups,
     JobPlan,
     graph_plan,
@@ -107,7 +107,7 @@ def test_three_jobs_train_as_each_trains_alone(schedule, window, monkeypatch):
     one round to the next."""
     steps = 3
     if window:
-        monkeypatch.setattr("waterwave.exec.round_feed.WINDOW_STEPS", window)
+        monkeypatch.setattr("waterwave.pipeline.round_feed.WINDOW_STEPS", window)
         steps = 7
     ps = pairs()
     jobs = [p.job for p in ps]
@@ -349,7 +349,7 @@ def test_two_groups_cut_after_the_forward_pass(graph):
 # Pairing ----------------------------------------------------------------------
 def test_algorithm1_pairs_the_second_jobs_allocations_beside_the_firsts_frees():
     jobs = [JobGroups(0, 4, 8, 10, 1), JobGroups(1, 4, 8, 10, 1)]
-    rounds = iteration_rounds(jobs, mem_limit=13)  # p = (13 - 10) // 1 - 1 = 2
+    rounds = iteration_rounds(jobs, memory_limit=13)  # p = (13 - 10) // 1 - 1 = 2
     assert rounds[:2] == [[(0, 0)], [(0, 1)]]
     assert rounds[2] == [(0, 2), (1, 0)] and rounds[3] == [(0, 3), (1, 1)]
     assert rounds[4] == [(0, 4), (1, 2)]  # job 1's ANGs beside job 0's DNGs

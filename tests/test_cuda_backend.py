@@ -17,7 +17,6 @@ from conftest import run_python
 
 import waterwave as ww
 from waterwave import _C
-from waterwave.alloc.settings import split_policy
 
 MiB = 1024**2
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +175,7 @@ def test_configuration_is_checked_and_frozen_once_used(fake, monkeypatch):
         wc.configure("fastest", driver=fake.path)
     monkeypatch.setenv("WATERWAVE_ALLOC_CONF", "policy:pytorch,max_split_size_mb:200")
     settings = wc.configure(driver=fake.path)
-    assert settings["policy"] == "pytorch" and "max_split_size_mb:200" in settings["config"]
+    assert settings["policy"] == "pytorch" and "max_split_size_mb:200" in str(settings["config"])
     p = _C.cuda_malloc(MiB, 0, S1)
     with pytest.raises(ww.ConfigError, match="already in use"):
         wc.configure("waterwave", driver=fake.path)
@@ -185,17 +184,17 @@ def test_configuration_is_checked_and_frozen_once_used(fake, monkeypatch):
     _C.cuda_free(p, MiB, 0, S1)
 
 
-def test_split_policy_keeps_bracketed_values():
-    assert split_policy("roundup_power2_divisions:[256:1,>:4],policy:pytorch") == (
-        "pytorch", "roundup_power2_divisions:[256:1,>:4]")
-    assert split_policy("") == (None, "")
+def test_settings_take_the_policy_out_and_keep_bracketed_values():
+    assert _C.parse_settings("roundup_power2_divisions:[256:1,>:4],policy:pytorch") == (
+        "pytorch", ww.AllocatorConfig("roundup_power2_divisions:[256:1,>:4]"))
+    assert _C.parse_settings("") == (None, ww.AllocatorConfig())
 
 
 def test_the_env_policy_serves_the_simulator_too(monkeypatch):
     """One WATERWAVE_ALLOC_CONF for both: its policy entry is not a config key."""
     monkeypatch.setenv("WATERWAVE_ALLOC_CONF", "policy:pytorch,max_split_size_mb:200")
     a = ww.Allocator()
-    assert a.policy == "pytorch" and "max_split_size_mb:200" in a.config
+    assert a.policy == "pytorch" and "max_split_size_mb:200" in str(a.config)
     assert ww.Allocator("waterwave").policy == "waterwave"  # an argument wins
 
 
@@ -225,7 +224,7 @@ def test_plan_on_the_cuda_backend(fake):
     for p, n in ((b, MiB), (c, 2 * MiB), (d, 3 * MiB)):
         _C.cuda_free(p, n, 0, S1)
     wc.clear_plan(0)
-    assert not _C.cuda_has_plan(0)
+    assert not wc.has_plan(0)
 
 
 def test_a_recorded_step_becomes_an_exact_plan(fake):
@@ -446,7 +445,7 @@ def test_waterwave_policy_moves_idle_pages_through_the_driver(fake):
     p = _C.cuda_malloc(60 * MiB, 0, S1)
     _C.cuda_free(p, 60 * MiB, 0, S1)
     fake.fake_cuda_complete_all()  # stream 1's work is done
-    _C.cuda_sync_and_coalesce(0)
+    wc.sync_and_coalesce(0)
     q = _C.cuda_malloc(40 * MiB, 0, S2)
     r = _C.cuda_malloc(40 * MiB, 0, S2)
     fill(q, 40 * MiB, 1)

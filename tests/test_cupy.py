@@ -28,7 +28,7 @@ def hook(fake, monkeypatch):
 
 
 def live_blocks():
-    return [b for seg in _C.cuda_snapshot(0) for b in seg["blocks"] if b["state"] == "allocated"]
+    return [b for seg in wc.allocator(0).snapshot() for b in seg["blocks"] if b["state"] == "allocated"]
 
 
 def test_allocations_go_on_cupys_current_stream(hook):

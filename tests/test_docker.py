@@ -16,8 +16,8 @@ def arg(name: str) -> str:
 
 
 def test_the_image_pins_the_projects_torch():
-    pins = dict(re.findall(r"^(torch|torchvision)==(\S+)$", "\n".join(
-        PROJECT["optional-dependencies"]["planner"]), re.M))
+    pins = dict(re.findall(r"^(torch|torchvision)==(\S+)$",
+                           (ROOT / "constraints" / "dev.txt").read_text(), re.M))
     assert arg("TORCH_VERSION") == pins["torch"]
     assert arg("TORCHVISION_VERSION") == pins["torchvision"]
 

@@ -173,7 +173,7 @@ def test_cupy_and_torch_share_the_allocator():
         a = cupy.ones(1 << 20, dtype=cupy.float32)
         total = float(a.sum())
     side.synchronize()
-    streams = {b["stream"] for seg in wc._C.cuda_snapshot(0) for b in seg["blocks"]
+    streams = {b["stream"] for seg in wc.allocator(0).snapshot() for b in seg["blocks"]
                if b["state"] == "allocated"}
     both = wc.memory_allocated(0)
     free, whole = torch.cuda.mem_get_info()

@@ -1,6 +1,7 @@
 """The package's layers import one way, as each package's docstring says:
 alloc sees only _C; the planner never sees the executors, simulation or
-tools; and no module imports another module's private names."""
+tools; no module imports another module's private names; and no import
+circle exists anywhere, between modules or packages."""
 import ast
 from pathlib import Path
 
@@ -8,12 +9,22 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "waterwave"
 # What each layer may import of waterwave (besides itself).
+# Bottom to top. ``cuda`` and ``cupy`` (modules at the top) are the
+# allocator's CUDA face, over alloc; ``trace`` is the face of sim.trace. The
+# simulator sees the pipeline, never the executors: both run its schedules.
 ALLOWED = {
+    "graph": set(),
+    "capture": {"graph"},
     "alloc": {"_C"},
-    "planner": {"_C", "alloc"},
-    "exec": {"_C", "alloc", "planner"},
-    "sim": {"_C", "alloc", "planner", "exec"},
-    "tools": {"_C", "alloc", "planner", "exec", "sim"},
+    "cuda": {"_C", "alloc"},
+    "cupy": {"_C", "alloc", "cuda"},
+    "planner": {"_C", "alloc", "graph"},
+    "pipeline": {"graph", "planner"},
+    "exec": {"_C", "alloc", "cuda", "graph", "capture", "planner", "pipeline"},
+    "sim": {"_C", "alloc", "graph", "capture", "planner", "pipeline"},
+    "trace": {"sim"},
+    "tools": {"_C", "alloc", "cuda", "cupy", "graph", "capture", "planner", "pipeline", "exec",
+              "sim", "trace"},
 }
 
 
@@ -39,12 +50,13 @@ def imports(path: Path):
                 yield tuple(a.name.split(".")), []
 
 
-MODULES = sorted(p for p in PACKAGE.rglob("*.py") if len(p.relative_to(PACKAGE).parts) > 1)
+MODULES = sorted(p for p in PACKAGE.rglob("*.py")
+                 if len(p.relative_to(PACKAGE).parts) > 1 or p.stem in ALLOWED)
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_layers_import_one_way(path):
-    layer = path.relative_to(PACKAGE).parts[0]
+    layer = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
     for target, _ in imports(path):
         if target[:1] != ("waterwave",) or len(target) < 2 or target[1] == layer:
             continue
@@ -64,3 +76,56 @@ def test_no_module_imports_private_names(path):
 def test_at_most_six_modules_at_the_top():
     top = [p.name for p in PACKAGE.glob("*.py")] + [p.name for p in PACKAGE.glob("_C*.so")]
     assert len(top) <= 6, top
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path: Path) -> set[str]:
+    """The waterwave modules ``path`` imports, at its top or inside a
+    function (an import put off into a function hides a circle; it does
+    not remove one)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    known = {module_name(p) for p in PACKAGE.rglob("*.py")} | {"waterwave._C"}
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + (node.module.split(".") if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:  # a submodule by name, else the module that holds the name
+                sub = f"{target}.{a.name}"
+                out.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    # Importing a.b.c imports a and a.b first; those edges are the packages'.
+    return {m for m in out if m in known and m != name}
+
+
+def test_no_import_circle_anywhere():
+    # A package's __init__ imports its modules; a module that imports its
+    # package's face (not the module it needs) closes a circle, and counts.
+    graph = {module_name(p): module_imports(p) for p in PACKAGE.rglob("*.py")}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                circle = path[path.index(n):] + [n]
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)

@@ -206,7 +206,7 @@ def test_the_pipeline_plans_from_bytes_that_include_the_workspaces(r18):
     from the captured graph alone (``graph_plan``: what the trainer knows
     on the CPU), two resnet18 jobs under 2 GiB run out of memory at a batch
     the measured plan fits."""
-    from waterwave.exec.pairing import graph_plan, memory_rounds
+    from waterwave.pipeline.pairing import graph_plan, memory_rounds
 
     sched = named_schedule("waterwave", 2 * GiB)
     g = r18.graph_at(56)
@@ -244,7 +244,7 @@ def test_the_search_finds_the_largest_fitting_multiple():
 
 
 def test_calibration_two_resnet50_under_12_gib_on_the_h100(r50):
-    """The H100 (../shared/gpu-snapshots/README.md): 136 alone, 64 per job
+    """The H100 (bench/data/gpu-snapshots/README.md): 136 alone, 64 per job
     started together, 72 per job phased, in steps of 8, native PyTorch."""
     assert max_batch([r50], "H100-80GB", 12 * GiB, "lockstep", "pytorch", KERNELS).max_batch == 136
     assert max_batch([r50] * 2, "H100-80GB", 12 * GiB, "lockstep", "pytorch",

@@ -17,7 +17,7 @@ from waterwave.planner import (
     plan,
 )
 from waterwave.planner.baseline import replay
-from waterwave.planner.graph import Graph, GraphError
+from waterwave.graph import Graph, GraphError
 from waterwave.planner.offsets import greedy_pack, max_live
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,5 +1,5 @@
 """The pytorch policy decides as PyTorch 2.14's CUDACachingAllocator does
-(reference section 2), rule by rule."""
+(docs/design/pytorch-policy.md), rule by rule."""
 import pytest
 from conftest import MiB, make
 

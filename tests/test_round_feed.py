@@ -7,8 +7,8 @@ import threading
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from waterwave.exec.counter_barrier import CounterBarrier
-from waterwave.exec.pairing import (
+from waterwave.pipeline.counter_barrier import CounterBarrier
+from waterwave.pipeline.pairing import (
     JobGroups,
     JobPlan,
     MemoryPairing,
@@ -17,7 +17,7 @@ from waterwave.exec.pairing import (
     rises_from,
     rounds,
 )
-from waterwave.exec.round_feed import RoundFeed
+from waterwave.pipeline.round_feed import RoundFeed
 
 group = st.tuples(st.integers(-40, 60), st.integers(-5, 90))
 job_groups = st.lists(group, min_size=1, max_size=7)

@@ -16,7 +16,7 @@ from waterwave.tools import models  # noqa: E402
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "bench" / "data" / "gpu-snapshots"
 MiB = 1 << 20
-# Native PyTorch on the H100, as ../shared/gpu-snapshots/README.md lists them.
+# Native PyTorch on the H100, as bench/data/gpu-snapshots/README.md lists them.
 H100 = {"r18_solo": (1486, 876), "r18_2jobs": (2972, 1729), "r50_phased": (13408, 10547)}
 
 

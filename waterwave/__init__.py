@@ -3,8 +3,11 @@
 The allocator stack is C++ (``waterwave._C``); the packages here are its
 layers, imported one way (each package's docstring says what it may import):
 
-- ``alloc``: the allocator's faces: ``Allocator``/``PlanAllocator`` on the
-  simulated GPU, ``cuda`` (``install_allocator``) on real ones;
+- ``alloc``: the allocator's face: ``Allocator`` (one class for the
+  simulated GPU and each CUDA device's stack), ``AllocatorConfig``;
+- ``cuda``, ``cupy``: torch-named functions over a CUDA device's allocator,
+  ``install_allocator``; CuPy's hook (modules of their own, over ``alloc``);
+- ``trace``: the face of ``sim.trace`` (traces saved, loaded, replayed);
 - ``planner``: capture a training step, its graph, plans and their checks;
 - ``exec``: executors that run steps (``optimize``, ``ConcurrentTrainer``);
 - ``sim``: traces (``trace``), the multi-job simulator and the demo;
@@ -14,8 +17,7 @@ Everything runs without a GPU: ``SimDevice`` is a simulated GPU with virtual
 memory, stream queues on a virtual clock, events, and a detector of
 cross-stream reuse hazards.
 """
-import sys as _sys
-
+from . import cuda, cupy, trace  # noqa: F401  (cupy imports CuPy only when called)
 from ._C import (  # noqa: F401  (re-exported API)
     ConfigError,
     InvariantError,
@@ -23,23 +25,16 @@ from ._C import (  # noqa: F401  (re-exported API)
     PointerError,
     SimDevice,
 )
-from .alloc import Allocator, PlanAllocator, config_string, cuda, cupy, parse_config  # noqa: F401
-from .alloc.cuda import install_allocator  # noqa: F401  (imports torch only when called)
+from .alloc import Allocator, AllocatorConfig, PlanAllocator, config_string, parse_config  # noqa: F401
+from .cuda import install_allocator  # noqa: F401  (imports torch only when called)
 from .exec import ConcurrentTrainer, Job, optimize  # noqa: F401  (torch only when called)
 from .planner import Plan, pack, plan  # noqa: F401
-from .planner.capture import capture  # noqa: F401  (imports torch only when called)
-from .planner.graph import Graph  # noqa: F401
-from .sim import trace  # noqa: F401
-
-# ``import waterwave.cuda`` names the one module object waterwave.alloc.cuda,
-# ``import waterwave.cupy`` waterwave.alloc.cupy, ``import waterwave.trace``
-# waterwave.sim.trace.
-_sys.modules[__name__ + ".cuda"] = cuda
-_sys.modules[__name__ + ".cupy"] = cupy
-_sys.modules[__name__ + ".trace"] = trace
+from .capture import capture  # noqa: F401  (imports torch only when called)
+from .graph import Graph  # noqa: F401
 
 __all__ = [
     "Allocator",
+    "AllocatorConfig",
     "PlanAllocator",
     "SimDevice",
     "OutOfMemoryError",

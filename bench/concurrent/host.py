@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from waterwave.exec.counter_barrier import CounterBarrier  # noqa: E402
-from waterwave.exec.pairing import JobPlan, MemoryPairing, step_peak  # noqa: E402
-from waterwave.exec.round_feed import WINDOW_STEPS  # noqa: E402
+from waterwave.pipeline.counter_barrier import CounterBarrier  # noqa: E402
+from waterwave.pipeline.pairing import JobPlan, MemoryPairing, step_peak  # noqa: E402
+from waterwave.pipeline.round_feed import WINDOW_STEPS  # noqa: E402
 
 MiB = 1 << 20
 

@@ -6,7 +6,7 @@ multi-job simulator against the H100.
 Writes concurrent.json, concurrent.md and concurrent_calibration.png. Every
 simulated figure comes from this run; the measured ones from
 bench/data/gpu-snapshots/h100_measured.json (the H100 run behind
-../shared/gpu-snapshots), or from bench/results/concurrent_gpu.json when
+bench/data/gpu-snapshots), or from bench/results/concurrent_gpu.json when
 bench/gpu_concurrent.py has run on a GPU.
 
 Calibration: (1) each shared snapshot replayed through the simulated pytorch

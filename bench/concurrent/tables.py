@@ -13,7 +13,7 @@ from waterwave.sim.jobs import JobModel
 from waterwave.sim.kernels import KernelModel
 from waterwave.sim.maxbatch import max_batch
 from waterwave.sim.multijob import simulate
-from waterwave.sim.schedules import NODE_GROUP_SCHEDULES, NodeGroupSchedule
+from waterwave.sim.schedules import NodeGroupSchedule
 from waterwave.sim.schedules import schedule as named_schedule
 from waterwave.tools import models
 
@@ -49,7 +49,7 @@ class Lab:
                gpu=GPU, limit=None, split_size=None, groups=None):
         if groups is not None:  # a node-group schedule cutting each peak in `groups`
             schedule = NodeGroupSchedule(schedule, split_size, limit or _memory(gpu),
-                                         groups=groups, **NODE_GROUP_SCHEDULES[schedule])
+                                         groups=groups)
         found = max_batch([self.model(n) for n in names], gpu, limit, schedule, policy,
                           self.kernels, config=config, split_size=split_size,
                           sync_at_barrier=sync)

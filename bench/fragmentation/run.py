@@ -8,7 +8,7 @@ Writes fragmentation.json and fragmentation.md. Every figure in them is a
 simulated replay of the snapshot's allocations and frees, in order, each
 stream its own stream, from this run; the GPU column is read from
 bench/data/gpu-snapshots/h100_measured.json (the H100 run behind
-../shared/gpu-snapshots). ``floor`` is the sum of the streams' own allocated
+bench/data/gpu-snapshots). ``floor`` is the sum of the streams' own allocated
 peaks over the joint allocated peak: what any policy that keeps each stream's
 pages to that stream (PyTorch's expandable segments) must reserve, at least.
 """
@@ -74,7 +74,7 @@ def report(rows: list[dict]) -> str:
            "Every figure is a **simulated** replay (bench/fragmentation/run.py) of the snapshot's",
            "allocations and frees, in order, each stream on its own stream, on an unlimited",
            "simulated GPU. \"GPU\" is the reserved peak **measured** on the H100 behind",
-           "../shared/gpu-snapshots (native PyTorch, and Waterwave's policies as they were then:",
+           "bench/data/gpu-snapshots (native PyTorch, and Waterwave's policies as they were then:",
            "the waterwave figures predate this fix). MiB; ratio = reserved / allocated peak.", "",
            "| snapshot | policy | expandable | reserved | allocated | ratio | GPU reserved | "
            "page maps | page moves | hazards |",

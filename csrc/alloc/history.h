@@ -16,7 +16,7 @@
 
 namespace waterwave {
 
-// PyTorch's trace actions (reference section 4): alloc, free_requested,
+// PyTorch's trace actions (docs/design/pytorch-policy.md, Trace actions): alloc, free_requested,
 // free_completed, segment_alloc, segment_free, segment_map, segment_unmap,
 // oom.
 struct HistoryEntry {

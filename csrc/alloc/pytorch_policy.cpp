@@ -1,5 +1,5 @@
 // A re-implementation of PyTorch 2.14's native CUDACachingAllocator policy
-// (reference section 2), the baseline every comparison uses.
+// (docs/design/pytorch-policy.md), the baseline every comparison uses.
 //
 // Free blocks are reusable only by the stream that allocated their segment:
 // best fit on (stream, size, address) in a small (<= 1 MiB) or large pool.

@@ -21,6 +21,7 @@ namespace py = pybind11;
 void bind_errors(py::module_& m);    // module.cpp
 void bind_settings(py::module_& m);  // bind_settings.cpp
 void bind_sim(py::module_& m);       // bind_sim.cpp
+void bind_stack(py::module_& m);     // bind_stack.cpp
 void bind_cuda(py::module_& m);      // bind_cuda.cpp
 void bind_planner(py::module_& m);   // bind_planner.cpp
 void bind_bench(py::module_& m);     // bind_bench.cpp
@@ -33,6 +34,9 @@ py::list segments_list(const std::vector<SegmentInfo>& segments);
 // The memory history as PyTorch's device_traces entries.
 py::list history_list(const std::vector<HistoryEntry>& entries);
 std::vector<PlanSlot> to_slots(const std::vector<std::pair<std::size_t, std::size_t>>& slots);
+// The settings with keyword settings applied on top, then validated
+// (bind_settings.cpp).
+AllocatorConfig with_keywords(AllocatorConfig config, const py::kwargs& settings);
 // "device" or "stream" (stream_plan.h's PlanScope); ConfigError otherwise.
 PlanScope parse_scope(const std::string& scope);
 

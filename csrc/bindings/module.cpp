@@ -31,6 +31,7 @@ PYBIND11_MODULE(_C, m) {
   bind_errors(m);
   bind_settings(m);
   bind_sim(m);
+  bind_stack(m);
   bind_cuda(m);
   bind_planner(m);
   bind_bench(m);

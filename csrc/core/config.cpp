@@ -81,9 +81,18 @@ std::size_t slot_of_mb(std::size_t mb) {
   return slot < kRoundupSlots ? slot : kRoundupSlots - 1;
 }
 
+std::size_t mib_to_bytes(const char* key, std::size_t mb) {
+  if (mb > SIZE_MAX / kMiB) {
+    throw ConfigError(std::string("allocator config: ") + key + " value " + std::to_string(mb) +
+                      " MiB is too large");
+  }
+  return mb * kMiB;
+}
+
 class Parser {
  public:
-  Parser(AllocatorConfig& cfg, const std::string& text) : cfg_(cfg), t_(tokenize(text)) {}
+  Parser(AllocatorConfig& cfg, const std::string& text, std::string* policy)
+      : cfg_(cfg), t_(tokenize(text)), policy_(policy) {}
 
   void run() {
     while (i_ < t_.size()) {
@@ -93,7 +102,7 @@ class Parser {
       set(key);
       if (i_ < t_.size()) expect(",", "between settings (form key:value,key:value)");
     }
-    validate();
+    cfg_.validate();
   }
 
  private:
@@ -118,127 +127,161 @@ class Parser {
     }
     ++i_;
   }
+  std::string value(const std::string& key) { return word("a value for " + key); }
 
   void set(const std::string& key) {
     if (key == "max_split_size_mb") {
-      cfg_.max_split_size = parse_size(key, word("a value for " + key)) * kMiB;
+      cfg_.set_max_split_size_mb(parse_size(key, value(key)));
     } else if (key == "max_non_split_rounding_mb") {
-      cfg_.max_non_split_rounding_size = parse_size(key, word("a value for " + key)) * kMiB;
-      non_split_set_ = true;
+      cfg_.set_max_non_split_rounding_mb(parse_size(key, value(key)));
     } else if (key == "large_segment_size_mb") {
-      std::size_t mb = parse_size(key, word("a value for " + key));
-      if (mb <= 10) {
-        throw ConfigError("allocator config: large_segment_size_mb must be > 10 (MiB), got " +
-                          std::to_string(mb));
-      }
-      cfg_.large_segment_size = mb * kMiB;
+      cfg_.set_large_segment_size_mb(parse_size(key, value(key)));
     } else if (key == "roundup_power2_divisions") {
       roundup(key);
     } else if (key == "garbage_collection_threshold") {
-      double v = parse_double(key, word("a value for " + key));
-      if (!(v > 0.0 && v < 1.0)) {
-        throw ConfigError("allocator config: garbage_collection_threshold must lie in (0.0, 1.0), got " +
-                          std::to_string(v));
-      }
-      cfg_.garbage_collection_threshold = v;
+      cfg_.set_garbage_collection_threshold(parse_double(key, value(key)));
     } else if (key == "per_process_memory_fraction") {
-      double v = parse_double(key, word("a value for " + key));
-      if (!(v >= 0.0 && v <= 1.0)) {
-        throw ConfigError("allocator config: per_process_memory_fraction must lie in [0.0, 1.0], got " +
-                          std::to_string(v));
-      }
-      cfg_.per_process_memory_fraction = v;
+      cfg_.set_per_process_memory_fraction(parse_double(key, value(key)));
     } else if (key == "expandable_segments") {
-      cfg_.expandable_segments = parse_bool(key, word("a value for " + key));
+      cfg_.set_expandable_segments(parse_bool(key, value(key)));
     } else if (key == "release_lock_on_cudamalloc") {
       // Accepted for compatibility; waterwave never holds its lock around a
       // device reservation, so both values behave as True.
-      parse_bool(key, word("a value for " + key));
+      parse_bool(key, value(key));
+    } else if (key == "policy" && policy_) {
+      *policy_ = value(key);
     } else {
       throw ConfigError("allocator config: unrecognized key '" + key + "'. Known keys: " +
-                        kKnownKeys);
+                        kKnownKeys + (policy_ ? ", policy" : ""));
     }
   }
 
   void roundup(const std::string& key) {
-    auto& divs = cfg_.roundup_power2_divisions;
     if (peek() != "[") {
-      std::size_t v = parse_size(key, word("a value for " + key));
-      if (!is_power_of_two(v)) {
-        throw ConfigError("allocator config: roundup_power2_divisions must be a power of 2, got " +
-                          std::to_string(v));
-      }
-      divs.fill(v);
+      cfg_.set_roundup_power2_divisions(parse_size(key, value(key)));
       return;
     }
     ++i_;  // '['
-    bool first = true;
-    std::size_t last_slot = 0;
-    bool any = false;
+    std::vector<std::pair<std::string, std::size_t>> intervals;
     while (true) {
       std::string bound = word("an interval (MiB, power of 2) or '>'");
       expect(":", "after roundup interval '" + bound + "'");
-      std::size_t v = parse_size(key, word("a division count"));
-      if (v != 0 && !is_power_of_two(v)) {
-        throw ConfigError("allocator config: roundup_power2_divisions values must be a power of 2 "
-                          "or 0 to disable rounding, got " + std::to_string(v));
-      }
-      if (bound == ">") {
-        std::size_t from = any ? last_slot + 1 : 1;
-        for (std::size_t s = from; s < kRoundupSlots; ++s) divs[s] = v;
-      } else {
-        std::size_t mb = parse_size(key, bound);
-        if (!is_power_of_two(mb)) {
-          throw ConfigError("allocator config: roundup_power2_divisions intervals must be powers "
-                            "of 2 (MiB), got " + bound);
-        }
-        std::size_t slot = slot_of_mb(mb);
-        if (first) {
-          for (std::size_t s = 0; s < slot; ++s) divs[s] = v;
-        }
-        divs[slot] = v;
-        last_slot = slot;
-        any = true;
-      }
-      first = false;
+      intervals.emplace_back(bound, parse_size(key, word("a division count")));
       if (peek() == "]") {
         ++i_;
-        return;
+        break;
       }
       expect(",", "between roundup entries (form [64:8,>:4])");
     }
-  }
-
-  void validate() {
-    const std::size_t seg_mb = cfg_.large_segment_size / kMiB;
-    if (cfg_.max_split_size != SIZE_MAX && cfg_.max_split_size < cfg_.large_segment_size) {
-      throw ConfigError("allocator config: max_split_size_mb too small, must be >= " +
-                        std::to_string(seg_mb) + " (large_segment_size_mb)");
-    }
-    if (non_split_set_ && cfg_.max_non_split_rounding_size < cfg_.large_segment_size) {
-      throw ConfigError("allocator config: max_non_split_rounding_mb too small, must be >= " +
-                        std::to_string(seg_mb) + " (large_segment_size_mb)");
-    }
+    cfg_.set_roundup_power2_divisions(intervals);
   }
 
   AllocatorConfig& cfg_;
   std::vector<std::string> t_;
+  std::string* policy_;
   std::size_t i_ = 0;
-  bool non_split_set_ = false;  // PyTorch checks the floor only when the key is given
 };
 
 }  // namespace
 
-AllocatorConfig AllocatorConfig::parse(const std::string& text) {
+void AllocatorConfig::set_max_split_size_mb(std::size_t mb) {
+  max_split_size = mib_to_bytes("max_split_size_mb", mb);
+}
+
+void AllocatorConfig::set_max_non_split_rounding_mb(std::size_t mb) {
+  max_non_split_rounding_size = mib_to_bytes("max_non_split_rounding_mb", mb);
+  max_non_split_rounding_set = true;
+}
+
+void AllocatorConfig::set_large_segment_size_mb(std::size_t mb) {
+  if (mb <= 10) {
+    throw ConfigError("allocator config: large_segment_size_mb must be > 10 (MiB), got " +
+                      std::to_string(mb));
+  }
+  large_segment_size = mib_to_bytes("large_segment_size_mb", mb);
+}
+
+void AllocatorConfig::set_roundup_power2_divisions(std::size_t v) {
+  if (!is_power_of_two(v)) {
+    throw ConfigError("allocator config: roundup_power2_divisions must be a power of 2, got " +
+                      std::to_string(v));
+  }
+  roundup_power2_divisions.fill(v);
+}
+
+void AllocatorConfig::set_roundup_power2_divisions(
+    const std::vector<std::pair<std::string, std::size_t>>& intervals) {
+  const std::string key = "roundup_power2_divisions";
+  auto divs = roundup_power2_divisions;  // a bad entry changes nothing
+  bool first = true, any = false;
+  std::size_t last_slot = 0;
+  for (const auto& [bound, v] : intervals) {
+    if (v != 0 && !is_power_of_two(v)) {
+      throw ConfigError("allocator config: roundup_power2_divisions values must be a power of 2 "
+                        "or 0 to disable rounding, got " + std::to_string(v));
+    }
+    if (bound == ">") {
+      std::size_t from = any ? last_slot + 1 : 1;
+      for (std::size_t s = from; s < kRoundupSlots; ++s) divs[s] = v;
+    } else {
+      std::size_t mb = parse_size(key, bound);
+      if (!is_power_of_two(mb)) {
+        throw ConfigError("allocator config: roundup_power2_divisions intervals must be powers "
+                          "of 2 (MiB), got " + bound);
+      }
+      std::size_t slot = slot_of_mb(mb);
+      if (first) {
+        for (std::size_t s = 0; s < slot; ++s) divs[s] = v;
+      }
+      divs[slot] = v;
+      last_slot = slot;
+      any = true;
+    }
+    first = false;
+  }
+  roundup_power2_divisions = divs;
+}
+
+void AllocatorConfig::set_garbage_collection_threshold(double v) {
+  if (!(v > 0.0 && v < 1.0)) {
+    throw ConfigError("allocator config: garbage_collection_threshold must lie in (0.0, 1.0), got " +
+                      std::to_string(v));
+  }
+  garbage_collection_threshold = v;
+}
+
+void AllocatorConfig::set_per_process_memory_fraction(double v) {
+  if (!(v >= 0.0 && v <= 1.0)) {
+    throw ConfigError("allocator config: per_process_memory_fraction must lie in [0.0, 1.0], got " +
+                      std::to_string(v));
+  }
+  per_process_memory_fraction = v;
+}
+
+void AllocatorConfig::validate() const {
+  const std::size_t seg_mb = large_segment_size / kMiB;
+  if (max_split_size != SIZE_MAX && max_split_size < large_segment_size) {
+    throw ConfigError("allocator config: max_split_size_mb too small, must be >= " +
+                      std::to_string(seg_mb) + " (large_segment_size_mb)");
+  }
+  if (max_non_split_rounding_set && max_non_split_rounding_size < large_segment_size) {
+    throw ConfigError("allocator config: max_non_split_rounding_mb too small, must be >= " +
+                      std::to_string(seg_mb) + " (large_segment_size_mb)");
+  }
+}
+
+AllocatorConfig AllocatorConfig::parse(const std::string& text, std::string* policy) {
   AllocatorConfig cfg;
-  cfg.apply(text);
+  cfg.apply(text, policy);
   return cfg;
 }
 
-void AllocatorConfig::apply(const std::string& text) {
+void AllocatorConfig::apply(const std::string& text, std::string* policy) {
   AllocatorConfig copy = *this;  // a bad string changes nothing
-  Parser(copy, text).run();
+  std::string named = policy ? *policy : std::string();
+  Parser(copy, text, policy ? &named : nullptr).run();
   *this = copy;
+  if (policy) *policy = named;
 }
 
 std::string AllocatorConfig::to_string() const {

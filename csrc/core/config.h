@@ -1,5 +1,8 @@
-// Allocator configuration, parsed from a PYTORCH_CUDA_ALLOC_CONF-style string
-// ("max_split_size_mb:200,roundup_power2_divisions:[256:1,>:4]").
+// Allocator configuration: typed settings, parsed once at the edge from a
+// PYTORCH_CUDA_ALLOC_CONF-style string
+// ("max_split_size_mb:200,roundup_power2_divisions:[256:1,>:4]") or set one
+// by one through the typed setters (Python's keyword arguments). Both paths
+// check a value the same way, in its setter.
 //
 // May include: types.h, errors.h.
 #pragma once
@@ -8,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "types.h"
 
@@ -22,18 +27,39 @@ struct AllocatorConfig {
   double per_process_memory_fraction = 1.0;   // 1: no limit
   bool expandable_segments = false;           // grow segments by mapping pages (VMM)
   bool release_lock_on_device_alloc = true;   // the lock is always dropped around reserve
+  bool max_non_split_rounding_set = false;    // PyTorch checks its floor only when given
 
   // Parse a whole configuration string on top of the defaults. Throws
-  // ConfigError naming the key, the bad value and what is accepted.
-  static AllocatorConfig parse(const std::string& text);
-  // Apply more "key:value" pairs on top of this configuration.
-  void apply(const std::string& text);
+  // ConfigError naming the key, the bad value and what is accepted. With
+  // `policy`, the string may also hold Waterwave's `policy:NAME` entry
+  // (WATERWAVE_ALLOC_CONF), whose name is stored there unchecked (the
+  // policies live above core/: alloc/policies.h checks it).
+  static AllocatorConfig parse(const std::string& text, std::string* policy = nullptr);
+  // Apply more "key:value" pairs on top of this configuration; a bad
+  // string changes nothing.
+  void apply(const std::string& text, std::string* policy = nullptr);
+
+  // Typed settings, by PyTorch's key names. Each checks its own value and
+  // throws ConfigError; validate() checks the settings against each other.
+  void set_max_split_size_mb(std::size_t mb);
+  void set_max_non_split_rounding_mb(std::size_t mb);
+  void set_large_segment_size_mb(std::size_t mb);
+  void set_roundup_power2_divisions(std::size_t divisions);  // every interval
+  // Per interval: (upper bound in MiB, a power of 2, or ">" for the rest;
+  // divisions), in increasing order, as in "[64:8,256:4,>:1]".
+  void set_roundup_power2_divisions(
+      const std::vector<std::pair<std::string, std::size_t>>& intervals);
+  void set_garbage_collection_threshold(double threshold);
+  void set_per_process_memory_fraction(double fraction);
+  void set_expandable_segments(bool on) { expandable_segments = on; }
+  void validate() const;
+  bool operator==(const AllocatorConfig& other) const { return to_string() == other.to_string(); }
   // The configuration as a canonical string that parse() accepts.
   std::string to_string() const;
   bool max_split_size_set() const { return max_split_size != SIZE_MAX; }
 };
 
-// Size rules both policies share (reference sections 2.4-2.7).
+// Size rules both policies share (docs/design/pytorch-policy.md, Size rounding to Splitting).
 struct SizeRules {
   const AllocatorConfig& cfg;
   std::size_t round_size(std::size_t bytes) const;

@@ -1,4 +1,4 @@
-// Allocator statistics, with PyTorch's Stat semantics (reference section 2.13)
+// Allocator statistics, with PyTorch's Stat semantics (docs/design/pytorch-policy.md, Statistics)
 // plus the Waterwave-specific counters: how each request was served, syncs,
 // waits, and fragmentation.
 //

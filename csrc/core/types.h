@@ -22,7 +22,7 @@ constexpr std::size_t kKiB = 1024;
 constexpr std::size_t kMiB = 1024 * kKiB;
 constexpr std::size_t kGiB = 1024 * kMiB;
 
-// PyTorch 2.14's constants (reference section 2.1): both policies share them so
+// PyTorch 2.14's constants (docs/design/pytorch-policy.md, Constants): both policies share them so
 // that comparisons measure policy, not rounding.
 constexpr std::size_t kMinBlockSize = 512;         // sizes round to multiples of this
 constexpr std::size_t kSmallSize = 1 * kMiB;       // rounded size <= this: small pool

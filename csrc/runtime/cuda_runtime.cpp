@@ -18,22 +18,32 @@ CudaRuntime::PerDevice* CudaRuntime::find(int device) const {
 
 AllocatorStack& CudaRuntime::stack(int device) {
   if (PerDevice* d = find(device)) return *d->stack;
+  return *create(device).stack;
+}
+
+std::shared_ptr<AllocatorStack> CudaRuntime::shared_stack(int device) {
+  stack(device);  // created if missing
+  std::lock_guard<std::mutex> g(mu_);
+  const std::shared_ptr<PerDevice>& owner = owners_[device];
+  return std::shared_ptr<AllocatorStack>(owner, owner->stack.get());
+}
+
+CudaRuntime::PerDevice& CudaRuntime::create(int device) {
   if (device < 0 || device >= kMaxDevices) {
     throw ConfigError("CUDA device index " + std::to_string(device) + " is out of range");
   }
   std::lock_guard<std::mutex> g(mu_);
-  if (PerDevice* d = find(device)) return *d->stack;
-  auto d = std::make_unique<PerDevice>();
+  if (PerDevice* d = find(device)) return *d;
+  auto d = std::make_shared<PerDevice>();
   d->device = std::make_unique<CudaDevice>(DriverApi::load(driver_), device);
-  d->stack = std::make_unique<AllocatorStack>(*d->device, policy_, AllocatorConfig::parse(config_));
+  d->stack = std::make_unique<AllocatorStack>(*d->device, policy_, config_);
+  owners_[device] = d;
   devices_[device].store(d.get(), std::memory_order_release);
-  return *d.release()->stack;  // owned by devices_ until reset()
+  return *d;
 }
 
-void CudaRuntime::configure(const std::string& policy, const std::string& config,
+void CudaRuntime::configure(PolicyKind policy, const AllocatorConfig& config,
                             const std::string& driver) {
-  const PolicyKind kind = parse_policy(policy);
-  AllocatorConfig::parse(config);  // refuse a bad string before changing anything
   std::lock_guard<std::mutex> g(mu_);
   for (auto& d : devices_) {
     if (d.load()) {
@@ -41,7 +51,7 @@ void CudaRuntime::configure(const std::string& policy, const std::string& config
                         "allocation (or reset() it when nothing is allocated)");
     }
   }
-  policy_ = kind;
+  policy_ = policy;
   config_ = config;
   driver_ = driver;
 }
@@ -56,7 +66,10 @@ void CudaRuntime::reset() {
                         format_bytes(live) + " allocated; free every tensor first");
     }
   }
-  for (auto& slot : devices_) delete slot.exchange(nullptr);
+  for (int i = 0; i < kMaxDevices; ++i) {
+    devices_[i].store(nullptr);
+    owners_[i].reset();  // a Python handle may keep its stack a while longer
+  }
 }
 
 void CudaRuntime::deallocate(Addr ptr, int device) {
@@ -88,14 +101,14 @@ std::vector<int> CudaRuntime::devices() {
   return out;
 }
 
-std::string CudaRuntime::policy() {
+PolicyKind CudaRuntime::policy() {
   std::lock_guard<std::mutex> g(mu_);
-  return policy_info(policy_).name;
+  return policy_;
 }
 
-std::string CudaRuntime::config() {
+AllocatorConfig CudaRuntime::config() {
   std::lock_guard<std::mutex> g(mu_);
-  return AllocatorConfig::parse(config_).to_string();
+  return config_;
 }
 
 std::string CudaRuntime::driver_path() {

@@ -1,11 +1,13 @@
 // The allocator on real GPUs: one allocator stack (alloc/stack.h) per CUDA
 // device, over the driver backend (device/cuda), created at the device's
 // first allocation. PyTorch reaches it through the C entry points
-// (pytorch_abi.h), Python through waterwave._C (bindings/bind_cuda.cpp).
+// (pytorch_abi.h); Python holds the same stack as a waterwave._C.AllocatorStack
+// (bindings/bind_stack.cpp), through shared_stack().
 //
 // May include: core/, alloc/, device/cuda/.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -32,15 +34,18 @@ class CudaRuntime {
  public:
   static CudaRuntime& get();
 
-  // Policy, config string and driver library for stacks created from now
+  // Policy, configuration and driver library for stacks created from now
   // on. Refused once any device has one (reset() first).
-  void configure(const std::string& policy, const std::string& config, const std::string& driver);
+  void configure(PolicyKind policy, const AllocatorConfig& config, const std::string& driver);
   // Drops every device's stack, giving cached memory and arenas back.
   // Refused while any allocation is live. For tests and for re-configuring.
   void reset();
 
   // The device's stack, created on first use; it lives until reset().
   AllocatorStack& stack(int device);
+  // The same stack, shared: a holder keeps it (and its device) alive past a
+  // reset(), after which the device gets a new stack of its own.
+  std::shared_ptr<AllocatorStack> shared_stack(int device);
 
   // The allocation path, as PyTorch's hooks call it.
   Addr allocate(std::size_t bytes, int device, StreamId stream) {
@@ -53,8 +58,8 @@ class CudaRuntime {
   void empty_cache();
 
   std::vector<int> devices();  // devices with a stack, in order
-  std::string policy();
-  std::string config();
+  PolicyKind policy();
+  AllocatorConfig config();
   std::string driver_path();
 
   // Problems the free hook met (it may not throw): count and the last one.
@@ -69,12 +74,16 @@ class CudaRuntime {
     ~PerDevice() { stack.reset(); }
   };
   PerDevice* find(int device) const;  // nullptr if none yet
+  PerDevice& create(int device);
 
   std::mutex mu_;  // configuration and device creation, never the hot path
   PolicyKind policy_ = PolicyKind::kWaterwave;
-  std::string config_;
+  AllocatorConfig config_;
   std::string driver_;
+  // The hot path reads devices_ (a relaxed lookup); owners_ (under mu_)
+  // owns them, shared with the Python handles of shared_stack().
   std::array<std::atomic<PerDevice*>, kMaxDevices> devices_{};
+  std::array<std::shared_ptr<PerDevice>, kMaxDevices> owners_{};
   std::atomic<long long> free_errors_{0};
   std::string last_free_error_;  // under mu_
 };

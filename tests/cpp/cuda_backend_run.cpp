@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   const std::uint64_t seed = std::strtoull(argv[5], nullptr, 10);
   CudaRuntime& rt = CudaRuntime::get();
   const std::string config = argc == 7 ? argv[6] : "";
-  rt.configure(policy, config, driver);
+  rt.configure(parse_policy(policy), AllocatorConfig::parse(config), driver);
 
   std::mutex handoff_mu;
   std::vector<Held> handoff;

@@ -1,5 +1,10 @@
-"""The simulator's face of the allocator stack: ``waterwave.Allocator`` and
-``waterwave.PlanAllocator`` on a ``SimDevice``.
+"""``waterwave.Allocator``: the allocator stack (``waterwave._C.AllocatorStack``,
+one C++ class for every face) with Python's conveniences: settings from
+arguments or the environment, PyTorch's snapshot format, a summary table.
+
+The same class serves both faces: ``Allocator(...)`` over a simulated GPU,
+and ``Allocator.for_cuda(index)``, the CUDA runtime's stack of one device
+(the one PyTorch's hooks reach; ``waterwave.cuda`` calls it).
 
 May import: waterwave._C and this package.
 """
@@ -9,105 +14,88 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import _C
+from .._C import AllocatorConfig
 from . import snapshot as snapshots
-from .settings import config_string, resolve_settings
+from .settings import resolve_settings
 from .summary import memory_summary as format_summary
 
 DEFAULT_SIM_CAPACITY = 16 * 1024**3
 
 
-class Allocator:
-    """A caching allocator policy over a device.
+class Allocator(_C.AllocatorStack):
+    """A caching allocator policy over a device, with plans and recordings
+    per stream above it.
 
     ``policy``: ``"waterwave"`` (the multi-stream allocator of the Waterwave
     paper) or ``"pytorch"`` (PyTorch 2.14's native caching policy); when
     omitted, the ``policy:`` entry of ``WATERWAVE_ALLOC_CONF``, else waterwave.
     ``device``: a ``SimDevice``; by default a 16 GiB simulated GPU.
-    ``config``: a PYTORCH_CUDA_ALLOC_CONF-style string; when omitted the
-    ``WATERWAVE_ALLOC_CONF`` environment variable is read. Keyword arguments
-    (``max_split_size_mb=200`` ...) are applied on top.
+    ``config``: an ``AllocatorConfig`` or a PYTORCH_CUDA_ALLOC_CONF-style
+    string; when omitted ``WATERWAVE_ALLOC_CONF`` is read. Keyword settings
+    (``max_split_size_mb=200`` ...) apply on top.
     """
 
     _policy_role = "allocator policy"  # what errors call the policy argument
 
     def __init__(self, policy: str | None = None, device: _C.SimDevice | None = None,
-                 config: str | None = None, **kwargs: Any) -> None:
-        policy, config = resolve_settings(policy, config, self._policy_role)
+                 config: str | AllocatorConfig | None = None, **kwargs: Any) -> None:
+        policy, settings = resolve_settings(policy, config, self._policy_role, **kwargs)
         if device is None:
             device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
-        self._a = _C._Allocator(policy, device, config_string(config, **kwargs))
-        self.device = device
+        super().__init__(device, policy, settings)
+
+    @classmethod
+    def for_cuda(cls, index: int) -> Allocator:
+        """The CUDA runtime's stack of device ``index`` (created at its first
+        use, with the settings of ``waterwave.cuda.configure``)."""
+        stack = cls.__new__(cls)
+        _C.AllocatorStack.__init__(stack, cuda_device=index)
+        return stack
 
     # Allocation -----------------------------------------------------------
     def alloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate ``nbytes`` for use on ``stream``; returns the address (0 for 0 bytes)."""
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
-        return self._a.alloc(nbytes, stream)
-
-    def free(self, ptr: int) -> None:
-        """Free a pointer from ``alloc``. Unknown pointers and double frees raise PointerError."""
-        self._a.free(ptr)
-
-    def record_stream(self, ptr: int, stream: int) -> None:
-        """Mark ``ptr`` as also used on ``stream`` (PyTorch's ``Tensor.record_stream``)."""
-        self._a.record_stream(ptr, stream)
-
-    def sync_and_coalesce(self) -> None:
-        """Synchronize the device, mark every free block synced and coalesce."""
-        self._a.sync_and_coalesce()
-
-    def empty_cache(self) -> None:
-        """Give every wholly free cached segment back to the device."""
-        self._a.empty_cache()
+        return super().alloc(nbytes, stream)
 
     # Plans, per stream --------------------------------------------------------
-    def set_plan(self, stream: int, slots, arena: int | None = None, scope: str = "stream") -> None:
+    def set_plan(self, stream: int, slots, arena: int | None = None, scope: str = "stream",
+                 give_back_cache: bool = False) -> None:
         """Serve ``stream``'s allocations from a plan over this allocator:
         the k-th allocation of a step gets ``slots[k] = (size, offset)`` in
         an arena of ``arena`` bytes (default: the end of the last slot).
         ``scope="stream"``: the plan answers for its stream alone, so several
         streams (jobs) can each have one; ``"device"``: another stream's
-        allocation leaves the plan for the step."""
+        allocation leaves the plan for the step. ``give_back_cache``: give
+        the policy's cached memory back first, so the arena takes its place."""
         slots = [(int(s), int(o)) for s, o in slots]
         if arena is None:
             arena = max((s + o for s, o in slots), default=0)
-        self._a.set_plan(stream, slots, int(arena), scope)
-
-    def clear_plan(self, stream: int | None = None) -> None:
-        """Remove ``stream``'s plan (every plan, by default); refused while its blocks live."""
-        self._a.clear_plan(stream)
-
-    def begin_step(self, stream: int | None = None) -> None:
-        """The next allocation on ``stream`` is its plan's first (``stream``
-        may be left out when one stream has a plan)."""
-        self._a.begin_step(stream)
-
-    def plan_stats(self, stream: int | None = None) -> dict:
-        """Planned and fallback allocations, deviations and why the last one happened."""
-        return self._a.plan_stats(stream)
+        self._set_plan(int(stream), slots, int(arena), scope, give_back_cache)
 
     # Simulated GPU ----------------------------------------------------------
     def launch(self, stream: int, duration_us: float, uses: Iterable[int] = ()) -> int:
         """Queue a simulated kernel on ``stream`` that touches the allocations ``uses``."""
-        return self._a.launch(stream, duration_us, list(uses))
+        return super().launch(stream, duration_us, list(uses))
 
     def synchronize(self) -> None:
         """Block the (simulated) host until all streams are idle."""
-        self.device.synchronize()
+        self._sim("synchronize").synchronize()
 
     def now(self) -> float:
         """The simulated host clock in microseconds."""
-        return self.device.now()
+        return self._sim("now").now()
 
     def hazards(self) -> list[dict]:
         """Cross-stream reuse hazards the simulated device detected."""
-        return self.device.hazards()
+        return self._sim("hazards").hazards()
 
-    # Introspection ------------------------------------------------------------
-    def stats(self) -> dict:
-        """Statistics: PyTorch's ``memory_stats()`` keys plus Waterwave's counters."""
-        return self._a.stats()
+    def _sim(self, what: str) -> _C.SimDevice:
+        if self.device is None:
+            raise _C.ConfigError(f"{what} needs a simulated device; this allocator serves CUDA "
+                                 f"device {self.cuda_device}")
+        return self.device
 
     # Memory history and PyTorch's snapshot format ---------------------------
     def record_memory_history(self, enabled: Any = True,
@@ -116,11 +104,12 @@ class Allocator:
         free_completed, segment_alloc/free/map/unmap, oom), keeping the newest
         ``max_entries``; ``enabled=False`` stops and drops them (torch's
         ``_record_memory_history``)."""
-        self._a.record_history(*snapshots.history_settings(enabled, max_entries))
+        self._record_history(*snapshots.history_settings(enabled, max_entries))
 
     def memory_snapshot(self) -> dict:
-        """PyTorch's snapshot dict: ``segments`` and ``device_traces`` (device 0)."""
-        return snapshots.build({0: self._a.snapshot()}, {0: self._a.history()})
+        """PyTorch's snapshot dict: ``segments`` and ``device_traces``."""
+        index = self.cuda_device or 0
+        return snapshots.build({index: self.snapshot()}, {index: self.history()})
 
     def dump_snapshot(self, path: str) -> None:
         """Write ``memory_snapshot()`` as the pickle PyTorch's memory viewer opens."""
@@ -128,34 +117,19 @@ class Allocator:
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         """``stats()`` as a readable table, laid out like ``torch.cuda.memory_summary()``."""
-        return format_summary(self.stats(), f"Waterwave memory summary, simulated device, "
-                              f"policy '{self.policy}'", self._a.policy, abbreviated)
+        where = ("simulated device" if self.cuda_device is None
+                 else f"CUDA memory summary, device {self.cuda_device}")
+        online = _C.AllocatorStack.policy.fget(self)  # the layout follows the policy's pools
+        return format_summary(self.stats(), f"Waterwave memory summary, {where}, "
+                              f"policy '{self.policy}'", online, abbreviated)
 
-    def reset_peak_stats(self) -> None:
-        self._a.reset_peak_stats()
-
-    def snapshot(self) -> list[dict]:
-        """Segments and their blocks, in address order."""
-        return self._a.snapshot()
-
-    def check_invariants(self) -> None:
-        """Raise InvariantError if any internal invariant is broken."""
-        self._a.check_invariants()
-
-    def allocation_size(self, ptr: int) -> int:
-        return self._a.allocation_size(ptr)
-
-    @property
-    def policy(self) -> str:
-        return self._a.policy
-
-    @property
-    def config(self) -> str:
-        return self._a.config
+    # The name this class had before torch's was taken for both faces.
+    reset_peak_stats = _C.AllocatorStack.reset_peak_memory_stats
 
     def __repr__(self) -> str:
         s = self.stats()
-        return (f"Allocator(policy={self.policy!r}, allocated={s['allocated_bytes.all.current']}, "
+        return (f"{type(self).__name__}(policy={self.policy!r}, "
+                f"allocated={s['allocated_bytes.all.current']}, "
                 f"reserved={s['reserved_bytes.all.current']})")
 
 
@@ -175,8 +149,8 @@ class PlanAllocator(Allocator):
     _policy_role = "fallback policy"
 
     def __init__(self, plan, device: _C.SimDevice | None = None, fallback: str = "waterwave",
-                 stream: int = 0, config: str | None = None, arena: int | None = None,
-                 graph=None, **kwargs: Any) -> None:
+                 stream: int = 0, config: str | AllocatorConfig | None = None,
+                 arena: int | None = None, graph=None, **kwargs: Any) -> None:
         if isinstance(plan, (list, tuple)):
             slots = [(int(s), int(o)) for s, o in plan]
             if arena is None:
@@ -192,10 +166,10 @@ class PlanAllocator(Allocator):
         self.slots = slots
 
     @property
-    def policy(self) -> str:
-        return "plan"
-
-    @property
     def fallback(self) -> str:
         """The online policy under the plan."""
-        return self._a.policy
+        return _C.AllocatorStack.policy.fget(self)
+
+    @property
+    def policy(self) -> str:
+        return "plan"

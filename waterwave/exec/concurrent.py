@@ -40,7 +40,8 @@ the allocator's peak statistics.
 A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
 
-May import: waterwave.planner, waterwave.alloc, this package; torch.
+May import: waterwave.pipeline, waterwave.capture, waterwave.graph,
+waterwave.planner, waterwave.cuda, this package; torch.
 """
 from __future__ import annotations
 
@@ -52,20 +53,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .counter_barrier import BarrierAborted, CounterBarrier
-from .nodegroups import Partition, auto_split_size, partition, two_groups
-from .pairing import (
-    JobGroups,
-    JobPlan,
-    MemoryPairing,
-    PeriodicRounds,
-    algorithm1_rounds,
-    graph_plan,
-)
-from .round_feed import RoundFeed
+from .. import cuda
+from ..pipeline.counter_barrier import BarrierAborted, CounterBarrier
+from ..pipeline.nodegroups import Partition
+from ..pipeline.pairing import JobGroups, JobPlan, MemoryPairing, PeriodicRounds, graph_plan
+from ..pipeline.round_feed import RoundFeed
+from ..pipeline.schedules import ALGORITHM1, MEMORY
+from ..pipeline.schedules import schedule as named_schedule
 from .step import CapturedStep
 
-SCHEDULES = ("waterwave", "waterwave-alg1", "waterwave-s", "lockstep")
 LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see _job_thread)
 
 
@@ -204,8 +200,7 @@ class ConcurrentTrainer:
     def __init__(self, jobs: Sequence[Job], split_size: int | None = None,
                  memory_limit: int | None = None, schedule: str = "waterwave",
                  sync_at_barrier: bool = False, order: str = "bfs"):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        self.plan_schedule = named_schedule(schedule)  # the pipeline's table: a cut and a pairing
         if split_size is not None and split_size <= 0:
             raise ValueError(f"split_size must be positive, got {split_size}")
         if memory_limit is not None and not memory_limit > 0:
@@ -224,12 +219,7 @@ class ConcurrentTrainer:
     def add(self, job: Job) -> None:
         if job in self.jobs:
             raise ValueError(f"{job!r} is already training here")
-        if self.schedule == "waterwave-s":
-            job.partition = two_groups(job.graph, "forward")
-        else:
-            size = self.split_size or auto_split_size(job.graph)
-            order = "program" if self.schedule == "lockstep" else self.order
-            job.partition = partition(job.graph, size, order)
+        job.partition = self.plan_schedule.partition(job.graph, self.split_size, self.order)
         job.runner = _GroupRunner(job.step_fn, job.partition)
         job.plan = graph_plan(0, job.graph, job.partition)
         job.measured = None  # its groups are this trainer's: measure them again
@@ -265,24 +255,24 @@ class ConcurrentTrainer:
     def _planner(self, jobs: list[Job], steps: int) -> PeriodicRounds | MemoryPairing:
         """The run's rounds, planned a window at a time as the jobs need them
         (``round_feed.py``); job k is ``jobs[k]``."""
-        if self.schedule == "lockstep":
-            return PeriodicRounds({k: [(0, g) for g in range(len(j.partition.groups))]
-                                   for k, j in enumerate(jobs)}, 0, steps)
-        limit = self.budget = self._budget(jobs)
-        if self.schedule == "waterwave":
+        sched = self.plan_schedule
+        if sched.pairing == MEMORY:
+            limit = self.budget = self._budget(jobs)
             plans = [replace(j.plan, job=k, groups=list(j.measured or j.plan.groups))
                      for k, j in enumerate(jobs)]
-            return MemoryPairing(plans, limit or 1 << 62, steps)
-        groups = []
-        for k, j in enumerate(jobs):
-            p = j.partition
-            groups.append(JobGroups(k, p.num_angs, len(p.groups), j.persistent_bytes() + p.peak,
-                                    p.split_size))
-        return algorithm1_rounds(groups, limit, steps)
+            return sched.round_planner(steps, limit, plans=plans)
+        if sched.pairing == ALGORITHM1:
+            limit = self.budget = self._budget(jobs)
+            groups = [JobGroups(k, j.partition.num_angs, len(j.partition.groups),
+                                j.persistent_bytes() + j.partition.peak, j.partition.split_size)
+                      for k, j in enumerate(jobs)]
+            return sched.round_planner(steps, limit, groups=groups)
+        return sched.round_planner(steps, None,
+                                   group_counts=[len(j.partition.groups) for j in jobs])
 
     def _check_budget(self, jobs: list[Job]) -> None:
         """A limit below what the jobs hold between steps can never be met."""
-        if self.memory_limit is None or self.schedule == "lockstep":
+        if self.memory_limit is None or self.plan_schedule.pairing not in (MEMORY, ALGORITHM1):
             return
         held = sum(j.plan.persistent for j in jobs)
         if held >= self.memory_limit:
@@ -308,7 +298,7 @@ class ConcurrentTrainer:
         if not jobs:
             return
         self._check_budget(jobs)
-        probe = self._memory_probe(jobs) if self.schedule == "waterwave" else None
+        probe = self._memory_probe(jobs) if self.plan_schedule.pairing == MEMORY else None
         if probe is not None and any(j.measured is None for j in jobs):
             # Every job's next step alone, so that all keep the same count.
             for job in jobs:
@@ -404,8 +394,6 @@ class ConcurrentTrainer:
             feed.leave(k)
 
     def _sync_and_coalesce(self, jobs: list[Job]) -> None:
-        from ..alloc import cuda
-
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in jobs):
             cuda.sync_and_coalesce()
             self.syncs += 1
@@ -427,8 +415,6 @@ class ConcurrentTrainer:
                                 "split_size": p.split_size, "partition": p.how,
                                 "measured": j.measured is not None,
                                 "error": None if j.error is None else repr(j.error)})
-        from ..alloc import cuda
-
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()
         return out
@@ -441,8 +427,6 @@ class _MemoryProbe:
     need no synchronization."""
 
     def __init__(self, device):
-        from ..alloc import cuda
-
         if cuda.is_installed():
             self.stats = cuda
         else:

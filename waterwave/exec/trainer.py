@@ -10,12 +10,15 @@ applied and results are bit-for-bit those of the same math in program order.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import cuda
+from .._C import OutOfMemoryError
+from ..capture import as_tuple
 from ..planner import Plan, PlanError, check_plan, plan_from_trace
 from ..planner import plan as make_plan
-from ..planner.capture import as_tuple
 from .step import CapturedStep
 
 
@@ -61,8 +64,6 @@ class Trainer:
         self._params = self._captured.params
         self._plan_device = None
         if use_plan:
-            from ..alloc import cuda
-
             device = _cuda_index(self._params)
             if device is not None and cuda.is_installed():
                 self._plan_device = device
@@ -72,17 +73,12 @@ class Trainer:
         self.trace_plan: dict = {}  # the packing of the recorded step
 
     def _install_recorded_plan(self) -> None:
-        import warnings
-
-        from .. import _C
-        from ..alloc import cuda
-
         trace = cuda.stop_recording(self._plan_device)
         slots, arena, info = plan_from_trace(trace)
         self.trace_plan = {"allocations": len(slots), "arena_bytes": arena, **info}
         try:
             cuda.set_plan(slots, arena, device=self._plan_device)
-        except _C.OutOfMemoryError as e:
+        except OutOfMemoryError as e:
             # The step's result is not lost over it: train on without a plan.
             warnings.warn(f"waterwave: training on without the plan: {e}", stacklevel=3)
             self._plan_device = None
@@ -96,8 +92,6 @@ class Trainer:
 
     def plan_stats(self) -> dict:
         """Planned and fallback allocations and deviations (planned GPU runs only)."""
-        from ..alloc import cuda
-
         if self._plan_device is None:
             raise PlanError("this trainer's allocations do not follow its plan: that needs the "
                             "model on a GPU and waterwave.install_allocator() at process start")
@@ -122,8 +116,6 @@ class Trainer:
             with torch.no_grad():
                 loss = self.module(*flat)
             return loss.to("cpu") if self._loss_to_cpu else loss
-        from ..alloc import cuda
-
         self._planned_steps += 1
         recording = not self._recorded and self._planned_steps >= 2  # the first one warms up
         if self._recorded:

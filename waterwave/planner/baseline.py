@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import _C
 from ..alloc import Allocator
-from .graph import Graph
+from ..graph import Graph
 from .lifetimes import allocation_events, order_peak
 
 

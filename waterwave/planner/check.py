@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 
-from .graph import Graph
+from ..graph import Graph
 from .plan import Plan, PlanError
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 
-from .graph import Graph
+from ..graph import Graph
 
 
 def _result(g: Graph, storage_of: dict[int, int], storage_size: dict[int, int]):

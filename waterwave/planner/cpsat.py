@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from . import cpsat_child
-from .graph import Graph
+from ..graph import Graph
 from .lifetimes import lifetimes, live_profile
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 
-from .graph import Graph
+from ..graph import Graph
 from .inplace import inplace_pairs
 from .lifetimes import live_profile, must_live_bound, reachability
 

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from .graph import Graph
+from ..graph import Graph
 
 
 def solve_paper_ilp(g: Graph, time_limit: float = 60.0):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 
-from .graph import Graph
+from ..graph import Graph
 from .lifetimes import order_peak
 
 

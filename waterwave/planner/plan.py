@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .graph import check_header, read_json, write_json
+from ..graph import check_header, read_json, write_json
+from .slots import plan_slots
 
 FORMAT = "waterwave-plan"
 VERSION = 1
@@ -75,8 +76,6 @@ class Plan:
     def allocation_slots(self, graph) -> tuple[list[tuple[int, int]], int]:
         """The allocation sequence a step makes under this plan, as (size,
         offset) slots and the arena (``slots.plan_slots``)."""
-        from .slots import plan_slots
-
         return plan_slots(graph, self)
 
     @classmethod

@@ -1,17 +1,13 @@
 """A plan as the allocation sequence a plan allocator serves: slots of
-(size, offset) in allocation order, and one arena.
+(size, offset) in allocation order, and one arena, taken from a planned
+graph (``trace_plan.py`` makes them from a step recorded on a GPU).
 
-``plan_slots`` takes them from a planned graph; ``plan_from_trace`` packs an
-allocation sequence recorded on a GPU (``waterwave.cuda.stop_recording``),
-which holds what a graph cannot show (library workspaces).
-
-May import: this package.
+May import: waterwave.graph, this package.
 """
 from __future__ import annotations
 
-from .graph import Graph
+from ..graph import Graph
 from .lifetimes import allocation_events
-from .offsets import Buffer
 
 
 def plan_slots(graph: Graph, plan) -> tuple[list[tuple[int, int]], int]:
@@ -26,17 +22,3 @@ def plan_slots(graph: Graph, plan) -> tuple[list[tuple[int, int]], int]:
              for kind, t in allocation_events(graph, plan.order, plan.inplace) if kind == "alloc"]
     arena = max((o + s for s, o in slots), default=0)
     return slots, arena
-
-
-def plan_from_trace(trace: list[tuple[int, int, int]], time_limit: float = 5.0
-                    ) -> tuple[list[tuple[int, int]], int, dict]:
-    """Offsets for a recorded step: the exact packing of its blocks'
-    lifetimes (``waterwave.pack``). Returns (slots in allocation order as
-    (size, offset), arena bytes, {"bound", "status"})."""
-    from . import pack
-
-    end = 1 + max((max(a, f) for _, a, f in trace), default=0)
-    buffers = [Buffer(i, a, f if f >= 0 else end, size) for i, (size, a, f) in enumerate(trace)]
-    offsets, arena, bound, status = pack(buffers, time_limit=time_limit)
-    slots = [(size, offsets[i]) for i, (size, _, _) in enumerate(trace)]
-    return slots, arena, {"bound": bound, "status": status}

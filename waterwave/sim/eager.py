@@ -2,7 +2,7 @@
 job's thread produces, operator by operator.
 
 - Persistent memory where eager PyTorch makes it: the batch first (the jobs
-  keep it on the GPU, as ../shared/gpu-snapshots/probe.py does), then the
+  keep it on the GPU, as bench/data/gpu-snapshots/probe.py does), then the
   parameters and buffers; in the first step, each optimizer state tensor
   right before its first use, and the cuBLAS and cuBLASLt workspaces of the
   job's stream (``gpus.py``) before the first matrix product.
@@ -22,7 +22,7 @@ May import: waterwave.planner (graphs), this package.
 """
 from __future__ import annotations
 
-from ..planner.graph import Graph
+from ..graph import Graph
 from ..planner.lifetimes import lifetimes
 from .gpus import GPU
 from .gpus import gpu as named_gpu
@@ -47,7 +47,7 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
                 name: str | None = None, partition=None) -> Trace:
     """One training step of ``g`` as a trace on ``stream`` (see the module's
     opening). ``model`` names the measured kernel table to use, if any.
-    With a ``partition`` (``waterwave.exec.nodegroups``) the operators run in
+    With a ``partition`` (``waterwave.pipeline.nodegroups``) the operators run in
     its order, and ``meta["groups"]`` holds each node group's operators as
     ``[first, end, bytes]`` (end exclusive)."""
     order = list(partition.order) if partition is not None else list(range(len(g.nodes)))
@@ -112,3 +112,13 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
                                "peak": partition.peak}
     t.validate()
     return t
+
+
+# Captured steps ---------------------------------------------------------------
+def from_graph(graph, gpu: str = "H100-80GB", kernels=None, model: str | None = None,
+               stream: int = 0) -> Trace:
+    """A captured training step (``waterwave.capture``) as eager PyTorch runs
+    it on ``gpu`` (``eager.eager_trace``). ``kernels``: a ``KernelModel``,
+    by default the one measured on the H100 (measured tables for the
+    ``model`` named, else its rules)."""
+    return eager_trace(graph, gpu, kernels or KernelModel.load(), model=model, stream=stream)

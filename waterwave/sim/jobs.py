@@ -12,7 +12,7 @@ for instead.
 A job is a model's name and a builder of ``(model, example inputs, loss)``
 for a batch size (``waterwave.tools.models.build`` for the models the CLI
 knows), trained with SGD with momentum 0.9 (as
-../shared/gpu-snapshots/probe.py trains).
+bench/data/gpu-snapshots/probe.py trains).
 
 May import: waterwave.planner, this package; torch lazily.
 """
@@ -22,7 +22,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..planner.graph import Graph, round_size
+from ..graph import Graph, round_size
 from .eager import eager_trace
 from .gpus import GPU
 from .kernels import NONE, KernelModel
@@ -36,7 +36,7 @@ def capture_step(name: str, batch: int, build: Builder) -> Graph:
     kernels, named after the model."""
     import torch
 
-    from ..planner.capture import capture
+    from ..capture import capture
 
     net, inputs, loss = build(batch)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)

@@ -25,7 +25,7 @@ Two sources, in order:
   squares), the median for other operators.
 
 ``data/h100_kernels.json`` holds the tables and rules measured from the H100
-snapshots in ../shared/gpu-snapshots; ``bench/calibrate.py`` writes it.
+snapshots in bench/data/gpu-snapshots; ``bench/calibrate.py`` writes it.
 
 May import: waterwave.planner (graphs), this package.
 """
@@ -37,7 +37,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..planner.graph import Graph, Node, round_size
+from ..graph import Graph, Node, round_size
 from .phases import phases
 from .trace import Trace
 

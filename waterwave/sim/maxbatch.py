@@ -1,5 +1,5 @@
 """The largest batch per job that trains without running out of memory, by
-bisection, as ../shared/gpu-snapshots/probe.py searches it on a GPU: batch
+bisection, as bench/data/gpu-snapshots/probe.py searches it on a GPU: batch
 sizes in steps of ``step``, grown by doubling from 64 until one fails, then
 bisected; a batch counts when ``steps`` steps of every job finish.
 

@@ -6,7 +6,7 @@ May import: waterwave.planner (graphs).
 """
 from __future__ import annotations
 
-from ..planner.graph import Graph
+from ..graph import Graph
 
 
 def phases(g: Graph) -> list[str]:

@@ -3,7 +3,7 @@
 A schedule turns each job's steps into *segments*, each tagged with a round.
 The simulator runs round r once every job has scheduled all its segments of
 earlier rounds: a barrier between rounds, as a thread barrier does between
-halves in ../shared/gpu-snapshots/probe.py, or the NodeGroup executor's
+halves in bench/data/gpu-snapshots/probe.py, or the NodeGroup executor's
 CounterBarrier between node-group pairs. Within a round, jobs run freely.
 
 - ``lockstep``: one segment per job, every step, round 0: jobs start
@@ -13,24 +13,22 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   between halves (Waterwave-s of the paper; probe.py's PHASED=1). The odd
   jobs run one forward first, and one more at the end.
 - ``waterwave``, ``waterwave-alg1`` and ``waterwave-s``: the NodeGroup
-  pipeline (``NodeGroupSchedule``): each job's step cut into node groups
-  (``waterwave.exec.nodegroups``) and paired over rounds
-  (``waterwave.exec.pairing``): under a memory budget, kept safe (ours,
-  ``waterwave``), or by the paper's Algorithm 1 (``waterwave-alg1``);
-  ``waterwave-s`` cuts a step in two, after its forward pass, and pairs the
-  halves by Algorithm 1. Their traces must be built with their
-  ``partition``, which records the groups in them.
+  pipeline (``NodeGroupSchedule``), each as ``waterwave.pipeline.schedules``
+  defines it for the trainer too: each job's step cut into node groups and
+  paired over rounds. Their traces must be built with their ``partition``,
+  which records the groups in them.
 - any callable ``schedule(jobs, steps) -> list[list[Segment]]``.
 
-May import: waterwave.exec (node groups and pairing), this package.
+May import: waterwave.pipeline, this package.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..exec.nodegroups import Partition, auto_split_size, partition, two_groups
-from ..exec.pairing import JobGroups, JobPlan, footprint, memory_rounds, rounds
+from ..pipeline import schedules as pipeline
+from ..pipeline.nodegroups import Partition
+from ..pipeline.pairing import JobGroups, JobPlan, footprint, whole_run
 from .trace import Trace
 
 
@@ -76,46 +74,50 @@ def phased(jobs: list[Trace], steps: int) -> list[list[Segment]]:
 
 @dataclass
 class NodeGroupSchedule:
-    """The NodeGroup pipeline: build each job's trace with ``partition``,
-    then the schedule pairs their groups over rounds."""
+    """A schedule of the NodeGroup pipeline (``waterwave.pipeline.schedules``)
+    over traces: build each job's trace with ``partition``, then the
+    schedule pairs their groups over rounds, as the trainer pairs them."""
     name: str = "waterwave"
-    split_size: int | None = None    # bytes; None: auto_split_size of each job
-    memory_limit: int | None = None  # what Algorithm 1 plans for
-    order: str = "bfs"
-    cut: str | None = None           # two groups: "forward" or "peak" (waterwave-s)
-    overlap: bool = True             # a job's next step starts as soon as it can
-    pairing: str = "algorithm1"      # or "memory" (exec/pairing.memory_rounds)
-    groups: int = 8                  # without a split_size: each job's peak over this many
+    split_size: int | None = None    # bytes; None: each job's peak over ``groups``
+    memory_limit: int | None = None  # the budget the pairing plans for; None: no limit
+    order: str = "bfs"               # the groups' order, where the schedule leaves it open
+    overlap: bool = True             # Algorithm 1: a job's next step starts as soon as it can
+    groups: int = 8
 
     @property
     def __name__(self) -> str:
         return self.name
 
+    @property
+    def spec(self) -> pipeline.Schedule:
+        return pipeline.schedule(self.name)
+
     def partition(self, g) -> Partition:
-        if self.cut:
-            return two_groups(g, self.cut)
-        return partition(g, self.split_size or auto_split_size(g, self.groups), self.order)
+        return self.spec.partition(g, self.split_size, self.order, self.groups)
 
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         for t in jobs:
             if "groups" not in t.meta:
                 raise ValueError(f"the {self.name} schedule needs traces built with its "
                                  f"partition; trace {t.name!r} has no node groups")
-        if self.pairing == "memory":
-            if self.memory_limit is None:
-                raise ValueError(f"the {self.name} schedule pairs groups under a memory limit: "
-                                 "give one")
+        spec = self.spec
+        if spec.pairing == pipeline.MEMORY:
             plans = [JobPlan(j, sum(footprint(p[1]) for p in t.persistent), group_rises(t))
                      for j, t in enumerate(jobs)]
-            where = memory_rounds(plans, self.memory_limit, steps)
-        else:
+            planner = spec.round_planner(steps, self.memory_limit, plans=plans)
+        elif spec.pairing == pipeline.ALGORITHM1:
             groups = []
             for j, t in enumerate(jobs):
                 kinds = [d >= 0 for _, _, d in t.meta["groups"]]
                 num_angs = kinds.index(False) if False in kinds else len(kinds)
                 groups.append(JobGroups(j, num_angs, len(kinds), t.peak_live(),
                                         t.meta["partition"]["split_size"]))
-            where = rounds(groups, self.memory_limit, steps, self.overlap)
+            planner = spec.round_planner(steps, self.memory_limit, groups=groups,
+                                         overlap=self.overlap)
+        else:
+            planner = spec.round_planner(steps, None,
+                                         group_counts=[len(t.meta["groups"]) for t in jobs])
+        where = whole_run(planner, steps)
         out = []
         for j, t in enumerate(jobs):
             spans = t.meta["groups"]
@@ -140,22 +142,17 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
     return out
 
 
+# Run on traces whole: lockstep (the pipeline's FREE pairing, one segment
+# a step) and phased (the simulator's alone).
 SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased}
-NODE_GROUP_SCHEDULES = {
-    "waterwave": dict(pairing="memory"),
-    "waterwave-alg1": dict(),
-    "waterwave-s": dict(cut="forward", order="program"),
-}
+NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items() if s.pairing != pipeline.FREE)
 NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES)
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
 # the waterwave policy, blocks over 128 MiB never split (the paper's setting).
 ALLOCATORS: dict[str, tuple[str, str]] = {
-    "lockstep": ("pytorch", ""),
     "phased": ("pytorch", ""),
-    "waterwave": ("waterwave", "max_split_size_mb:128"),
-    "waterwave-alg1": ("waterwave", "max_split_size_mb:128"),
-    "waterwave-s": ("waterwave", ""),
+    **{n: (s.policy, s.config) for n, s in pipeline.SCHEDULES.items()},
 }
 
 
@@ -166,8 +163,7 @@ def schedule(name_or_fn: str | Schedule, memory_limit: int | None = None,
     if callable(name_or_fn):
         return name_or_fn
     if name_or_fn in NODE_GROUP_SCHEDULES:
-        return NodeGroupSchedule(name_or_fn, split_size, memory_limit,
-                                 **NODE_GROUP_SCHEDULES[name_or_fn])
+        return NodeGroupSchedule(name_or_fn, split_size, memory_limit)
     try:
         return SCHEDULES[name_or_fn]
     except KeyError:

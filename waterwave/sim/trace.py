@@ -10,7 +10,7 @@ Two sources:
   stream; each becomes an operator of its own (no kernel: a snapshot does
   not say what ran). Blocks live before recording began are allocated
   first.
-- ``from_graph(graph, gpu=...)``: a captured training step, as eager PyTorch
+- ``from_graph(graph, gpu=...)`` (``eager.py``): a captured training step, as eager PyTorch
   runs it (``eager.py``): persistent memory where PyTorch makes it, then
   each operator's outputs and workspaces, its kernel with a roofline time on
   the named GPU, and the frees of what it used last.
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from .. import _C
 from ..alloc import Allocator
-from ..planner.graph import check_header, read_json, round_size, write_json
+from ..graph import check_header, read_json, round_size, write_json
 
 FORMAT = "waterwave-trace"
 VERSION = 1
@@ -253,19 +253,6 @@ def run_op(a: Allocator, op: Op, ptr: dict[int, int], persistent: dict[int, int]
         a.launch(op.stream, op.gpu_us, [p for p in uses if p])
     for b in op.free:
         a.free(ptr.pop(b))
-
-
-# Captured steps ---------------------------------------------------------------
-def from_graph(graph, gpu: str = "H100-80GB", kernels=None, model: str | None = None,
-               stream: int = 0) -> Trace:
-    """A captured training step (``waterwave.capture``) as eager PyTorch runs
-    it on ``gpu`` (``eager.eager_trace``). ``kernels``: a ``KernelModel``,
-    by default the one measured on the H100 (measured tables for the
-    ``model`` named, else its rules)."""
-    from .eager import eager_trace
-    from .kernels import KernelModel
-
-    return eager_trace(graph, gpu, kernels or KernelModel.load(), model=model, stream=stream)
 
 
 # Snapshots ------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..planner import STRATEGIES
-from ..planner.capture import KERNELS
+from ..capture import KERNELS
 from . import sim_commands
 
 
@@ -111,13 +111,13 @@ def _demo(args) -> int:
 
 
 def _load_or_capture(model: str, batch_size: int, optimizer: str, kernels: str, progress):
-    from ..planner.graph import Graph
+    from ..graph import Graph
 
     if model.endswith(".json"):
         return Graph.load(model)
     import torch
 
-    from ..planner.capture import capture
+    from ..capture import capture
     from . import models
 
     net, inputs, loss = models.build(model, batch_size)

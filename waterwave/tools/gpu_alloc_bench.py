@@ -98,7 +98,7 @@ def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
     import torch
 
     if policy is not None:
-        from ..alloc.cuda import install_allocator
+        from ..cuda import install_allocator
 
         install_allocator(policy=policy)
     got = torch.cuda.memory.get_allocator_backend()

@@ -2,7 +2,7 @@
 jobs, and for a replayed trace."""
 from __future__ import annotations
 
-from ..planner.graph import Graph
+from ..graph import Graph
 from ..planner.lifetimes import live_profile
 
 MiB = 1024**2

@@ -20,7 +20,10 @@ Each device has one allocator stack (csrc/alloc/stack.h): the online policy,
 and per stream at most one plan or recording over it. Plans come from the
 planner (``waterwave.planner.plan_from_trace`` packs a recording).
 
-May import: waterwave._C and this package (torch, lazily).
+Each function here is one call on the device's ``waterwave.Allocator``
+(``allocator(device)``), the same class the simulator uses.
+
+May import: waterwave._C, waterwave.alloc (torch, lazily).
 """
 from __future__ import annotations
 
@@ -28,11 +31,12 @@ import ctypes
 import warnings
 from typing import Any
 
-from .. import _C
-from . import snapshot as snapshots
-from . import torch_bridge
-from .settings import config_string, resolve_settings
-from .summary import memory_summary as format_summary
+from . import _C
+from ._C import AllocatorConfig
+from .alloc import snapshot as snapshots
+from .alloc import torch_bridge
+from .alloc.allocator import Allocator
+from .alloc.settings import resolve_settings
 
 MALLOC = "waterwave_cuda_malloc"
 FREE = "waterwave_cuda_free"
@@ -42,13 +46,19 @@ EMPTY_CACHE = "waterwave_cuda_empty_cache"
 _installed: Any = None  # the torch allocator object, kept alive for the process
 
 
-def configure(policy: str | None = None, config: str | None = None, driver: str | None = None,
-              **kwargs: Any) -> dict:
+def configure(policy: str | None = None, config: str | AllocatorConfig | None = None,
+              driver: str | None = None, **kwargs: Any) -> dict:
     """Set the policy and configuration the CUDA allocators are created with
     (they are created at each device's first allocation). Returns the
     settings. Refused once memory has been allocated."""
-    policy, config = resolve_settings(policy, config)
-    _C.cuda_configure(policy, config_string(config, **kwargs), driver or "")
+    policy, settings = resolve_settings(policy, config, **kwargs)
+    _C.cuda_configure(policy, settings, driver or "")
+    return current_settings()
+
+
+def current_settings() -> dict:
+    """The policy, the ``AllocatorConfig`` and the driver library the CUDA
+    allocators are created with."""
     return _C.cuda_settings()
 
 
@@ -122,11 +132,17 @@ def _device_index(device) -> int:
     return 0 if index is None else int(index)
 
 
+def allocator(device=None) -> Allocator:
+    """The device's allocator stack, the one PyTorch's hooks use: a
+    ``waterwave.Allocator`` (created at the device's first use)."""
+    return Allocator.for_cuda(_device_index(device))
+
+
 def memory_stats(device=None) -> dict:
     """The device's allocator statistics: ``torch.cuda.memory_stats()``'s
     keys (``allocated_bytes.all.peak`` ...) plus fragmentation, how requests
     were served, syncs and waits."""
-    return _C.cuda_stats(_device_index(device))
+    return allocator(device).stats()
 
 
 def memory_allocated(device=None) -> int:
@@ -151,13 +167,13 @@ def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of the device as its driver reports them
     (``torch.cuda.mem_get_info``): memory this allocator has cached counts
     as used."""
-    return tuple(_C.cuda_mem_get_info(_device_index(device)))
+    return tuple(allocator(device).mem_get_info())
 
 
 def get_per_process_memory_fraction(device=None) -> float:
     """The share of the device's memory this allocator may reserve
     (``per_process_memory_fraction``; torch's name), 1.0 for no limit."""
-    return _C.cuda_memory_fraction(_device_index(device))
+    return allocator(device).config.per_process_memory_fraction
 
 
 def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,
@@ -165,16 +181,15 @@ def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFA
     """Record the device allocator's events for ``memory_snapshot`` (torch's
     ``_record_memory_history``): the newest ``max_entries`` are kept;
     ``enabled=False`` stops and drops them."""
-    on, keep = snapshots.history_settings(enabled, max_entries)
-    _C.cuda_record_history(_device_index(device), on, keep)
+    allocator(device).record_memory_history(enabled, max_entries)
 
 
 def memory_snapshot() -> dict:
     """Every device's segments and recorded history in PyTorch's snapshot
     format (``torch.cuda.memory._snapshot()``)."""
-    devices = _C.cuda_devices()
-    return snapshots.build({d: _C.cuda_snapshot(d) for d in devices},
-                           {d: _C.cuda_history(d) for d in devices})
+    stacks = {d: Allocator.for_cuda(d) for d in _C.cuda_devices()}
+    return snapshots.build({d: a.snapshot() for d, a in stacks.items()},
+                           {d: a.history() for d, a in stacks.items()})
 
 
 def dump_snapshot(path: str) -> None:
@@ -187,14 +202,11 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A readable table of the device's statistics, laid out like
     ``torch.cuda.memory_summary()``, then free memory by state (synced, each
     stream's unsynced, pending), fragmentation and how requests were served."""
-    index = _device_index(device)
-    policy = _C.cuda_settings()["policy"]
-    title = f"Waterwave CUDA memory summary, device {index}, policy '{policy}'"
-    return format_summary(memory_stats(index), title, policy, abbreviated)
+    return allocator(device).memory_summary(abbreviated)
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _C.cuda_reset_peak_stats(_device_index(device))
+    allocator(device).reset_peak_memory_stats()
 
 
 def empty_cache() -> None:
@@ -204,11 +216,11 @@ def empty_cache() -> None:
 
 def sync_and_coalesce(device=None) -> None:
     """Synchronize the device, mark every free block synced and coalesce."""
-    _C.cuda_sync_and_coalesce(_device_index(device))
+    allocator(device).sync_and_coalesce()
 
 
 def check_invariants(device=None) -> None:
-    _C.cuda_check_invariants(_device_index(device))
+    allocator(device).check_invariants()
 
 
 def free_errors() -> tuple[int, str]:
@@ -231,28 +243,33 @@ def set_plan(slots: list[tuple[int, int]], arena: int, device=None, stream: int 
     device's cached memory is given back first, so the arena takes its place.
     ``stream``: the stream the plan is for (default: the current one).
     ``scope``: ``"device"`` (the plan is the device's whole step: another
-    stream's allocation leaves it for the step) or ``"stream"`` (its stream's
-    allocations only, so several jobs' plans can share the device)."""
+    stream's allocation leaves it for the step, as ``waterwave.optimize``
+    plans it) or ``"stream"`` (its stream's allocations only, so several
+    jobs' plans can share the device)."""
     index = _device_index(device)
     stream = _current_stream(index) if stream is None else stream
-    _C.cuda_set_plan(index, [(int(s), int(o)) for s, o in slots], int(arena), int(stream), scope)
+    allocator(index).set_plan(stream, slots, arena, scope=scope, give_back_cache=True)
 
 
 def clear_plan(device=None, stream: int | None = None) -> None:
     """Remove the stream's plan (every plan of the device, by default); refused
     while its blocks are in use."""
-    _C.cuda_clear_plan(_device_index(device), stream)
+    allocator(device).clear_plan(stream)
 
 
 def begin_step(device=None, stream: int | None = None) -> None:
     """The next allocation is the first of a planned step. ``stream`` names
     the plan when the device has several."""
-    _C.cuda_begin_step(_device_index(device), stream)
+    allocator(device).begin_step(stream)
 
 
 def plan_stats(device=None, stream: int | None = None) -> dict:
     """Planned and fallback allocations, deviations and why the last one happened."""
-    return _C.cuda_plan_stats(_device_index(device), stream)
+    return allocator(device).plan_stats(stream)
+
+
+def has_plan(device=None, stream: int | None = None) -> bool:
+    return allocator(device).has_plan(stream)
 
 
 def start_recording(device=None, stream: int | None = None) -> None:
@@ -261,11 +278,11 @@ def start_recording(device=None, stream: int | None = None) -> None:
     must be free)."""
     index = _device_index(device)
     stream = _current_stream(index) if stream is None else stream
-    _C.cuda_start_recording(index, int(stream))
+    allocator(index).start_recording(int(stream))
 
 
 def stop_recording(device=None, stream: int | None = None) -> list[tuple[int, int, int]]:
     """The recorded blocks in allocation order: ``(size, allocated, freed)``,
     times counted in allocations and frees, ``freed`` -1 for a block still
     live at the end. ``stream`` names the recording when there are several."""
-    return [tuple(b) for b in _C.cuda_stop_recording(_device_index(device), stream)]
+    return [tuple(b) for b in allocator(device).stop_recording(stream)]

@@ -15,15 +15,14 @@ per allocation; PyTorch's path stays free of Python.
 Out of memory raises ``cupy.cuda.memory.OutOfMemoryError``, what CuPy code
 catches, carrying Waterwave's message and statistics.
 
-May import: waterwave._C and this package; cupy lazily.
+May import: waterwave._C, waterwave.cuda; cupy lazily.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .. import _C
-from .._C import OutOfMemoryError
-from . import cuda
+from . import _C, cuda
+from ._C import OutOfMemoryError
 
 _installed: Any = None  # the CuPy allocator object, kept alive for the process
 

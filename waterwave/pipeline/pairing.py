@@ -23,13 +23,13 @@ Both plan a run a window of whole rounds at a time (``window``), as the
 trainer needs them (``round_feed.py``); ``rounds`` and ``memory_rounds``
 join every window.
 
-May import: waterwave.planner (graphs and lifetimes), this package.
+May import: waterwave.graph, waterwave.planner (lifetimes), this package.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..planner.graph import Graph
+from ..graph import Graph
 from ..planner.lifetimes import lifetimes
 from .nodegroups import Partition
 
@@ -44,16 +44,16 @@ class JobGroups:
     split_size: int
 
 
-def algorithm1(jobs: list[JobGroups], mem_limit: int | None) -> tuple[dict, dict]:
+def algorithm1(jobs: list[JobGroups], memory_limit: int | None) -> tuple[dict, dict]:
     """The two vectors, as maps index -> (job, group)."""
     if not jobs:
         return {}, {}
     jobs = sorted(jobs, key=lambda j: (-j.split_size, -j.peak, j.job))
     first = jobs[0]
-    if mem_limit is None:
+    if memory_limit is None:
         p = jobs[1].num_angs if len(jobs) > 1 else 0
     else:
-        p = (mem_limit - first.peak) // max(first.split_size, 1) - 1
+        p = (memory_limit - first.peak) // max(first.split_size, 1) - 1
     p = max(0, min(p, first.num_angs, jobs[1].num_angs if len(jobs) > 1 else 0))
     offset = first.num_angs - p
     av, dv = {}, {}
@@ -88,26 +88,26 @@ def algorithm1(jobs: list[JobGroups], mem_limit: int | None) -> tuple[dict, dict
     return av, dv
 
 
-def iteration_rounds(jobs: list[JobGroups], mem_limit: int | None) -> list[list[tuple[int, int]]]:
+def iteration_rounds(jobs: list[JobGroups], memory_limit: int | None) -> list[list[tuple[int, int]]]:
     """One training step's rounds: the pairs of Algorithm 1, in order."""
-    av, dv = algorithm1(jobs, mem_limit)
+    av, dv = algorithm1(jobs, memory_limit)
     n = max([*av, *dv], default=-1) + 1
     # The last job's DNGs can land in both vectors at one index: a job's
     # groups in one round run one after the other, in order.
     return [sorted(x for x in (av.get(r), dv.get(r)) if x is not None) for r in range(n)]
 
 
-def rounds(jobs: list[JobGroups], mem_limit: int | None, steps: int,
+def rounds(jobs: list[JobGroups], memory_limit: int | None, steps: int,
            overlap: bool = True) -> dict[int, list[tuple[int, int, int]]]:
     """Each job's (round, step, group) over ``steps`` steps, rounds counted
     from 0 over the whole run."""
-    return whole_run(algorithm1_rounds(jobs, mem_limit, steps, overlap), steps)
+    return whole_run(algorithm1_rounds(jobs, memory_limit, steps, overlap), steps)
 
 
-def algorithm1_rounds(jobs: list[JobGroups], mem_limit: int | None, steps: int,
+def algorithm1_rounds(jobs: list[JobGroups], memory_limit: int | None, steps: int,
                       overlap: bool = True) -> PeriodicRounds:
     """``rounds``, planned a window at a time (``PeriodicRounds``)."""
-    one = iteration_rounds(jobs, mem_limit)
+    one = iteration_rounds(jobs, memory_limit)
     where = {j.job: [] for j in jobs}  # job -> [(round in the step, group)]
     for r, pair in enumerate(one):
         for job, group in pair:
@@ -184,11 +184,11 @@ class JobPlan:
     groups: list[tuple[int, int]]  # (delta, rise)
 
 
-def memory_rounds(jobs: list[JobPlan], mem_limit: int, steps: int, margin: float = 0.03,
+def memory_rounds(jobs: list[JobPlan], memory_limit: int | None, steps: int, margin: float = 0.03,
                   free_margin: float = 0.05) -> dict[int, list[tuple[int, int, int]]]:
     """Each job's (round, step, group) over ``steps`` steps under
-    ``mem_limit`` bytes: ``MemoryPairing``'s whole run at once."""
-    return whole_run(MemoryPairing(jobs, mem_limit, steps, margin, free_margin), steps)
+    ``memory_limit`` bytes: ``MemoryPairing``'s whole run at once."""
+    return whole_run(MemoryPairing(jobs, memory_limit, steps, margin, free_margin), steps)
 
 
 def whole_run(planner: PeriodicRounds | MemoryPairing,
@@ -228,12 +228,14 @@ class MemoryPairing:
     it: a long run neither waits for its whole plan nor holds it. A claim
     costs O(1) (each job's claims from every group on are tabled once)."""
 
-    def __init__(self, jobs: list[JobPlan], mem_limit: int, steps: int, margin: float = 0.03,
-                 free_margin: float = 0.05):
-        self.limit = int(mem_limit * (1 - margin))
+    def __init__(self, jobs: list[JobPlan], memory_limit: int | None, steps: int,
+                 margin: float = 0.03, free_margin: float = 0.05):
+        if memory_limit is None:  # no limit: a budget no step reaches, so the jobs run free
+            memory_limit = sum(step_peak(j) for j in jobs) * 2 + 1
+        self.limit = int(memory_limit * (1 - margin))
         self.by_job = {j.job: j for j in jobs}
         self.jobs = list(self.by_job)
-        self.free = sum(step_peak(j) for j in jobs) <= mem_limit * (1 - free_margin)
+        self.free = sum(step_peak(j) for j in jobs) <= memory_limit * (1 - free_margin)
         self.held = {j.job: j.persistent for j in jobs}
         self.done = {j.job: 0 for j in jobs}  # groups planned so far, over all steps
         self.total = {j.job: len(j.groups) * steps for j in jobs}

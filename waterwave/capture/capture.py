@@ -8,7 +8,7 @@ as in-place operations on the parameter and state tensors (the way
 ``torch.optim``'s single-tensor implementations write it). ``make_fx`` traces
 it with ``tracing_mode="fake"``.
 
-The FX graph becomes a ``waterwave.planner.graph.Graph``:
+The FX graph becomes a ``waterwave.graph.Graph``:
 
 - tensors are storages (``StorageWeakRef``), so views and aliases add no
   tensor and extend their base's lifetime;
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .cuda_kernels import cuda_kernels, emulating, own_kernels
-from .graph import Graph, round_size
+from ..graph import Graph, round_size
 
 SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
 
@@ -281,7 +281,7 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
 
     ``kernels`` is the device whose operators the graph records: "cuda"
     (the default; for a model on the CPU, dropout and attention take the
-    kernels a CUDA device runs, see ``waterwave.planner.cuda_kernels``) or "cpu"
+    kernels a CUDA device runs, see ``waterwave.capture.cuda_kernels``) or "cpu"
     (a model on the CPU, as the CPU runs it)."""
     torch = _torch()
 

@@ -18,13 +18,13 @@ the batch are neither.
 ``two_groups`` gives the coarse partitions of the paper's Waterwave-s: the
 forward and backward passes, or the step cut at its peak.
 
-May import: waterwave.planner (graphs and lifetimes).
+May import: waterwave.graph, waterwave.planner (lifetimes).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..planner.graph import Graph
+from ..graph import Graph
 from ..planner.lifetimes import lifetimes
 
 ORDERS = ("bfs", "program")

@@ -1,0 +1,110 @@
+"""`make gpu-check`: every GPU test and every GPU benchmark, in one command,
+for the session that is lent a GPU.
+
+    python bench/gpu_check.py [--out bench/results] [--budget-min 25]
+
+Runs, in this order, each as a child process with its time measured:
+
+1. ``pytest -m gpu``: every test marked ``gpu`` (allocator, torch's memory
+   functions under it, CuPy, the concurrent trainer);
+2. the GPU benchmarks (``make bench-gpu`` runs these alone): allocator cost inside
+   PyTorch, training under each allocator and the planner, concurrent jobs
+   under 12 GiB, the ConcurrentTrainer's largest batch).
+
+Each benchmark writes its own figures under ``--out`` naming the device; this
+script adds ``gpu_check.json`` and ``gpu_check.md``: the device, torch, the
+date, each part's exit status and time. A part still running when the
+budget (25 minutes by default) is spent is stopped and reported as such,
+so the whole ends within the budget. Without a CUDA GPU it says so and exits
+2 before running anything: a GPU check that skips everything proves nothing.
+
+May import: the standard library; torch (to name the device).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parts(out: Path) -> list[tuple[str, list[str]]]:
+    py = sys.executable
+    return [
+        ("GPU tests (pytest -m gpu)", [py, "-m", "pytest", "-q", "-m", "gpu", "-rs"]),
+        ("allocator cost inside PyTorch",
+         [py, "-m", "waterwave", "bench", "alloc", "--gpu", "--out", str(out / "alloc_gpu.json")]),
+        ("allocator cost report",
+         [py, "bench/alloc_report.py", str(out / "alloc_gpu.json"), str(out / "alloc_gpu.md")]),
+        ("training under each allocator and the planner",
+         [py, "bench/gpu.py", "--out", str(out / "gpu.json")]),
+        ("training report", [py, "bench/gpu.py", "--report", str(out / "gpu.json")]),
+        ("concurrent jobs under 12 GiB", [py, "bench/concurrent/gpu.py", "--out", str(out)]),
+        ("ConcurrentTrainer's largest batch",
+         [py, "bench/concurrent/trainer_gpu.py", "--out", str(out)]),
+    ]
+
+
+def device_name() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--benchmarks-only", action="store_true",
+                    help="the benchmarks without the GPU tests (make bench-gpu)")
+    ap.add_argument("--budget-min", type=float, default=25.0,
+                    help="stop whatever still runs after this many minutes (default 25)")
+    args = ap.parse_args(argv)
+    device = device_name()
+    if device is None:
+        print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): run it on the "
+              "machine the device tool lends", file=sys.stderr)
+        return 2
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget_min * 60
+    report = {"device": device, "torch": torch.__version__,
+              "date": dt.date.today().isoformat(), "parts": []}
+    todo = parts(out)[1:] if args.benchmarks_only else parts(out)
+    for name, command in todo:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            report["parts"].append({"part": name, "status": "not run: budget spent", "seconds": 0})
+            continue
+        print(f"gpu-check: {name}: {' '.join(command[1:])}", flush=True)
+        start = time.monotonic()
+        try:
+            rc = subprocess.run(command, cwd=ROOT, timeout=left).returncode
+            status = "passed" if rc == 0 else f"failed (exit {rc})"
+        except subprocess.TimeoutExpired:
+            status = "stopped: budget spent"
+        report["parts"].append({"part": name, "status": status,
+                                "seconds": round(time.monotonic() - start, 1)})
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# gpu-check on one {device}", "",
+             f"Measured by `make gpu-check` on {report['date']}, torch {report['torch']}. "
+             "Each benchmark's figures are in its own file beside this one.", "",
+             "| part | status | seconds |", "|---|---|---:|"]
+    lines += [f"| {p['part']} | {p['status']} | {p['seconds']} |" for p in report["parts"]]
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(p["status"] == "passed" for p in report["parts"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

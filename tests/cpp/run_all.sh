@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every sanitizer driver (built by `make sanitize-build` into $1) side by
+# side, $JOBS at a time, each with its output in a log of its own; prints
+# every log in a fixed order, and fails if any run failed.
+set -uo pipefail
+bin=${1:?usage: run_all.sh BIN_DIR}
+ops=${RANDOM_RUN_OPS:-1000000}
+jobs=${JOBS:-2}
+fake="$bin/libfakecuda.so"
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+
+runs=(
+  "random_run waterwave $ops 1"
+  "random_run pytorch $ops 1"
+  "stress_threads waterwave 4 100000 1"
+  "stress_threads pytorch 4 100000 1"
+  "stress_threads waterwave 4 50000 2 expandable_segments:True"
+  "stress_threads pytorch 4 50000 2 expandable_segments:True"
+  "cuda_backend_run $fake waterwave 4 20000 1"
+  "cuda_backend_run $fake pytorch 4 20000 1"
+  "cuda_backend_run $fake waterwave 4 10000 2 expandable_segments:True"
+  "cuda_backend_run $fake pytorch 4 10000 2 expandable_segments:True"
+  "offset_search_run 400 1"
+)
+
+run_one() {  # index, then the command line
+  local i=$1; shift
+  local start=$SECONDS
+  "$bin/$1" "${@:2}" > "$logs/$i.log" 2>&1
+  echo $? > "$logs/$i.rc"
+  echo "$((SECONDS - start))" > "$logs/$i.secs"
+}
+export -f run_one
+export bin logs
+
+for i in "${!runs[@]}"; do printf '%s\0' "$i ${runs[$i]}"; done |
+  xargs -0 -P "$jobs" -I{} bash -c 'run_one {}'
+
+failed=0
+for i in "${!runs[@]}"; do
+  rc=$(cat "$logs/$i.rc" 2>/dev/null || echo missing)
+  echo "== ${runs[$i]}  (exit $rc, $(cat "$logs/$i.secs" 2>/dev/null || echo '?') s)"
+  cat "$logs/$i.log"
+  [ "$rc" = 0 ] || failed=$((failed + 1))
+done
+echo "sanitizers: $((${#runs[@]} - failed)) passed, $failed failed"
+[ "$failed" -eq 0 ]

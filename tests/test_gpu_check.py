@@ -1,0 +1,30 @@
+"""`make gpu-check` (bench/gpu_check.py): refuses to run without a GPU, and
+names every GPU test and GPU benchmark it runs."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import gpu_check  # noqa: E402
+
+
+def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    r = subprocess.run([sys.executable, "bench/gpu_check.py", "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "no CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
+    commands = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path)]
+    assert commands[0].startswith("-m pytest") and "-m gpu" in commands[0]
+    benches = {c.split()[0] for c in commands[1:]}
+    assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py"} <= benches
+    assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)

@@ -1,0 +1,21 @@
+"""Capture: one training step of an ``nn.Module`` traced on the CPU with fake
+tensors (``capture.py``) into a ``waterwave.graph.Graph``, recording the
+operators a CUDA device would run (``cuda_kernels.py``).
+
+May import: waterwave.graph; torch lazily.
+"""
+from .capture import (  # noqa: F401
+    KERNELS,
+    SUPPORTED_OPTIMIZERS,
+    CaptureError,
+    StepLayout,
+    adam_scalars,
+    as_tuple,
+    capture,
+    graph_from_trace,
+    inplace_variant,
+    model_device,
+    state_names,
+    trace_step,
+    trained_parameters,
+)

@@ -1,0 +1,21 @@
+"""The graph of one training step: operators in program order, tensors as
+storages, sizes as the caching allocator rounds them, and its JSON format
+(``graph.py``). Capture makes it; the planner, the executors and the
+simulator read it.
+
+May import: nothing of waterwave.
+"""
+from .graph import (  # noqa: F401
+    ALIGN,
+    FORMAT,
+    KINDS,
+    VERSION,
+    Graph,
+    GraphError,
+    Node,
+    Tensor,
+    check_header,
+    read_json,
+    round_size,
+    write_json,
+)

@@ -1,0 +1,90 @@
+"""The one table of the NodeGroup pipeline's schedules: how each cuts a
+job's step into node groups and pairs the groups into rounds, and the
+allocator each is benchmarked under. The trainer (``waterwave.exec``) and
+the simulator (``waterwave.sim``) both run schedules from here, so the
+simulator checks exactly what the trainer runs.
+
+- ``waterwave`` (ours): groups of ``split_size`` bytes in BFS order, paired
+  under a memory budget and kept safe (``pairing.MemoryPairing``), steps
+  following each other without a pause;
+- ``waterwave-alg1``: the same groups, paired by the paper's Algorithm 1
+  (``pairing.algorithm1_rounds``);
+- ``waterwave-s``: each step in two groups, cut after its forward pass, in
+  program order, paired by Algorithm 1 (the paper's Waterwave-s);
+- ``lockstep``: groups in program order, no barrier at all: the jobs run
+  side by side as PyTorch runs them.
+
+A memory budget is ``memory_limit`` bytes everywhere; ``None`` is no limit.
+
+May import: waterwave.graph, this package.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph import Graph
+from .nodegroups import Partition, auto_split_size, partition, two_groups
+from .pairing import JobGroups, JobPlan, MemoryPairing, PeriodicRounds, algorithm1_rounds
+
+# How a schedule pairs groups into rounds.
+MEMORY, ALGORITHM1, FREE = "memory", "algorithm1", "free"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    summary: str
+    pairing: str             # MEMORY, ALGORITHM1 or FREE (one round, no barrier)
+    cut: str | None = None   # two groups cut there ("forward"); None: groups of split_size
+    order: str | None = None  # the groups' operator order; None: the caller's (bfs by default)
+    policy: str = "waterwave"  # the allocator it is benchmarked under
+    config: str = ""
+
+    def partition(self, graph: Graph, split_size: int | None = None, order: str = "bfs",
+                  groups: int = 8) -> Partition:
+        """A job's node groups: ``split_size`` bytes each (default: its
+        step's peak over ``groups``), or the schedule's two."""
+        if self.cut:
+            return two_groups(graph, self.cut)
+        return partition(graph, split_size or auto_split_size(graph, groups), self.order or order)
+
+    def round_planner(self, steps: int, memory_limit: int | None, *,
+                      plans: list[JobPlan] | None = None, groups: list[JobGroups] | None = None,
+                      group_counts: list[int] | None = None, overlap: bool = True
+                      ) -> MemoryPairing | PeriodicRounds:
+        """The run's rounds, planned a window at a time (``round_feed.py``).
+        The pairing reads what it needs: MEMORY each job's ``plans`` (its
+        groups' net bytes and rise), ALGORITHM1 its ``groups``, FREE its
+        ``group_counts``."""
+        if self.pairing == MEMORY:
+            return MemoryPairing(_given(plans, "plans", self), memory_limit, steps)
+        if self.pairing == ALGORITHM1:
+            return algorithm1_rounds(_given(groups, "groups", self), memory_limit, steps, overlap)
+        counts = _given(group_counts, "group_counts", self)
+        return PeriodicRounds({k: [(0, g) for g in range(n)] for k, n in enumerate(counts)}, 0, steps)
+
+
+def _given(value, name: str, schedule: Schedule):
+    if value is None:
+        raise ValueError(f"the {schedule.name} schedule pairs by {schedule.pairing}: give {name}")
+    return value
+
+
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
+    Schedule("waterwave", "ours: groups paired under the memory budget, kept safe", MEMORY,
+             config="max_split_size_mb:128"),
+    Schedule("waterwave-alg1", "the paper's Algorithm 1 over the same groups", ALGORITHM1,
+             config="max_split_size_mb:128"),
+    Schedule("waterwave-s", "each step in two groups (forward, backward), Algorithm 1",
+             ALGORITHM1, cut="forward", order="program"),
+    Schedule("lockstep", "no barrier: the jobs side by side, as PyTorch runs them", FREE,
+             order="program", policy="pytorch"),
+)}
+
+
+def schedule(name: str) -> Schedule:
+    """The schedule called ``name``; a clear error naming the choices otherwise."""
+    try:
+        return SCHEDULES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}") from None
