@@ -116,8 +116,8 @@ def capture_child(name: str, bs: int) -> dict:
 
     import torch
 
-    from waterwave.planner.baseline import replay
     from waterwave.capture import capture
+    from waterwave.planner.baseline import replay
     from waterwave.tools import models
 
     out = {"mode": "capture", "model": name, "batch_size": bs}

@@ -21,10 +21,10 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from waterwave.planner import check_plan, plan  # noqa: E402
-from waterwave.planner.baseline import replay  # noqa: E402
 from waterwave.capture import KERNELS  # noqa: E402
 from waterwave.graph import Graph  # noqa: E402
+from waterwave.planner import check_plan, plan  # noqa: E402
+from waterwave.planner.baseline import replay  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 
 

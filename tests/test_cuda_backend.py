@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import waterwave.cuda as wc
 from conftest import run_python
 
 import waterwave as ww
+import waterwave.cuda as wc
 from waterwave import _C
 
 MiB = 1024**2

@@ -10,9 +10,9 @@ pytest.importorskip("torchvision")
 import torch.nn.functional as F  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from waterwave.planner.baseline import replay  # noqa: E402
 from waterwave.capture import CaptureError, capture  # noqa: E402
 from waterwave.capture.cuda_kernels import _attention_kernel, cuda_kernels  # noqa: E402
+from waterwave.planner.baseline import replay  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 
 CUDA_OPS = {"aten._scaled_dot_product_efficient_attention.default",

@@ -8,11 +8,10 @@ CuPy's current stream stood in for; the GPU tests run real CuPy arrays.
 import ctypes
 
 import pytest
-import waterwave.cuda as wc
-import waterwave.cupy as wcp
 from conftest import MiB, run_python
 
-from waterwave import _C
+import waterwave.cuda as wc
+import waterwave.cupy as wcp
 
 cupy = pytest.importorskip("cupy")
 S1, S2 = 0x1000, 0x2000  # stream handles, as CuPy's Stream.ptr gives them

@@ -129,3 +129,33 @@ def test_no_import_circle_anywhere():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def readme_tree() -> set[str]:
+    """The paths the README's Layout block names, from their indentation."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    paths, stack = set(), []
+    for line in block.strip("\n").splitlines():
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        names = line.strip().split("  ")[0].split(", ")
+        del stack[depth:]
+        for name in names:
+            paths.add("/".join([*stack, name.strip()]).rstrip("/"))
+        if names[-1].endswith("/"):
+            stack.append(names[-1].rstrip("/"))
+    return paths
+
+
+def test_the_readme_tree_is_the_repository():
+    root = PACKAGE.parent
+    named = readme_tree()
+    missing = sorted(p for p in named if not (root / p).exists())
+    assert not missing, f"the README's Layout names what is not here: {missing}"
+    packages = {f"waterwave/{p.name}" for p in PACKAGE.iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()}
+    folders = {f"csrc/{p.name}" for p in (root / "csrc").iterdir() if p.is_dir()}
+    top = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+           and p.name not in ("build", "out") and not p.name.endswith(".egg-info")}
+    unlisted = sorted((packages | folders | top) - named)
+    assert not unlisted, f"the README's Layout leaves out: {unlisted}"

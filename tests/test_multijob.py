@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from waterwave.sim.jobs import JobModel  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.maxbatch import max_batch, search  # noqa: E402
-from waterwave.sim.multijob import POLICIES, SimResult, simulate  # noqa: E402
+from waterwave.sim.multijob import SIMULATED_POLICIES, SimResult, simulate  # noqa: E402
 from waterwave.sim.schedules import Segment  # noqa: E402
 from waterwave.sim.schedules import schedule as named_schedule  # noqa: E402
 from waterwave.sim.trace import Op, Trace  # noqa: E402
@@ -29,7 +29,7 @@ def r50():
     return JobModel("resnet50", lambda b: models.build("resnet50", b))
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", SIMULATED_POLICIES)
 @pytest.mark.parametrize("schedule", ["lockstep", "phased"])
 def test_every_policy_and_schedule_runs_without_hazards(r18, policy, schedule):
     jobs = [r18.trace_at(16, "H100-80GB", KERNELS) for _ in range(2)]

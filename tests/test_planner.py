@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_graphs import random_graphs
 
+from waterwave.graph import Graph, GraphError
 from waterwave.planner import (
     STRATEGIES,
     Buffer,
@@ -17,7 +18,6 @@ from waterwave.planner import (
     plan,
 )
 from waterwave.planner.baseline import replay
-from waterwave.graph import Graph, GraphError
 from waterwave.planner.offsets import greedy_pack, max_live
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .cuda_kernels import cuda_kernels, emulating, own_kernels
 from ..graph import Graph, round_size
+from .cuda_kernels import cuda_kernels, emulating, own_kernels
 
 SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
 

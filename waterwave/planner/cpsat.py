@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from . import cpsat_child
 from ..graph import Graph
+from . import cpsat_child
 from .lifetimes import lifetimes, live_profile
 
 

@@ -15,6 +15,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from .. import _C
+
 
 @dataclass(frozen=True)
 class Buffer:
@@ -99,7 +101,6 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
     """Offsets minimizing the arena: (offsets by index, arena, proven lower
     bound, status) with status ``optimal`` when arena == bound, else
     ``heuristic`` (the best layout found in time)."""
-    from .. import _C
 
     deadline = time.monotonic() + time_limit
     offs, arena, _ = greedy_pack(buffers)

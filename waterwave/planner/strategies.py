@@ -10,7 +10,6 @@ import os
 import time
 
 from ..graph import Graph
-from .check import check_plan
 from .classic import mxnet_plan, paddle_plan
 from .cpsat import solve_joint, solve_order
 from .cut_bound import CutBounds

@@ -22,6 +22,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..capture import capture
 from ..graph import Graph, round_size
 from .eager import eager_trace
 from .gpus import GPU
@@ -35,8 +36,6 @@ def capture_step(name: str, batch: int, build: Builder) -> Graph:
     """The training step of ``build(batch)``, captured on the CPU with CUDA's
     kernels, named after the model."""
     import torch
-
-    from ..capture import capture
 
     net, inputs, loss = build(batch)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .gpus import GPU
+from .gpus import gpu as named_gpu
 from .jobs import JobModel
-from .kernels import KernelModel
+from .kernels import NONE, KernelModel
 from .multijob import SimResult, simulate
+from .schedules import schedule as named_schedule
 
 
 @dataclass
@@ -59,9 +61,6 @@ def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
     """The largest batch (the same for every job) at which ``models``, one
     job each, train together under ``schedule`` and ``policy``. A node-group
     schedule cuts each job's step with its own partition."""
-    from .gpus import gpu as named_gpu
-    from .kernels import NONE
-    from .schedules import schedule as named_schedule
 
     ws = kernels or NONE
     spec = named_gpu(gpu) if isinstance(gpu, str) else gpu

@@ -36,14 +36,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .. import _C
-from ..alloc import Allocator
+from ..alloc import POLICIES, Allocator, AllocatorConfig
 from .gpus import GPU
 from .gpus import gpu as named_gpu
 from .schedules import Schedule, Segment
 from .schedules import schedule as named_schedule
 from .trace import Op, Trace
 
-POLICIES = ("pytorch", "waterwave", "free-at-completion")
+# The allocator's policies, and one the simulator adds over the waterwave
+# policy: a tensor is freed when its last kernel completes.
+FREE_AT_COMPLETION = "free-at-completion"
+SIMULATED_POLICIES = (*POLICIES, FREE_AT_COMPLETION)
 GIL_US = 3.0        # Python glue per operator, under the GIL
 QUEUE_DEPTH = 1024  # kernels a stream holds before a launch blocks
 GIL, ENGINE = 0, 1  # where an operator runs: its job's thread, or the autograd engine
@@ -101,28 +104,28 @@ class _Thread:
 
 def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int | None = None,
              schedule: str | Schedule = "lockstep", policy: str = "pytorch", steps: int = 3,
-             config: str = "", sync_at_barrier: bool = False, record: bool = True,
+             config: str | AllocatorConfig = "", sync_at_barrier: bool = False, record: bool = True,
              queue_depth: int = QUEUE_DEPTH) -> SimResult:
     """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own
     stream of ``gpu`` under ``policy`` and ``schedule``, within
     ``memory_limit`` bytes (default: the GPU's memory). ``sync_at_barrier``:
     SyncAndCoalesce when a round of the schedule opens."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    if policy not in SIMULATED_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(SIMULATED_POLICIES)}")
     if not jobs:
         raise ValueError("simulate needs at least one job")
     spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
     sched = named_schedule(schedule, memory_limit or spec.memory)
     # A cap works as on the GPU: per_process_memory_fraction of the whole
     # device, whose free memory is never fragmented (the driver maps pages).
+    settings = AllocatorConfig(config) if isinstance(config, str) else config
     if memory_limit is not None:
         if not 0 < memory_limit <= spec.memory:
             raise ValueError(f"memory limit {memory_limit} bytes is not within {spec.name}'s "
                              f"{spec.memory} bytes")
-        fraction = f"per_process_memory_fraction:{memory_limit / spec.memory!r}"
-        config = f"{config},{fraction}" if config else fraction
+        settings = settings.replace(per_process_memory_fraction=memory_limit / spec.memory)
     device = _C.SimDevice(spec.memory, 0.0, True)
-    alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, config)
+    alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, settings)
     segments = sched(jobs, steps)
     _check_order(jobs, segments)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth)
@@ -330,7 +333,7 @@ class _Run:
             except _C.OutOfMemoryError:
                 # Free-at-completion: memory still held for running kernels
                 # comes back when they end; wait for the next, then retry.
-                if self.policy != "free-at-completion" or not self.deferred:
+                if self.policy != FREE_AT_COMPLETION or not self.deferred:
                     raise
                 self.device.advance_host(max(0.0, self.deferred[0][0] - self.device.now()))
                 self._release_due()
@@ -340,7 +343,7 @@ class _Run:
         return p
 
     def _free(self, j: int, p: int, stream: int) -> None:
-        if self.policy == "free-at-completion":
+        if self.policy == FREE_AT_COMPLETION:
             heapq.heappush(self.deferred, (self.device.stream_completion(stream), j, p))
             return
         self.job_bytes[j] -= self.sizes.pop(p)

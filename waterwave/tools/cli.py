@@ -8,17 +8,21 @@ import platform
 import sys
 import time
 
-from ..planner import STRATEGIES
-from ..capture import KERNELS
-from . import sim_commands
+from .. import _C
+from ..capture import KERNELS, capture
+from ..graph import Graph
+from ..planner import STRATEGIES, check_plan, pack, plan
+from ..planner.baseline import replay
+from ..planner.buffer_csv import read_buffer_csv, write_buffer_csv
+from . import demo, gpu_alloc_bench, models, sim_commands
+from .gpu_alloc_bench import PATHS
+from .plots import plan_memory
+from .sim_commands import parse_size
 
 
 def _bench_alloc(args) -> int:
-    from .. import _C
-
     allocators = args.allocators.split(",")
     if args.gpu:  # a wrong name is refused before anything runs
-        from . import gpu_alloc_bench
 
         gpu_alloc_bench.check_names(allocators)
     t0 = time.time()
@@ -63,8 +67,6 @@ def _bench_alloc(args) -> int:
 
 
 def _print_gpu_alloc(runs: list[dict]) -> None:
-    from .gpu_alloc_bench import PATHS
-
     print("\ninside PyTorch, ns per alloc+free pair (median), each allocator in its own process:")
     print(f"{'allocator':<20} {'device':<24} {'case':<14} " + " ".join(f"{p:>9}" for p in PATHS))
     for r in runs:
@@ -91,9 +93,6 @@ def _cpu_name() -> str:
 
 
 def _demo(args) -> int:
-    from . import demo
-    from .sim_commands import parse_size
-
     limit = parse_size(args.memory_limit)
     print(f"Two {args.model} training jobs on one simulated {args.gpu}, capped at "
           f"{limit / 2**30:.1f} GiB: the largest batch per job as PyTorch runs them side by "
@@ -111,14 +110,9 @@ def _demo(args) -> int:
 
 
 def _load_or_capture(model: str, batch_size: int, optimizer: str, kernels: str, progress):
-    from ..graph import Graph
-
     if model.endswith(".json"):
         return Graph.load(model)
     import torch
-
-    from ..capture import capture
-    from . import models
 
     net, inputs, loss = models.build(model, batch_size)
     opt = (torch.optim.Adam(net.parameters(), lr=1e-3) if optimizer == "adam"
@@ -134,9 +128,6 @@ def _plan(args) -> int:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
-
-    from ..planner import check_plan, plan
-    from ..planner.baseline import replay
 
     console = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -154,7 +145,6 @@ def _plan(args) -> int:
     if args.out:
         p.save(args.out)
     if args.plot:
-        from .plots import plan_memory
         plan_memory(g, p, base.peak_reserved, args.plot)
     result = {
         "model": g.name, "nodes": len(g.nodes), "tensors": len(g.tensors),
@@ -196,9 +186,6 @@ def _plan(args) -> int:
 
 
 def _pack(args) -> int:
-    from ..planner import pack
-    from ..planner.buffer_csv import read_buffer_csv, write_buffer_csv
-
     try:
         table = read_buffer_csv(args.file)
     except OSError as e:

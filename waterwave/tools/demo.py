@@ -22,6 +22,7 @@ from ..sim.maxbatch import max_batch
 from ..sim.multijob import simulate
 from ..sim.schedules import ALLOCATORS
 from ..sim.schedules import schedule as named_schedule
+from . import models
 
 GiB = 1 << 30
 # name -> (schedule, policy, allocator config), each schedule's own allocator
@@ -30,8 +31,6 @@ SCHEDULES = {name: (name, *ALLOCATORS[name]) for name in ("lockstep", "phased", 
 
 def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",
         memory_limit: int = 3 * GiB, steps: int = 3, plot: bool = True) -> dict:
-    from . import models
-
     os.makedirs(out_dir, exist_ok=True)
     jm = JobModel(model, lambda b: models.build(model, b))
     kernels = KernelModel.load()

@@ -36,6 +36,8 @@ import sys
 import time
 from collections import deque
 
+from ..cuda import install_allocator
+
 KiB, MiB = 1024, 1024**2
 
 # name -> (environment, install_allocator policy or None, the backend PyTorch must report)
@@ -98,8 +100,6 @@ def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
     import torch
 
     if policy is not None:
-        from ..cuda import install_allocator
-
         install_allocator(policy=policy)
     got = torch.cuda.memory.get_allocator_backend()
     if got != backend:

@@ -10,9 +10,18 @@ from __future__ import annotations
 import json
 import re
 
+from ..alloc.settings import parse_config
 from ..sim.gpus import GPUS
-from ..sim.multijob import POLICIES
+from ..sim.gpus import gpu as named_gpu
+from ..sim.jobs import JobModel
+from ..sim.kernels import NONE, KernelModel
+from ..sim.maxbatch import max_batch
+from ..sim.multijob import SIMULATED_POLICIES, simulate
 from ..sim.schedules import ALLOCATORS, NAMES
+from ..sim.schedules import schedule as named_schedule
+from ..sim.trace import Trace, from_snapshot
+from . import models
+from .plots import jobs_memory, replay_memory
 
 MAX_BATCH_SCHEDULES = ("lockstep", "phased", "waterwave")  # --max-batch without --schedule
 
@@ -38,9 +47,6 @@ def _mib(b) -> str:
 
 
 def _job_models(names: list[str]):
-    from ..sim.jobs import JobModel
-    from . import models
-
     for n in names:
         if not models.is_known(n):
             raise ValueError(f"unknown model {n!r}: choose one of {', '.join(models.names())}, "
@@ -53,16 +59,12 @@ def simulate_command(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..sim.kernels import NONE, KernelModel
-
     limit = parse_size(args.memory_limit) if args.memory_limit else None
     if args.split_size is not None:
         args.split_size = parse_size(args.split_size)
         if args.split_size <= 0:
             raise ValueError("--split-size must be positive, e.g. 256MiB")
     if args.config:
-        from ..alloc.settings import parse_config
-
         parse_config(args.config)  # a bad one is refused before anything is captured
     jobs = _job_models(args.models)
     kernels = KernelModel.load() if args.kernels == "measured" else NONE
@@ -91,9 +93,6 @@ def allocator_for(args, schedule: str) -> tuple[str, str]:
 
 def _simulate_at(args, jobs, kernels, limit, schedule: str, batch: int):
     """The jobs at ``batch`` under ``schedule`` and its allocator, recorded."""
-    from ..sim.gpus import gpu as named_gpu
-    from ..sim.multijob import simulate
-    from ..sim.schedules import schedule as named_schedule
 
     policy, config = allocator_for(args, schedule)
     sched = named_schedule(schedule, limit or named_gpu(args.gpu).memory, args.split_size)
@@ -110,16 +109,12 @@ def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
     r, split = _simulate_at(args, jobs, kernels, limit, schedule, args.batch_size)
     progress.remove_task(task)
     if args.plot:
-        from .plots import jobs_memory
-
         jobs_memory(r, args.plot)
     return {"simulated": True, **r.summary(), "config": allocator_for(args, schedule)[1],
             "split_size": split, "plot": args.plot}
 
 
 def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
-    from ..sim.maxbatch import max_batch
-
     def run(models, schedule, label):
         task = progress.add_task(f"largest batch, {label}", total=None, last="")
 
@@ -154,8 +149,6 @@ def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
         }
     best = max(schedules, key=lambda s: out["max_batch"][s]["max_batch"])
     if args.plot and out["max_batch"][best]["max_batch"]:
-        from .plots import jobs_memory
-
         jobs_memory(_simulate_at(args, jobs, kernels, limit, best,
                                  out["max_batch"][best]["max_batch"])[0], args.plot)
         out["plot"] = args.plot
@@ -213,8 +206,6 @@ def _print_simulation(result: dict, args) -> None:
 
 
 def replay_command(args) -> int:
-    from ..sim.trace import Trace, from_snapshot
-
     trace = (Trace.load(args.snapshot) if args.snapshot.endswith(".json")
              else from_snapshot(args.snapshot))
     s = trace.replay(args.policy, record=bool(args.plot))
@@ -225,8 +216,6 @@ def replay_command(args) -> int:
               "fragmentation_at_peak": s["fragmentation.at_peak_reserved"],
               "hazards": len(s["hazards"]), "plot": args.plot}
     if args.plot:
-        from .plots import replay_memory
-
         replay_memory(s["timeline"], args.plot, f"{trace.name}: {args.policy} policy (simulated)")
     if args.json:
         print(json.dumps(result, indent=2))
@@ -256,7 +245,7 @@ def add_parsers(sub) -> None:
                      help="repeat for several (default: lockstep; with --max-batch, "
                           f"{', '.join(MAX_BATCH_SCHEDULES)}); waterwave, waterwave-alg1 and "
                           "waterwave-s are the NodeGroup pipeline")
-    sim.add_argument("--policy", choices=POLICIES,
+    sim.add_argument("--policy", choices=SIMULATED_POLICIES,
                      help="the allocator's policy (default: each schedule's own: pytorch for "
                           "lockstep and phased, waterwave for the NodeGroup pipeline)")
     sim.add_argument("--config", help="the allocator's config, PYTORCH_CUDA_ALLOC_CONF-style "
