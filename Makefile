@@ -91,7 +91,7 @@ test-python: build
 # the other's files. A failure of either fails `make test`.
 test:
 	$(MAKE) -j$(JOBS) build sanitize-build
-	$(MAKE) test-side-by-side
+	$(MAKE) --no-print-directory test-side-by-side
 
 .PHONY: test-side-by-side
 test-side-by-side:

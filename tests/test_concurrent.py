@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
+from waterwave.pipeline import SCHEDULES as TABLE  # noqa: E402
 from waterwave.pipeline.counter_barrier import CounterBarrier  # noqa: E402
 from waterwave.pipeline.nodegroups import (  # noqa: E402
     auto_split_size,
@@ -315,6 +316,30 @@ def test_bad_arguments_are_clear_errors():
 @pytest.fixture(scope="module")
 def graph():
     return pairs()[1].job.graph
+
+
+def test_the_trainer_and_the_simulator_run_one_table_of_schedules():
+    """Each schedule is one row of waterwave.pipeline.SCHEDULES: the trainer
+    cuts a job's step as the simulator cuts its trace, and pairs by the same
+    planner."""
+    from waterwave.sim.schedules import ALLOCATORS, NAMES, NodeGroupSchedule
+
+    assert sorted(TABLE) == sorted(SCHEDULES) and set(TABLE) <= set(NAMES) <= set(ALLOCATORS)
+    job = pairs()[1].job
+    for name, spec in TABLE.items():
+        trainer = ww.ConcurrentTrainer([job], schedule=name)
+        assert trainer.plan_schedule is spec
+        ours = [g.nodes for g in job.partition.groups]
+        assert ours == [g.nodes for g in spec.partition(job.graph).groups]
+        if name != "lockstep":  # the simulator runs lockstep on whole traces
+            sim = NodeGroupSchedule(name)
+            assert sim.spec is spec and [g.nodes for g in sim.partition(job.graph).groups] == ours
+        assert ALLOCATORS[name] == (spec.policy, spec.config)
+        trainer.remove(job)
+    with pytest.raises(ValueError, match="give plans"):
+        TABLE["waterwave"].round_planner(1, None)
+    with pytest.raises(ValueError, match="choose one of waterwave, waterwave-alg1"):
+        ww.ConcurrentTrainer([job], schedule="sideways")
 
 
 def test_bfs_order_is_topological_and_groups_cover_it(graph):

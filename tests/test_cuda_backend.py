@@ -517,3 +517,41 @@ def test_snapshots_from_the_cuda_backend_open_in_torchs_memory_viz(fake, policy,
     assert "total_reserved" in mv.segsum(snap)
     assert len(from_snapshot(str(path)).ops) == 6  # three allocations, three frees
     wc.record_memory_history(enabled=False, device=0)
+
+
+def test_a_cuda_device_is_served_by_the_same_allocator_class(fake):
+    """One bound stack: waterwave.cuda's functions are calls on the device's
+    waterwave.Allocator, the stack PyTorch's entry points allocate from."""
+    use(fake, "pytorch", max_split_size_mb=200)
+    p = _C.cuda_malloc(3 * MiB, 0, S1)
+    a = wc.allocator(0)
+    assert isinstance(a, ww.Allocator) and a.cuda_device == 0 and a.device is None
+    assert a.policy == "pytorch" and a.config == ww.AllocatorConfig(max_split_size_mb=200)
+    assert a.stats() == wc.memory_stats(0)
+    assert a.stats()["allocated_bytes.all.current"] == 3 * MiB
+    assert a.allocation_size(p) == 3 * MiB
+    with pytest.raises(ww.ConfigError, match="needs a simulated device"):
+        a.launch(S1, 1.0, [p])
+    with pytest.raises(ww.ConfigError, match="needs a simulated device"):
+        a.hazards()
+    q = a.alloc(MiB, S2)  # the same stack, from Python
+    assert wc.memory_allocated(0) == 4 * MiB
+    a.free(q)
+    _C.cuda_free(p, 3 * MiB, 0, S1)
+    assert "device 0" in wc.memory_summary(0)
+
+
+def test_a_held_allocator_outlives_a_reset_safely(fake):
+    use(fake)
+    old = wc.allocator(0)
+    p = old.alloc(MiB, S1)
+    old.free(p)
+    _C.cuda_reset()  # nothing live: the runtime drops its stacks
+    q = old.alloc(MiB, S1)  # the held stack still works, over its own segments
+    new = wc.allocator(0)
+    assert new.stats()["allocated_bytes.all.current"] == 0
+    assert old.stats()["allocated_bytes.all.current"] == MiB
+    old.free(q)
+    old.check_invariants()
+    del old  # gives its cache back to the driver
+    new.check_invariants()

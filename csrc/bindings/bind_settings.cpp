@@ -70,20 +70,15 @@ void set_roundup(AllocatorConfig& c, const std::string& key, py::handle v) {
 
 // One keyword setting, by PyTorch's key name, as a typed value.
 void set_keyword(AllocatorConfig& c, const std::string& key, py::handle v) {
-  if (key == "max_split_size_mb") c.set_max_split_size_mb(whole_number(key, v));
-  else if (key == "max_non_split_rounding_mb") c.set_max_non_split_rounding_mb(whole_number(key, v));
-  else if (key == "large_segment_size_mb") c.set_large_segment_size_mb(whole_number(key, v));
-  else if (key == "roundup_power2_divisions") set_roundup(c, key, v);
-  else if (key == "garbage_collection_threshold") c.set_garbage_collection_threshold(number(key, v));
-  else if (key == "per_process_memory_fraction") c.set_per_process_memory_fraction(number(key, v));
-  else if (key == "expandable_segments") c.set_expandable_segments(flag(key, v));
-  else if (key == "release_lock_on_cudamalloc") flag(key, v);  // accepted; always True here
-  else {
-    throw ConfigError("allocator config: unrecognized keyword '" + key + "'. Known: "
-                      "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, "
-                      "roundup_power2_divisions, garbage_collection_threshold, "
-                      "per_process_memory_fraction, expandable_segments, release_lock_on_cudamalloc");
+  switch (AllocatorConfig::kind_of(key)) {
+    case AllocatorConfig::KeyKind::kMiB: return c.set_mib(key, whole_number(key, v));
+    case AllocatorConfig::KeyKind::kFraction: return c.set_fraction(key, number(key, v));
+    case AllocatorConfig::KeyKind::kFlag: return c.set_flag(key, flag(key, v));
+    case AllocatorConfig::KeyKind::kDivisions: return set_roundup(c, key, v);
+    case AllocatorConfig::KeyKind::kUnknown: break;
   }
+  throw ConfigError("allocator config: unrecognized keyword '" + key + "'. Known: " +
+                    AllocatorConfig::known_keys());
 }
 
 }  // namespace

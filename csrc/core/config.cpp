@@ -11,10 +11,21 @@
 namespace waterwave {
 namespace {
 
-const char* kKnownKeys =
-    "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, "
-    "roundup_power2_divisions, garbage_collection_threshold, per_process_memory_fraction, "
-    "expandable_segments, release_lock_on_cudamalloc";
+using KeyKind = AllocatorConfig::KeyKind;
+
+// Every key PyTorch 2.14 accepts that the allocators read, and its kind.
+const std::pair<const char*, KeyKind> kKeys[] = {
+    {"max_split_size_mb", KeyKind::kMiB},
+    {"max_non_split_rounding_mb", KeyKind::kMiB},
+    {"large_segment_size_mb", KeyKind::kMiB},
+    {"roundup_power2_divisions", KeyKind::kDivisions},
+    {"garbage_collection_threshold", KeyKind::kFraction},
+    {"per_process_memory_fraction", KeyKind::kFraction},
+    {"expandable_segments", KeyKind::kFlag},
+    // Accepted for compatibility; waterwave never holds its lock around a
+    // device reservation, so both values behave as True.
+    {"release_lock_on_cudamalloc", KeyKind::kFlag},
+};
 
 // PyTorch's tokenizer: ',' ':' '[' ']' are tokens, whitespace is dropped, other
 // characters build words.
@@ -130,30 +141,19 @@ class Parser {
   std::string value(const std::string& key) { return word("a value for " + key); }
 
   void set(const std::string& key) {
-    if (key == "max_split_size_mb") {
-      cfg_.set_max_split_size_mb(parse_size(key, value(key)));
-    } else if (key == "max_non_split_rounding_mb") {
-      cfg_.set_max_non_split_rounding_mb(parse_size(key, value(key)));
-    } else if (key == "large_segment_size_mb") {
-      cfg_.set_large_segment_size_mb(parse_size(key, value(key)));
-    } else if (key == "roundup_power2_divisions") {
-      roundup(key);
-    } else if (key == "garbage_collection_threshold") {
-      cfg_.set_garbage_collection_threshold(parse_double(key, value(key)));
-    } else if (key == "per_process_memory_fraction") {
-      cfg_.set_per_process_memory_fraction(parse_double(key, value(key)));
-    } else if (key == "expandable_segments") {
-      cfg_.set_expandable_segments(parse_bool(key, value(key)));
-    } else if (key == "release_lock_on_cudamalloc") {
-      // Accepted for compatibility; waterwave never holds its lock around a
-      // device reservation, so both values behave as True.
-      parse_bool(key, value(key));
-    } else if (key == "policy" && policy_) {
+    if (key == "policy" && policy_) {
       *policy_ = value(key);
-    } else {
-      throw ConfigError("allocator config: unrecognized key '" + key + "'. Known keys: " +
-                        kKnownKeys + (policy_ ? ", policy" : ""));
+      return;
     }
+    switch (AllocatorConfig::kind_of(key)) {
+      case KeyKind::kMiB: return cfg_.set_mib(key, parse_size(key, value(key)));
+      case KeyKind::kFraction: return cfg_.set_fraction(key, parse_double(key, value(key)));
+      case KeyKind::kFlag: return cfg_.set_flag(key, parse_bool(key, value(key)));
+      case KeyKind::kDivisions: return roundup(key);
+      case KeyKind::kUnknown: break;
+    }
+    throw ConfigError("allocator config: unrecognized key '" + key + "'. Known keys: " +
+                      AllocatorConfig::known_keys() + (policy_ ? ", policy" : ""));
   }
 
   void roundup(const std::string& key) {
@@ -183,6 +183,38 @@ class Parser {
 };
 
 }  // namespace
+
+AllocatorConfig::KeyKind AllocatorConfig::kind_of(const std::string& key) {
+  for (const auto& [name, kind] : kKeys) {
+    if (key == name) return kind;
+  }
+  return KeyKind::kUnknown;
+}
+
+std::string AllocatorConfig::known_keys() {
+  std::string out;
+  for (const auto& [name, kind] : kKeys) out += (out.empty() ? "" : ", ") + std::string(name);
+  return out;
+}
+
+void AllocatorConfig::set_mib(const std::string& key, std::size_t mb) {
+  if (key == "max_split_size_mb") return set_max_split_size_mb(mb);
+  if (key == "max_non_split_rounding_mb") return set_max_non_split_rounding_mb(mb);
+  if (key == "large_segment_size_mb") return set_large_segment_size_mb(mb);
+  throw ConfigError("allocator config: '" + key + "' is not a size in MiB");
+}
+
+void AllocatorConfig::set_fraction(const std::string& key, double value) {
+  if (key == "garbage_collection_threshold") return set_garbage_collection_threshold(value);
+  if (key == "per_process_memory_fraction") return set_per_process_memory_fraction(value);
+  throw ConfigError("allocator config: '" + key + "' is not a fraction");
+}
+
+void AllocatorConfig::set_flag(const std::string& key, bool on) {
+  if (key == "expandable_segments") return set_expandable_segments(on);
+  if (key == "release_lock_on_cudamalloc") return;  // see kKeys
+  throw ConfigError("allocator config: '" + key + "' is not a True/False setting");
+}
 
 void AllocatorConfig::set_max_split_size_mb(std::size_t mb) {
   max_split_size = mib_to_bytes("max_split_size_mb", mb);

@@ -39,8 +39,16 @@ struct AllocatorConfig {
   // string changes nothing.
   void apply(const std::string& text, std::string* policy = nullptr);
 
-  // Typed settings, by PyTorch's key names. Each checks its own value and
+  // Typed settings, by PyTorch's key names: a key's kind says which setter
+  // takes it (one list of keys, kKeys in config.cpp, serves the string
+  // parser and keyword arguments alike). Each setter checks its value and
   // throws ConfigError; validate() checks the settings against each other.
+  enum class KeyKind { kMiB, kFraction, kFlag, kDivisions, kUnknown };
+  static KeyKind kind_of(const std::string& key);
+  static std::string known_keys();  // for messages: "max_split_size_mb, ..."
+  void set_mib(const std::string& key, std::size_t mb);       // the *_mb keys
+  void set_fraction(const std::string& key, double value);    // thresholds and fractions
+  void set_flag(const std::string& key, bool on);             // True/False keys
   void set_max_split_size_mb(std::size_t mb);
   void set_max_non_split_rounding_mb(std::size_t mb);
   void set_large_segment_size_mb(std::size_t mb);

@@ -1,10 +1,10 @@
 """Capture: one training step of an ``nn.Module`` traced on the CPU with fake
-tensors (``capture.py``) into a ``waterwave.graph.Graph``, recording the
+tensors (``fake_step.py``) into a ``waterwave.graph.Graph``, recording the
 operators a CUDA device would run (``cuda_kernels.py``).
 
 May import: waterwave.graph; torch lazily.
 """
-from .capture import (  # noqa: F401
+from .fake_step import (  # noqa: F401
     KERNELS,
     SUPPORTED_OPTIMIZERS,
     CaptureError,

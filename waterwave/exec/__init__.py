@@ -5,11 +5,13 @@ allocator stack.
   tensors;
 - ``trainer``: ``waterwave.optimize``, one model's steps in a planned order,
   its allocations served from a plan on a GPU;
-- ``nodegroups``, ``pairing``, ``counter_barrier``, ``concurrent``: the
-  NodeGroup pipeline, ``waterwave.Job`` and ``waterwave.ConcurrentTrainer``:
-  several jobs on one device, memory flowing between them.
+- ``concurrent``: ``waterwave.Job`` and ``waterwave.ConcurrentTrainer``,
+  several jobs on one device, memory flowing between them, run on the
+  NodeGroup pipeline (``waterwave.pipeline``: node groups, pairing, the
+  barrier, the feed, the schedule table).
 
-May import: waterwave.planner, waterwave.alloc, waterwave._C; torch.
+May import: waterwave.pipeline, waterwave.capture, waterwave.graph,
+waterwave.planner, waterwave.cuda, waterwave.alloc, waterwave._C; torch.
 """
 from .concurrent import ConcurrentTrainer, Job  # noqa: F401
 from .trainer import Trainer, optimize  # noqa: F401

@@ -4,9 +4,9 @@ paper's NodeGroup pipeline, sections 4.3 and 4.4): ``waterwave.Job`` and
 ``waterwave.ConcurrentTrainer``.
 
 Each job's training step is captured once (``step.CapturedStep``) and cut
-into node groups (``nodegroups.py``). Each job runs in its own thread, on
+into node groups (``waterwave.pipeline.nodegroups``). Each job runs in its own thread, on
 its own CUDA stream when its model is on a GPU, group by group; a
-CounterBarrier (``counter_barrier.py``) holds each group until the rounds
+CounterBarrier (``pipeline.counter_barrier``) holds each group until the rounds
 before it have finished, in the rounds the schedule gives:
 
 - ``waterwave``: ours, the groups paired under a memory budget and kept
@@ -18,7 +18,7 @@ before it have finished, in the rounds the schedule gives:
 - ``lockstep``: no barrier at all.
 
 A run's rounds are planned a window of a few steps at a time, as the jobs
-reach them (``round_feed.py``), so ``run(100_000)`` starts at once.
+reach them (``pipeline.round_feed``), so ``run(100_000)`` starts at once.
 
 On a GPU the Waterwave allocator (``waterwave.install_allocator()``) serves
 every job from one cache, so a block one job frees can serve another's
@@ -254,7 +254,7 @@ class ConcurrentTrainer:
 
     def _planner(self, jobs: list[Job], steps: int) -> PeriodicRounds | MemoryPairing:
         """The run's rounds, planned a window at a time as the jobs need them
-        (``round_feed.py``); job k is ``jobs[k]``."""
+        (``pipeline.round_feed``); job k is ``jobs[k]``."""
         sched = self.plan_schedule
         if sched.pairing == MEMORY:
             limit = self.budget = self._budget(jobs)

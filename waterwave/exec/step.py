@@ -16,16 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..capture import (
-    adam_scalars,
-    as_tuple,
-    graph_from_trace,
-    inplace_variant,
-    model_device,
-    state_names,
-    trace_step,
-    trained_parameters,
-)
+from ..capture import fake_step
 from ..planner.plan import PlanError
 
 
@@ -34,27 +25,27 @@ class CapturedStep:
                  example_targets=None, name: str | None = None):
         import torch
 
-        example_inputs = as_tuple(example_inputs)
-        example_targets = as_tuple(example_targets)
+        example_inputs = fake_step.as_tuple(example_inputs)
+        example_targets = fake_step.as_tuple(example_targets)
         self.model, self.optimizer = model, optimizer
         self.takes_targets = bool(example_targets)
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
-        self.gm, roles, names, grads = trace_step(model, example_inputs, loss_fn, optimizer,
-                                                  example_targets)
-        self.device = model_device(model, example_inputs)
-        self.graph = graph_from_trace(self.gm, roles, names, grads, name or type(model).__name__,
-                                      {"optimizer": type(optimizer).__name__,
-                                       "kernels": self.device,
-                                       "input_shapes": [list(x.shape) for x in example_inputs
-                                                        if isinstance(x, torch.Tensor)]})
-        trained = trained_parameters(model, optimizer)
+        self.gm, roles, names, grads = fake_step.trace_step(model, example_inputs, loss_fn,
+                                                            optimizer, example_targets)
+        self.device = fake_step.model_device(model, example_inputs)
+        meta = {"optimizer": type(optimizer).__name__, "kernels": self.device,
+                "input_shapes": [list(x.shape) for x in example_inputs
+                                 if isinstance(x, torch.Tensor)]}
+        self.graph = fake_step.graph_from_trace(self.gm, roles, names, grads,
+                                                name or type(model).__name__, meta)
+        trained = fake_step.trained_parameters(model, optimizer)
         self.params = [p for _, p, _ in trained]
         self.buffers = [b for _, b in model.named_buffers()]
         self.state = []
         for _, p, group in trained:
             st = optimizer.state.get(p, {})
-            for state_name in state_names(optimizer, group):
+            for state_name in fake_step.state_names(optimizer, group):
                 self.state.append(st[state_name].detach() if state_name in st
                                   else torch.zeros_like(p))
         first = optimizer.state.get(self.params[0], {}).get("step", 0) if self.params else 0
@@ -66,14 +57,14 @@ class CapturedStep:
         batch when none is given)."""
         import torch
 
-        targets = as_tuple(targets)
+        targets = fake_step.as_tuple(targets)
         if targets and not self.takes_targets or inputs and self.takes_targets and not targets:
             raise ValueError("this step was captured " + ("with" if self.takes_targets else
                                                           "without")
                              + " example targets: pass targets exactly when it was")
         data = (*inputs, *targets) if inputs else self.example
         self.steps += 1
-        scalars = ([torch.tensor(v) for v in adam_scalars(self.optimizer, self.steps)]
+        scalars = ([torch.tensor(v) for v in fake_step.adam_scalars(self.optimizer, self.steps)]
                    if self.adam else [])
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
                 + self.state + scalars + list(data))
@@ -101,7 +92,7 @@ class CapturedStep:
                 emit(a)
             env[n] = new.node_copy(n, lambda x: env[x])
             if n.name in in_place:
-                overload = inplace_variant(n.target)
+                overload = fake_step.inplace_variant(n.target)
                 if overload is None:
                     raise PlanError(f"the plan runs {n.name} ({n.target}) in place, but it has "
                                     "no in-place overload: re-plan from a fresh capture")

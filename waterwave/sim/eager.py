@@ -18,7 +18,7 @@ job's thread produces, operator by operator.
 - Phases: ``forward`` up to the loss, ``optimizer`` from the first in-place
   update of a parameter or optimizer state, ``backward`` between.
 
-May import: waterwave.planner (graphs), this package.
+May import: waterwave.graph, waterwave.planner (lifetimes), this package.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ for a batch size (``waterwave.tools.models.build`` for the models the CLI
 knows), trained with SGD with momentum 0.9 (as
 bench/data/gpu-snapshots/probe.py trains).
 
-May import: waterwave.planner, this package; torch lazily.
+May import: waterwave.graph, waterwave.capture, this package; torch lazily.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ Two sources, in order:
 ``data/h100_kernels.json`` holds the tables and rules measured from the H100
 snapshots in bench/data/gpu-snapshots; ``bench/calibrate.py`` writes it.
 
-May import: waterwave.planner (graphs), this package.
+May import: waterwave.graph, this package.
 """
 from __future__ import annotations
 

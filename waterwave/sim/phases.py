@@ -2,7 +2,7 @@
 ``backward``, or ``optimizer`` (from the first in-place update of a
 parameter or optimizer state). Schedules cut steps at these boundaries.
 
-May import: waterwave.planner (graphs).
+May import: waterwave.graph.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ is an index from 0; ``phase`` is ``forward``,
 ``backward``, ``optimizer`` or empty. A replay of several steps runs the
 operators again with fresh blocks.
 
-May import: waterwave._C, waterwave.alloc, waterwave.planner, this package.
+May import: waterwave._C, waterwave.alloc, waterwave.graph, this package.
 """
 from __future__ import annotations
 

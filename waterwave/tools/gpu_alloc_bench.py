@@ -22,7 +22,7 @@ cost is the CPU's):
 Each case: warm-up pairs (the cache then holds what the case needs), then
 ``repeats`` timed runs of ``pairs`` pairs, median and range in ns per pair.
 
-May import: waterwave (alloc), torch lazily.
+May import: waterwave.cuda, torch lazily.
 """
 from __future__ import annotations
 

@@ -1,0 +1,84 @@
+"""Settings as typed values: ``AllocatorConfig`` is parsed once at the edge
+(a config string, ``WATERWAVE_ALLOC_CONF``, keyword arguments), checks every
+value in one setter whichever way it came, and travels as a value."""
+import pickle
+
+import pytest
+
+import waterwave as ww
+from waterwave import _C
+
+MiB = 1024**2
+
+
+def test_string_and_keywords_make_the_same_config():
+    text = ww.AllocatorConfig("max_split_size_mb:200,roundup_power2_divisions:[256:1,>:4],"
+                              "expandable_segments:True,per_process_memory_fraction:0.5")
+    typed = ww.AllocatorConfig(max_split_size_mb=200, roundup_power2_divisions={256: 1, ">": 4},
+                               expandable_segments=True, per_process_memory_fraction=0.5)
+    assert text == typed
+    assert typed.max_split_size == 200 * MiB and typed.expandable_segments
+    assert typed.per_process_memory_fraction == 0.5
+    assert typed.roundup_power2_divisions == [1] * 9 + [4] * 7
+    assert ww.AllocatorConfig().max_split_size is None  # no limit
+
+
+def test_keywords_apply_on_top_of_the_string_and_replace_copies():
+    base = ww.AllocatorConfig("max_split_size_mb:200", max_split_size_mb=64)
+    assert base.max_split_size == 64 * MiB
+    wider = base.replace(large_segment_size_mb=32)
+    assert wider.large_segment_size == 32 * MiB and base.large_segment_size == 20 * MiB
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"max_split_size_mb": "200"}, "takes a whole number"),
+    ({"max_split_size_mb": True}, "takes a whole number"),
+    ({"max_split_size_mb": -1}, "must not be negative"),
+    ({"max_split_size_mb": 1 << 70}, "too large"),
+    ({"max_split_size_mb": (1 << 64) // MiB}, "too large"),
+    ({"expandable_segments": 1}, "True or False"),
+    ({"per_process_memory_fraction": "half"}, "takes a number"),
+    ({"per_process_memory_fraction": 1.5}, "[0.0, 1.0]"),
+    ({"roundup_power2_divisions": {256: 3}}, "power of 2"),
+    ({"roundup_power2_divisions": "[256:1]"}, "an int or a mapping"),
+    ({"max_split_size_mb": 5}, "too small"),
+    ({"max_split": 200}, "unrecognized keyword 'max_split'"),
+])
+def test_a_bad_keyword_is_a_clear_error_and_changes_nothing(settings, message):
+    base = ww.AllocatorConfig("max_split_size_mb:100")
+    with pytest.raises(ww.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")
+                       .replace("(", r"\(").replace(")", r"\)")):
+        base.replace(**settings)
+    assert base == ww.AllocatorConfig("max_split_size_mb:100")
+
+
+def test_sizes_from_a_string_are_overflow_checked():
+    with pytest.raises(ww.ConfigError, match="too large"):
+        ww.AllocatorConfig("max_split_size_mb:17592186044416")  # 2**44 MiB: 2**64 bytes
+
+
+def test_the_config_is_a_value():
+    c = ww.AllocatorConfig("max_split_size_mb:200,expandable_segments:True")
+    assert ww.AllocatorConfig(str(c)) == c
+    assert eval(repr(c), {"AllocatorConfig": ww.AllocatorConfig}) == c
+    assert pickle.loads(pickle.dumps(c)) == c
+    assert c.round_size(MiB + 1) == _C.round_size(MiB + 1, c)
+
+
+def test_the_environment_names_the_policy_and_the_config(monkeypatch):
+    assert _C.parse_settings("policy:pytorch,max_split_size_mb:200") == (
+        "pytorch", ww.AllocatorConfig(max_split_size_mb=200))
+    with pytest.raises(ww.ConfigError, match="unknown allocator policy 'tlsf'"):
+        _C.parse_settings("policy:tlsf")
+    with pytest.raises(ww.ConfigError, match="unrecognized key 'policy'"):
+        ww.AllocatorConfig("policy:pytorch")  # PYTORCH_CUDA_ALLOC_CONF has no policy key
+    monkeypatch.setenv("WATERWAVE_ALLOC_CONF", "policy:pytorch,expandable_segments:True")
+    a = ww.Allocator(max_split_size_mb=64)  # keywords on top of the environment's settings
+    assert a.policy == "pytorch" and a.config.expandable_segments
+    assert a.config.max_split_size == 64 * MiB
+
+
+def test_an_allocator_takes_a_config_value():
+    c = ww.AllocatorConfig(max_split_size_mb=64)
+    a = ww.Allocator("waterwave", config=c)
+    assert a.config == c and a.stats()["max_split_size"] == 64 * MiB
