@@ -203,7 +203,7 @@ def test_plan_on_the_cuda_backend(fake):
     for the rest of the step; the plan cannot go while its blocks live."""
     use(fake)
     slots = [(2 * MiB, 0), (MiB, 2 * MiB), (2 * MiB, 0)]
-    wc.set_plan(slots, 3 * MiB, device=0, stream=S1)
+    wc.set_plan(slots, 3 * MiB, device=0, stream=S1, scope="device")
     wc.begin_step(0)
     arena = wc.plan_stats(0)["arena"]
     a = _C.cuda_malloc(2 * MiB, 0, S1)
@@ -253,7 +253,7 @@ def test_a_recorded_step_becomes_an_exact_plan(fake):
     assert [t[0] for t in trace] == sizes and all(f > a for _, a, f in trace)
     slots, arena, info = ww.planner.plan_from_trace(trace)
     assert info["status"] == "optimal" and arena == info["bound"]
-    wc.set_plan(slots, arena, device=0, stream=S1)
+    wc.set_plan(slots, arena, device=0, stream=S1, scope="device")
     for _ in range(3):
         wc.begin_step(0)
         one_step()

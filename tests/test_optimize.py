@@ -161,7 +161,8 @@ def test_planned_steps_warm_up_record_then_follow_the_plan(monkeypatch, arena_fi
     monkeypatch.setattr(trainer_module, "plan_from_trace",
                         lambda trace: ([(512, 0)], 512, {"bound": 512, "status": "optimal"}))
 
-    def set_plan(slots, arena, device):
+    def set_plan(slots, arena, device, scope):
+        assert scope == "device"  # the plan is the step's, whatever stream allocates
         calls.append("set_plan")
         if not arena_fits:
             raise ww.OutOfMemoryError("out of memory: the plan's arena does not fit")

@@ -1,9 +1,11 @@
-"""The Waterwave allocator on real GPUs, inside PyTorch.
+"""``waterwave.cuda``: the Waterwave allocator on real GPUs, inside PyTorch,
+under torch's names.
 
 ``install_allocator()`` makes PyTorch take every CUDA allocation from
-Waterwave (through ``torch.cuda.memory.CUDAPluggableAllocator``); call it at
-process start, before anything touches CUDA. The C++ core runs over the CUDA
-driver, which is opened at run time (``WATERWAVE_CUDA_DRIVER`` names another
+Waterwave (``waterwave.alloc.pluggable``: through
+``torch.cuda.memory.CUDAPluggableAllocator``); call it at process start,
+before anything touches CUDA. The C++ core runs over the CUDA driver, which
+is opened at run time (``WATERWAVE_CUDA_DRIVER`` names another
 ``libcuda.so``, e.g. the fake driver the tests build).
 
 Settings come from the arguments, else from ``WATERWAVE_ALLOC_CONF``: a
@@ -27,95 +29,21 @@ May import: waterwave._C, waterwave.alloc (torch, lazily).
 """
 from __future__ import annotations
 
-import ctypes
-import warnings
 from typing import Any
 
 from . import _C
-from ._C import AllocatorConfig
 from .alloc import snapshot as snapshots
-from .alloc import torch_bridge
 from .alloc.allocator import Allocator
-from .alloc.settings import resolve_settings
-
-MALLOC = "waterwave_cuda_malloc"
-FREE = "waterwave_cuda_free"
-RECORD_STREAM = "waterwave_cuda_record_stream"
-EMPTY_CACHE = "waterwave_cuda_empty_cache"
-
-_installed: Any = None  # the torch allocator object, kept alive for the process
-
-
-def configure(policy: str | None = None, config: str | AllocatorConfig | None = None,
-              driver: str | None = None, **kwargs: Any) -> dict:
-    """Set the policy and configuration the CUDA allocators are created with
-    (they are created at each device's first allocation). Returns the
-    settings. Refused once memory has been allocated."""
-    policy, settings = resolve_settings(policy, config, **kwargs)
-    _C.cuda_configure(policy, settings, driver or "")
-    return current_settings()
-
-
-def current_settings() -> dict:
-    """The policy, the ``AllocatorConfig`` and the driver library the CUDA
-    allocators are created with."""
-    return _C.cuda_settings()
-
-
-def _hook_address(lib: ctypes.CDLL, name: str) -> int:
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-
-def install_allocator(policy: str | None = None, config: str | None = None,
-                      driver: str | None = None, **kwargs: Any) -> dict:
-    """Make PyTorch allocate CUDA memory with Waterwave. Call it before
-    anything touches CUDA (PyTorch refuses to swap an allocator in use);
-    once per process. ``policy``: ``"waterwave"`` (default) or
-    ``"pytorch"``; ``config``/keywords as for ``waterwave.Allocator``.
-    Also wires ``Tensor.record_stream`` and ``torch.cuda.empty_cache()``.
-    Out of memory raises ``torch.cuda.OutOfMemoryError`` through the torch
-    bridge (torch_bridge.py: built against this torch at install time or
-    now, once); without a C++ compiler it warns and raises ``RuntimeError``.
-    Returns the settings, with ``oom_error`` naming the type raised."""
-    global _installed
-    import torch
-
-    if _installed is not None:
-        raise RuntimeError("the Waterwave allocator is already installed in this process")
-    if not hasattr(torch._C, "_cuda_customAllocator"):
-        raise RuntimeError(f"this torch ({torch.__version__}) is built without CUDA: install a "
-                           "CUDA build of torch to use the Waterwave allocator")
-    settings = configure(policy, config, driver, **kwargs)
-    # The entry points live in waterwave._C itself, or in the bridge in
-    # front of it: opening _C again gives the module already loaded, so
-    # PyTorch and Python share one state.
-    entry, settings["oom_error"] = (_C.__file__, MALLOC, FREE), "RuntimeError"
-    if not torch_bridge.disabled():
-        try:
-            entry = (str(torch_bridge.load(_C.__file__, torch)), torch_bridge.MALLOC,
-                     torch_bridge.FREE)
-            settings["oom_error"] = "torch.cuda.OutOfMemoryError"
-        except torch_bridge.BridgeUnavailable as e:
-            warnings.warn(f"Waterwave: out of memory will raise RuntimeError, not "
-                          f"torch.cuda.OutOfMemoryError: {e}. Set WATERWAVE_TORCH_BRIDGE=off to "
-                          "accept that silently.", RuntimeWarning, stacklevel=2)
-    plug = torch.cuda.memory.CUDAPluggableAllocator(*entry)
-    lib = ctypes.CDLL(_C.__file__)
-    plug.allocator().set_record_stream_fn(_hook_address(lib, RECORD_STREAM))
-    plug.allocator().set_reset_fn(_hook_address(lib, EMPTY_CACHE))
-    try:
-        torch.cuda.memory.change_current_allocator(plug)
-    except RuntimeError as e:
-        raise RuntimeError(f"cannot install the Waterwave allocator: {e}. Call "
-                           "waterwave.install_allocator() at process start, before any CUDA "
-                           "tensor or torch.cuda call") from None
-    _installed = plug
-    return settings
-
-
-def is_installed() -> bool:
-    """Whether ``install_allocator()`` ran in this process."""
-    return _installed is not None
+from .alloc.pluggable import (  # noqa: F401  (the registration, under torch's names)
+    EMPTY_CACHE,
+    FREE,
+    MALLOC,
+    RECORD_STREAM,
+    configure,
+    current_settings,
+    install_allocator,
+    is_installed,
+)
 
 
 def _device_index(device) -> int:
@@ -235,20 +163,20 @@ def _current_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
-def set_plan(slots: list[tuple[int, int]], arena: int, device=None, stream: int | None = None,
-             scope: str = "device") -> None:
+def set_plan(slots: list[tuple[int, int]], arena: int | None = None, device=None,
+             stream: int | None = None, scope: str = "stream", give_back_cache: bool = True) -> None:
     """Serve ``stream``'s allocations from a plan: the k-th allocation of a
     step gets ``slots[k] = (size, offset)`` inside one arena of ``arena``
-    bytes; anything else falls back to the online allocator, safely. The
-    device's cached memory is given back first, so the arena takes its place.
-    ``stream``: the stream the plan is for (default: the current one).
-    ``scope``: ``"device"`` (the plan is the device's whole step: another
-    stream's allocation leaves it for the step, as ``waterwave.optimize``
-    plans it) or ``"stream"`` (its stream's allocations only, so several
-    jobs' plans can share the device)."""
+    bytes (default: the end of the last slot); anything else falls back to
+    the online allocator, safely. ``stream``: the stream the plan is for
+    (default: the current one). ``scope`` and ``give_back_cache`` as for
+    ``Allocator.set_plan``, with its defaults: ``"stream"`` (the plan answers
+    for its stream alone, so several jobs' plans share the device) or
+    ``"device"`` (the plan is the device's whole step, as ``waterwave.optimize``
+    plans it: another stream's allocation leaves it for the step)."""
     index = _device_index(device)
     stream = _current_stream(index) if stream is None else stream
-    allocator(index).set_plan(stream, slots, arena, scope=scope, give_back_cache=True)
+    allocator(index).set_plan(stream, slots, arena, scope=scope, give_back_cache=give_back_cache)
 
 
 def clear_plan(device=None, stream: int | None = None) -> None:

@@ -61,14 +61,16 @@ class Allocator(_C.AllocatorStack):
 
     # Plans, per stream --------------------------------------------------------
     def set_plan(self, stream: int, slots, arena: int | None = None, scope: str = "stream",
-                 give_back_cache: bool = False) -> None:
+                 give_back_cache: bool = True) -> None:
         """Serve ``stream``'s allocations from a plan over this allocator:
         the k-th allocation of a step gets ``slots[k] = (size, offset)`` in
         an arena of ``arena`` bytes (default: the end of the last slot).
         ``scope="stream"``: the plan answers for its stream alone, so several
         streams (jobs) can each have one; ``"device"``: another stream's
-        allocation leaves the plan for the step. ``give_back_cache``: give
-        the policy's cached memory back first, so the arena takes its place."""
+        allocation leaves the plan for the step. ``give_back_cache``: the
+        policy's wholly free cached segments go back to the device first, so
+        the arena takes their place rather than adding to them.
+        ``waterwave.cuda.set_plan`` has the same defaults."""
         slots = [(int(s), int(o)) for s, o in slots]
         if arena is None:
             arena = max((s + o for s, o in slots), default=0)

@@ -77,7 +77,7 @@ class Trainer:
         slots, arena, info = plan_from_trace(trace)
         self.trace_plan = {"allocations": len(slots), "arena_bytes": arena, **info}
         try:
-            cuda.set_plan(slots, arena, device=self._plan_device)
+            cuda.set_plan(slots, arena, device=self._plan_device, scope="device")
         except OutOfMemoryError as e:
             # The step's result is not lost over it: train on without a plan.
             warnings.warn(f"waterwave: training on without the plan: {e}", stacklevel=3)
