@@ -20,7 +20,7 @@ the GPU did for the same sequence, and how does the eager sequence differ
 from the captured graph's? --report does that part with no GPU.
 And a capture process captures the model three ways: on the CPU with the
 CPU's kernels, on the CPU with the CUDA kernels the planner emulates
-(waterwave.capture.cuda_kernels), and on the GPU itself; it replays each through the
+(waterwave.capturing.cuda_kernels), and on the GPU itself; it replays each through the
 simulated pytorch policy and says whether the emulated graph is the GPU's.
 Prints a table and writes JSON. Needs a GPU.
 """
@@ -116,7 +116,7 @@ def capture_child(name: str, bs: int) -> dict:
 
     import torch
 
-    from waterwave.capture import capture
+    from waterwave.capturing import capture
     from waterwave.planner.baseline import replay
     from waterwave.tools import models
 

@@ -21,7 +21,7 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from waterwave.capture import KERNELS  # noqa: E402
+from waterwave.capturing import KERNELS  # noqa: E402
 from waterwave.graph import Graph  # noqa: E402
 from waterwave.planner import check_plan, plan  # noqa: E402
 from waterwave.planner.baseline import replay  # noqa: E402
@@ -31,7 +31,7 @@ from waterwave.tools import models  # noqa: E402
 def graph_for(name, bs, cache, kernels):
     import torch
 
-    from waterwave.capture import capture
+    from waterwave.capturing import capture
 
     path = os.path.join(cache, f"{name}-bs{bs}-{kernels}.json")
     timing = path + ".seconds"
@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--batch-sizes", default="1,32")
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--kernels", choices=KERNELS, default=KERNELS[0],
-                    help="whose kernels the captured steps record (see waterwave.capture.cuda_kernels)")
+                    help="whose kernels the captured steps record (see waterwave.capturing.cuda_kernels)")
     ap.add_argument("--out", default="bench/results/planner.json")
     args = ap.parse_args()
     cache = os.path.join(os.path.dirname(args.out), "graphs")

@@ -4,7 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from waterwave.capture import CaptureError, capture  # noqa: E402
+from waterwave.capturing import CaptureError, capture  # noqa: E402
 from waterwave.graph import Graph  # noqa: E402
 from waterwave.planner import check_plan, plan  # noqa: E402
 from waterwave.planner.baseline import replay  # noqa: E402

@@ -10,8 +10,8 @@ pytest.importorskip("torchvision")
 import torch.nn.functional as F  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from waterwave.capture import CaptureError, capture  # noqa: E402
-from waterwave.capture.cuda_kernels import _attention_kernel, cuda_kernels  # noqa: E402
+from waterwave.capturing import CaptureError, capture  # noqa: E402
+from waterwave.capturing.cuda_kernels import _attention_kernel, cuda_kernels  # noqa: E402
 from waterwave.planner.baseline import replay  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 

@@ -14,16 +14,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "waterwave"
 # simulator sees the pipeline, never the executors: both run its schedules.
 ALLOWED = {
     "graph": set(),
-    "capture": {"graph"},
+    "capturing": {"graph"},
     "alloc": {"_C"},
     "cuda": {"_C", "alloc"},
     "cupy": {"_C", "alloc", "cuda"},
     "planner": {"_C", "alloc", "graph"},
     "pipeline": {"graph", "planner"},
-    "exec": {"_C", "alloc", "cuda", "graph", "capture", "planner", "pipeline"},
-    "sim": {"_C", "alloc", "graph", "capture", "planner", "pipeline"},
+    "exec": {"_C", "alloc", "cuda", "graph", "capturing", "planner", "pipeline"},
+    "sim": {"_C", "alloc", "graph", "capturing", "planner", "pipeline"},
     "trace": {"sim"},
-    "tools": {"_C", "alloc", "cuda", "cupy", "graph", "capture", "planner", "pipeline", "exec",
+    "tools": {"_C", "alloc", "cuda", "cupy", "graph", "capturing", "planner", "pipeline", "exec",
               "sim", "trace"},
 }
 

@@ -25,8 +25,14 @@ from ._C import (  # noqa: F401  (re-exported API)
     PointerError,
     SimDevice,
 )
-from .alloc import Allocator, AllocatorConfig, PlanAllocator, config_string, parse_config  # noqa: F401
-from .capture import capture  # noqa: F401  (imports torch only when called)
+from .alloc import (  # noqa: F401
+    Allocator,
+    AllocatorConfig,
+    PlanAllocator,
+    config_string,
+    parse_config,
+)
+from .capturing import capture  # noqa: F401  (imports torch only when called)
 from .cuda import install_allocator  # noqa: F401  (imports torch only when called)
 from .exec import ConcurrentTrainer, Job, optimize  # noqa: F401  (torch only when called)
 from .graph import Graph  # noqa: F401

@@ -10,7 +10,7 @@ allocator stack.
   NodeGroup pipeline (``waterwave.pipeline``: node groups, pairing, the
   barrier, the feed, the schedule table).
 
-May import: waterwave.pipeline, waterwave.capture, waterwave.graph,
+May import: waterwave.pipeline, waterwave.capturing, waterwave.graph,
 waterwave.planner, waterwave.cuda, waterwave.alloc, waterwave._C; torch.
 """
 from .concurrent import ConcurrentTrainer, Job  # noqa: F401

@@ -40,7 +40,7 @@ the allocator's peak statistics.
 A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
 
-May import: waterwave.pipeline, waterwave.capture, waterwave.graph,
+May import: waterwave.pipeline, waterwave.capturing, waterwave.graph,
 waterwave.planner, waterwave.cuda, this package; torch.
 """
 from __future__ import annotations
@@ -56,7 +56,13 @@ from typing import Any
 from .. import cuda
 from ..pipeline.counter_barrier import BarrierAborted, CounterBarrier
 from ..pipeline.nodegroups import Partition
-from ..pipeline.pairing import JobGroups, JobPlan, MemoryPairing, PeriodicRounds, graph_plan
+from ..pipeline.pairing import (
+    JobGroups,
+    JobPlan,
+    MemoryPairing,
+    PeriodicRounds,
+    graph_plan,
+)
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import ALGORITHM1, MEMORY
 from ..pipeline.schedules import schedule as named_schedule

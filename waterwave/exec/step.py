@@ -2,7 +2,7 @@
 tensors: what every executor runs.
 
 ``CapturedStep`` traces forward, backward and the optimizer's in-place
-update as one FX graph (``waterwave.capture``), keeps the graph the
+update as one FX graph (``waterwave.capturing``), keeps the graph the
 planners see, and assembles each step's inputs: the parameters and buffers
 (updated in place by the graph), the optimizer state (continuing from the
 optimizer's, if it has any), Adam's bias corrections for the step, and the
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..capture import fake_step
+from ..capturing import fake_step
 from ..planner.plan import PlanError
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import cuda
 from .._C import OutOfMemoryError
-from ..capture import as_tuple
+from ..capturing import as_tuple
 from ..planner import Plan, PlanError, check_plan, plan_from_trace
 from ..planner import plan as make_plan
 from .step import CapturedStep

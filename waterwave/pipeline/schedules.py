@@ -24,7 +24,13 @@ from dataclasses import dataclass
 
 from ..graph import Graph
 from .nodegroups import Partition, auto_split_size, partition, two_groups
-from .pairing import JobGroups, JobPlan, MemoryPairing, PeriodicRounds, algorithm1_rounds
+from .pairing import (
+    JobGroups,
+    JobPlan,
+    MemoryPairing,
+    PeriodicRounds,
+    algorithm1_rounds,
+)
 
 # How a schedule pairs groups into rounds.
 MEMORY, ALGORITHM1, FREE = "memory", "algorithm1", "free"

@@ -26,7 +26,7 @@ This file is the package's face. ``strategies.py`` holds ``plan`` and
 (a replay through the allocator's ``pytorch`` policy); a plan as the
 allocation sequence a plan allocator serves is ``slots.py``, and a recorded
 GPU step packed into one is ``trace_plan.py``. The graph it plans is
-``waterwave.graph``, made by ``waterwave.capture``.
+``waterwave.graph``, made by ``waterwave.capturing``.
 
 May import: waterwave._C, waterwave.graph, waterwave.alloc (the baseline's
 replays) and this package; torch lazily.

@@ -15,7 +15,14 @@ from .cpsat import solve_joint, solve_order
 from .cut_bound import CutBounds
 from .inplace import inplace_layout, inplace_pairs
 from .lifetimes import lifetimes, order_peak
-from .offsets import Buffer, best_fit, exact_pack, greedy_pack, max_live, validate_buffers
+from .offsets import (
+    Buffer,
+    best_fit,
+    exact_pack,
+    greedy_pack,
+    max_live,
+    validate_buffers,
+)
 from .orders import candidate_orders
 from .plan import Plan, PlanError
 

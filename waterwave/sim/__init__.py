@@ -9,7 +9,7 @@ schedule is developed and checked on.
 - ``multijob``, ``schedules``, ``maxbatch``: several jobs on one GPU, each on
   its own stream, under a schedule and a policy; the largest batch.
 
-May import: waterwave._C, waterwave.alloc, waterwave.graph, waterwave.capture,
+May import: waterwave._C, waterwave.alloc, waterwave.graph, waterwave.capturing,
 waterwave.planner, waterwave.pipeline (never waterwave.exec: the trainer and the
 simulator both run the pipeline's schedules).
 """

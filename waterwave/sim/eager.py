@@ -117,7 +117,7 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
 # Captured steps ---------------------------------------------------------------
 def from_graph(graph, gpu: str = "H100-80GB", kernels=None, model: str | None = None,
                stream: int = 0) -> Trace:
-    """A captured training step (``waterwave.capture``) as eager PyTorch runs
+    """A captured training step (``waterwave.capturing``) as eager PyTorch runs
     it on ``gpu`` (``eager.eager_trace``). ``kernels``: a ``KernelModel``,
     by default the one measured on the H100 (measured tables for the
     ``model`` named, else its rules)."""

@@ -14,7 +14,7 @@ for a batch size (``waterwave.tools.models.build`` for the models the CLI
 knows), trained with SGD with momentum 0.9 (as
 bench/data/gpu-snapshots/probe.py trains).
 
-May import: waterwave.graph, waterwave.capture, this package; torch lazily.
+May import: waterwave.graph, waterwave.capturing, this package; torch lazily.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..capture import capture
+from ..capturing import capture
 from ..graph import Graph, round_size
 from .eager import eager_trace
 from .gpus import GPU

@@ -9,7 +9,7 @@ import sys
 import time
 
 from .. import _C
-from ..capture import KERNELS, capture
+from ..capturing import KERNELS, capture
 from ..graph import Graph
 from ..planner import STRATEGIES, check_plan, pack, plan
 from ..planner.baseline import replay

@@ -1,4 +1,4 @@
-"""Capture: one training step of an ``nn.Module`` traced on the CPU with fake
+"""Capturing: one training step of an ``nn.Module`` traced on the CPU with fake
 tensors (``fake_step.py``) into a ``waterwave.graph.Graph``, recording the
 operators a CUDA device would run (``cuda_kernels.py``).
 

@@ -281,7 +281,7 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
 
     ``kernels`` is the device whose operators the graph records: "cuda"
     (the default; for a model on the CPU, dropout and attention take the
-    kernels a CUDA device runs, see ``waterwave.capture.cuda_kernels``) or "cpu"
+    kernels a CUDA device runs, see ``waterwave.capturing.cuda_kernels``) or "cpu"
     (a model on the CPU, as the CPU runs it)."""
     torch = _torch()
 
