@@ -4,6 +4,8 @@ value in one setter whichever way it came, and travels as a value."""
 import pickle
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import waterwave as ww
 from waterwave import _C
@@ -82,3 +84,39 @@ def test_an_allocator_takes_a_config_value():
     c = ww.AllocatorConfig(max_split_size_mb=64)
     a = ww.Allocator("waterwave", config=c)
     assert a.config == c and a.stats()["max_split_size"] == 64 * MiB
+
+
+KEYS = ["max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
+        "roundup_power2_divisions", "garbage_collection_threshold", "per_process_memory_fraction",
+        "expandable_segments", "release_lock_on_cudamalloc", "policy", "bogus"]
+TOKENS = st.sampled_from(KEYS + [":", ",", "[", "]", ">", " ", "True", "False", "0", "1", "4",
+                                 "12", "64", "256", "0.5", "1.5", "-3", "1e400", "99999999999999999999"])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(TOKENS, max_size=24).map("".join))
+@example("max_split_size_mb:64,roundup_power2_divisions:[64:8,>:4],expandable_segments:True")
+def test_any_string_parses_to_a_canonical_config_or_is_a_config_error(text):
+    try:
+        c = ww.AllocatorConfig(text)
+    except ww.ConfigError:
+        return
+    assert ww.AllocatorConfig(str(c)) == c  # the canonical form parses back to the same
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 1 << 66), st.floats(allow_nan=True),
+                   st.text(max_size=4), st.dictionaries(st.sampled_from([1, 64, ">"]),
+                                                        st.integers(-1, 16), max_size=3))
+
+
+# A first st.text() draw loads hypothesis's Unicode tables: slow once, not the strategy.
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(KEYS[:8] + ["bogus"]), VALUES, max_size=4))
+def test_any_keywords_make_a_config_or_a_config_error_and_change_nothing(settings):
+    base = ww.AllocatorConfig()
+    try:
+        c = base.replace(**settings)
+    except ww.ConfigError:
+        assert base == ww.AllocatorConfig()
+        return
+    assert ww.AllocatorConfig(str(c)) == c
