@@ -110,14 +110,18 @@ bench: build
 	$(PY) bench/concurrent/host.py --out bench/results
 
 # When a GPU is lent, the one command to run: every GPU test, then every GPU
-# benchmark (bench/gpu_check.py lists them), their figures under
-# bench/results/ with the device named, within 25 minutes. It refuses to run
+# benchmark (bench/gpu_check.py lists them), their figures under $(RESULTS)
+# with the device named, within $(GPU_BUDGET_MIN) minutes. It refuses to run
 # without a GPU rather than skip everything. bench-gpu: the benchmarks alone.
+# Through the device tool (10-minute calls, files back from $OUT):
+#   make gpu-check RESULTS=$OUT GPU_BUDGET_MIN=9
+RESULTS ?= bench/results
+GPU_BUDGET_MIN ?= 25
 gpu-check: build
-	$(PY) bench/gpu_check.py --out bench/results
+	$(PY) bench/gpu_check.py --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)
 
 bench-gpu: build
-	$(PY) bench/gpu_check.py --benchmarks-only --out bench/results
+	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)
 
 clean:
 	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so out

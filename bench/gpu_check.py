@@ -13,10 +13,12 @@ Runs, in this order, each as a child process with its time measured:
 
 Each benchmark writes its own figures under ``--out`` naming the device; this
 script adds ``gpu_check.json`` and ``gpu_check.md``: the device, torch, the
-date, each part's exit status and time. A part still running when the
-budget (25 minutes by default) is spent is stopped and reported as such,
-so the whole ends within the budget. Without a CUDA GPU it says so and exits
-2 before running anything: a GPU check that skips everything proves nothing.
+date, each part's exit status and time, rewritten after every part (so a
+run stopped from outside still leaves what it measured), and the GPU tests'
+output in ``gpu_tests.log``. A part still running when the budget (25
+minutes by default) is spent is stopped and reported as such, so the whole
+ends within the budget. Without a CUDA GPU it says so and exits 2 before
+running anything: a GPU check that skips everything proves nothing.
 
 May import: the standard library; torch (to name the device).
 """
@@ -36,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def parts(out: Path) -> list[tuple[str, list[str]]]:
     py = sys.executable
     return [
-        ("GPU tests (pytest -m gpu)", [py, "-m", "pytest", "-q", "-m", "gpu", "-rs"]),
+        ("GPU tests (pytest -m gpu)",
+         [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider"]),
         ("allocator cost inside PyTorch",
          [py, "-m", "waterwave", "bench", "alloc", "--gpu", "--out", str(out / "alloc_gpu.json")]),
         ("allocator cost report",
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_min * 60
     report = {"device": device, "torch": torch.__version__,
-              "date": dt.date.today().isoformat(), "parts": []}
+              "date": dt.date.today().isoformat(), "budget_min": args.budget_min, "parts": []}
     todo = parts(out)[1:] if args.benchmarks_only else parts(out)
     for name, command in todo:
         left = deadline - time.monotonic()
@@ -88,22 +91,34 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"gpu-check: {name}: {' '.join(command[1:])}", flush=True)
         start = time.monotonic()
+        log = open(out / "gpu_tests.log", "w") if command[1:3] == ["-m", "pytest"] else None
         try:
-            rc = subprocess.run(command, cwd=ROOT, timeout=left).returncode
+            rc = subprocess.run(command, cwd=ROOT, timeout=left, stdout=log,
+                                stderr=subprocess.STDOUT if log else None).returncode
             status = "passed" if rc == 0 else f"failed (exit {rc})"
         except subprocess.TimeoutExpired:
             status = "stopped: budget spent"
+        finally:
+            if log:
+                log.close()
+                print((out / "gpu_tests.log").read_text()[-4000:], flush=True)
         report["parts"].append({"part": name, "status": status,
                                 "seconds": round(time.monotonic() - start, 1)})
+        write_report(report, out)
+    write_report(report, out)
+    return 0 if all(p["status"] == "passed" for p in report["parts"]) else 1
+
+
+def write_report(report: dict, out: Path) -> None:
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"# gpu-check on one {device}", "",
-             f"Measured by `make gpu-check` on {report['date']}, torch {report['torch']}. "
-             "Each benchmark's figures are in its own file beside this one.", "",
+    lines = [f"# gpu-check on one {report['device']}", "",
+             f"Measured by `make gpu-check` on {report['date']}, torch {report['torch']}, within "
+             f"a budget of {report['budget_min']:g} minutes. Each benchmark's figures are in its "
+             "own file beside this one; the GPU tests' output is in gpu_tests.log.", "",
              "| part | status | seconds |", "|---|---|---:|"]
     lines += [f"| {p['part']} | {p['status']} | {p['seconds']} |" for p in report["parts"]]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if all(p["status"] == "passed" for p in report["parts"]) else 1
+    print("\n".join(lines[-len(report["parts"]) - 2:]), flush=True)
 
 
 if __name__ == "__main__":

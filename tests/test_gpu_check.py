@@ -1,5 +1,6 @@
 """`make gpu-check` (bench/gpu_check.py): refuses to run without a GPU, and
 names every GPU test and GPU benchmark it runs."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +29,22 @@ def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
     benches = {c.split()[0] for c in commands[1:]}
     assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py"} <= benches
     assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)
+
+
+def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    py = sys.executable
+    monkeypatch.setattr(gpu_check, "device_name", lambda: "a stand-in GPU")
+    monkeypatch.setattr(gpu_check, "parts", lambda out: [
+        ("quick", [py, "-c", "pass"]),
+        ("broken", [py, "-c", "raise SystemExit(3)"]),
+        ("slow", [py, "-c", "import time; time.sleep(60)"]),
+        ("late", [py, "-c", "pass"]),
+    ])
+    assert gpu_check.main(["--out", str(tmp_path), "--budget-min", "0.1"]) == 1
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["device"] == "a stand-in GPU"
+    assert [p["status"] for p in report["parts"]] == [
+        "passed", "failed (exit 3)", "stopped: budget spent", "not run: budget spent"]
+    assert report["parts"][2]["seconds"] < 30
+    assert "a stand-in GPU" in (tmp_path / "gpu_check.md").read_text()
