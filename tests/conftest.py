@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 import waterwave as ww
 from waterwave import _C
@@ -21,8 +21,13 @@ os.environ.setdefault("WATERWAVE_CPSAT_WORKERS", "1")
 # for the draw (a fresh clone once drew a kernel of 1.3e-8 µs that no run
 # before had). HYPOTHESIS_PROFILE=explore draws new examples each run, to
 # look for more; what it finds becomes an @example.
-settings.register_profile("gate", derandomize=True)
-settings.register_profile("explore", derandomize=False)
+# No deadline and no "too slow" check in either: `make test` runs the
+# sanitizer drivers beside the suite, so an example's time says how busy the
+# machine is, not whether the code is right.
+settings.register_profile("gate", derandomize=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", derandomize=False, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 _profile = os.environ.get("HYPOTHESIS_PROFILE", "gate")
 if _profile not in ("gate", "explore"):
     raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_profile!r}: choose gate (the default: the "

@@ -4,7 +4,7 @@ value in one setter whichever way it came, and travels as a value."""
 import pickle
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import waterwave as ww
@@ -93,7 +93,6 @@ TOKENS = st.sampled_from(KEYS + [":", ",", "[", "]", ">", " ", "True", "False", 
                                  "12", "64", "256", "0.5", "1.5", "-3", "1e400", "99999999999999999999"])
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(TOKENS, max_size=24).map("".join))
 @example("max_split_size_mb:64,roundup_power2_divisions:[64:8,>:4],expandable_segments:True")
 def test_any_string_parses_to_a_canonical_config_or_is_a_config_error(text):
@@ -109,8 +108,6 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 1 << 66), st.floats
                                                         st.integers(-1, 16), max_size=3))
 
 
-# A first st.text() draw loads hypothesis's Unicode tables: slow once, not the strategy.
-@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(KEYS[:8] + ["bogus"]), VALUES, max_size=4))
 def test_any_keywords_make_a_config_or_a_config_error_and_change_nothing(settings):
     base = ww.AllocatorConfig()
