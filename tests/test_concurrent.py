@@ -1,6 +1,7 @@
 """The NodeGroup pipeline: partitions, pairing, the CounterBarrier, and
 ConcurrentTrainer training several jobs exactly as each trains alone."""
 import copy
+import json
 import gc
 import threading
 import weakref
@@ -489,3 +490,43 @@ def test_concurrent_jobs_on_a_gpu_train_as_alone():
     losses = trainer.run(3)
     for p, got in zip(ps, losses):
         p.check(got, 3)
+
+
+@pytest.mark.parametrize("schedule", ["waterwave", "lockstep"])
+def test_ctrl_c_reaches_the_caller_and_stops_every_job(schedule):
+    """Ctrl-C during run(): KeyboardInterrupt in the caller, whichever thread
+    the signal lands on; every job thread stopped, nothing trains on behind
+    the caller; the next run works; nothing aborts at exit."""
+    from conftest import run_python
+
+    r = run_python(f"""
+        import json, os, signal, threading, time, torch, waterwave as ww
+        torch.manual_seed(0)
+        jobs = []
+        for k in range(2):
+            net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+            jobs.append(ww.Job(net, (torch.randn(16, 32),), None,
+                               torch.optim.SGD(net.parameters(), lr=0.01)))
+        trainer = ww.ConcurrentTrainer(jobs, schedule={schedule!r})
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        start = time.monotonic()
+        try:
+            trainer.run(10**7)
+            raise SystemExit("run() ended without the interrupt")
+        except KeyboardInterrupt:
+            waited = time.monotonic() - start
+        left = [t.name for t in threading.enumerate() if t.name.startswith("waterwave job")]
+        steps = [len(j.losses) for j in jobs]
+        time.sleep(0.3)
+        still = [len(j.losses) for j in jobs]
+        trainer.run(2)
+        print(json.dumps({{"waited": waited, "left": left, "steps": steps, "still": still,
+                          "after": [len(j.losses) for j in jobs],
+                          "errors": [repr(j.error) for j in jobs if j.failed]}}))
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr and "Aborted" not in r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["waited"] < 5 and out["left"] == [] and out["errors"] == []
+    assert out["steps"] == out["still"]  # nothing trained on behind the caller
+    assert out["after"] == [n + 2 for n in out["steps"]]

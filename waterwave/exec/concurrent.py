@@ -4,10 +4,11 @@ paper's NodeGroup pipeline, sections 4.3 and 4.4): ``waterwave.Job`` and
 ``waterwave.ConcurrentTrainer``.
 
 Each job's training step is captured once (``step.CapturedStep``) and cut
-into node groups (``waterwave.pipeline.nodegroups``). Each job runs in its own thread, on
-its own CUDA stream when its model is on a GPU, group by group; a
-CounterBarrier (``pipeline.counter_barrier``) holds each group until the rounds
-before it have finished, in the rounds the schedule gives:
+into node groups (``waterwave.pipeline.nodegroups``). Each job runs on a
+worker thread of its own (``workers.py``), on its own CUDA stream when its
+model is on a GPU, group by group; a CounterBarrier
+(``pipeline.counter_barrier``) holds each group until the rounds before it
+have finished, in the rounds the schedule gives:
 
 - ``waterwave``: ours, the groups paired under a memory budget and kept
   safe (``pairing.memory_rounds``), steps following each other without a
@@ -39,6 +40,9 @@ the allocator's peak statistics.
 
 A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
+Ctrl-C reaches the caller of ``run`` as ``KeyboardInterrupt`` within a
+tenth of a second of the jobs' current groups ending; every job stops, and
+the next run starts clean.
 
 May import: waterwave.pipeline, waterwave.capturing, waterwave.graph,
 waterwave.planner, waterwave.cuda, this package; torch.
@@ -67,6 +71,7 @@ from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import ALGORITHM1, MEMORY
 from ..pipeline.schedules import schedule as named_schedule
 from .step import CapturedStep
+from .workers import POOL, Task
 
 LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see _job_thread)
 
@@ -324,13 +329,17 @@ class ConcurrentTrainer:
                         self._sync_and_coalesce(jobs)
                         opened[0] = round_
 
-        threads = [threading.Thread(target=self._job_thread, name=f"waterwave job {job.name}",
-                                    args=(job, feed, k, enter), daemon=True)
-                   for k, job in enumerate(jobs)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        tasks = [POOL.submit(lambda job=job, k=k: self._job_thread(job, feed, k, enter),
+                             f"waterwave job {job.name}") for k, job in enumerate(jobs)]
+        try:
+            _wait(tasks)
+        except BaseException:  # Ctrl-C (or another signal's error) in the caller
+            # Every job stops at its next group, its step's tensors dropped;
+            # nothing trains on behind the caller's back, and the next run
+            # starts clean. The jobs' losses keep the steps they finished.
+            feed.barrier.close()
+            _wait(tasks, interruptible=False)
+            raise
         self.rounds_run += 1 + feed.last_round
 
     def _solo_step(self, job: Job, probe: _MemoryProbe) -> None:
@@ -385,6 +394,8 @@ class ConcurrentTrainer:
                     feed.barrier.done(job, round_)
         except BarrierAborted:
             pass
+        except KeyboardInterrupt:  # only a job run on the caller's thread gets one: the caller's
+            raise
         except BaseException as e:  # the job stops alone, with its error
             # The traceback stays, its frames' tensors go back to the allocator.
             traceback.clear_frames(e.__traceback__)
@@ -424,6 +435,24 @@ class ConcurrentTrainer:
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()
         return out
+
+
+def _wait(tasks: list[Task], interruptible: bool = True) -> None:
+    """Wait for the jobs' tasks. A wait with a timeout wakes the caller's
+    thread every tenth of a second, so Ctrl-C reaches it as
+    ``KeyboardInterrupt`` even where the signal landed on another thread.
+    ``interruptible=False``: wait them out whatever arrives meanwhile. An
+    error a task let escape (a bug: jobs keep their own) is raised here."""
+    for task in tasks:
+        while not task.done:
+            try:
+                task.wait(0.1)
+            except KeyboardInterrupt:
+                if interruptible:
+                    raise
+    for task in tasks:
+        if task.error is not None:
+            raise task.error
 
 
 class _MemoryProbe:
