@@ -9,7 +9,6 @@ from .fake_step import (  # noqa: F401
     SUPPORTED_OPTIMIZERS,
     CaptureError,
     StepLayout,
-    adam_scalars,
     as_tuple,
     capture,
     graph_from_trace,

@@ -26,14 +26,14 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..graph import Graph, round_size
+from . import optimizers
 from .cuda_kernels import cuda_kernels, emulating, own_kernels
 
-SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
+SUPPORTED_OPTIMIZERS = optimizers.SUPPORTED
 
 
 class CaptureError(RuntimeError):
@@ -61,66 +61,9 @@ def _default_loss(output):
     raise CaptureError(f"cannot derive a loss from a {type(output).__name__}; pass loss_fn")
 
 
-def _optimizer_update(optimizer, params, grads, states, groups):
-    """Apply the optimizer's update in place, as torch.optim's single-tensor
-    implementations do. ``states[i]`` is a dict of this parameter's state,
-    ``groups[i]`` the index of its parameter group (its hyperparameters)."""
-    torch = _torch()
-    name = type(optimizer).__name__
-    with torch.no_grad():
-        for p, g, st, k in zip(params, grads, states, groups):
-            group = optimizer.param_groups[k]
-            if name == "SGD":
-                lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
-                damp, nesterov = group["dampening"], group["nesterov"]
-                if wd:
-                    g = g.add(p, alpha=wd)
-                if mom:
-                    buf = st["momentum_buffer"]
-                    buf.mul_(mom).add_(g, alpha=1 - damp)
-                    g = g.add(buf, alpha=mom) if nesterov else buf
-                p.add_(g, alpha=-lr)
-            elif name in ("Adam", "AdamW"):
-                lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-                if wd and name == "AdamW":
-                    p.mul_(1 - lr * wd)
-                elif wd:
-                    g = g.add(p, alpha=wd)
-                st["exp_avg"].lerp_(g, 1 - b1)
-                st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
-                # Bias corrections change every step: 0-d tensor inputs
-                # (lr / (1 - b1^t) and sqrt(1 - b2^t)), not constants.
-                denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(eps)
-                p.sub_(st["exp_avg"] / denom * st["step_size"])
-            else:  # pragma: no cover - checked before tracing
-                raise CaptureError(name)
-
-
-def _check_optimizer(optimizer) -> None:
-    name = type(optimizer).__name__
-    if name not in SUPPORTED_OPTIMIZERS:
-        raise CaptureError(f"capture supports the optimizers {', '.join(SUPPORTED_OPTIMIZERS)}; "
-                           f"got {name}")
-    if any(group.get("amsgrad") for group in optimizer.param_groups):
-        raise CaptureError("capture does not support Adam(amsgrad=True) yet")
-
-
 def state_names(optimizer, group: int) -> list[str]:
-    """The state tensors the optimizer (checked by ``_check_optimizer``)
-    keeps per parameter of ``group``."""
-    if type(optimizer).__name__ == "SGD":
-        return ["momentum_buffer"] if optimizer.param_groups[group]["momentum"] else []
-    return ["exp_avg", "exp_avg_sq"]
-
-
-def adam_scalars(optimizer, step: int) -> list[float]:
-    """The host-side scalars of Adam's update at step ``step`` (1-based), for
-    each parameter group in turn: lr / (1 - b1^t) and sqrt(1 - b2^t)."""
-    out = []
-    for group in optimizer.param_groups:
-        b1, b2 = group["betas"]
-        out += [group["lr"] / (1 - b1 ** step), math.sqrt(1 - b2 ** step)]
-    return out
+    """The state tensors the optimizer keeps per parameter of ``group``."""
+    return optimizers.state_names(optimizer, group)
 
 
 def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
@@ -135,7 +78,8 @@ def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
 @dataclass
 class StepLayout:
     """How a traced step's flat inputs are laid out: parameters, buffers,
-    optimizer state (per parameter, in ``state_names`` order), [Adam:
+    optimizer state (per parameter, in ``state_names`` order; see
+    ``optimizers.py``), [Adam:
     step_size, bc2_sqrt per group], the model's inputs, then the targets."""
     param_names: list[str]
     groups: list[int]             # each parameter's group
@@ -205,7 +149,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
             if adam:
                 st["step_size"], st["bc2_sqrt"] = scalars[2 * k:2 * k + 2]
             states.append(st)
-        _optimizer_update(optimizer, [p.detach() for p in params], grads, states, layout.groups)
+        optimizers.update(optimizer, [p.detach() for p in params], grads, states, layout.groups)
         return loss
 
     return step
@@ -222,7 +166,8 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
         for p, names in zip(params, layout.param_states):
             flat += [torch.zeros_like(p) for _ in names]
         if layout.n_scalar:
-            flat += [torch.tensor(v) for v in adam_scalars(optimizer, 1)]
+            steps = [1.0] * len(optimizer.param_groups)
+            flat += [torch.tensor(v) for v in optimizers.adam_inputs(optimizer, steps)]
         flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x
                  for x in (*example_inputs, *example_targets)]
     for x in flat[:len(params)]:
@@ -238,7 +183,10 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     ``loss_fn(model(*inputs), *targets)``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    _check_optimizer(optimizer)
+    try:
+        optimizers.baked(optimizer)  # refuses what the update cannot do
+    except optimizers.OptimizerError as e:
+        raise CaptureError(str(e)) from None
     if example_targets and loss_fn is None:
         raise CaptureError("targets need a loss_fn(output, *targets) to go into")
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..capturing import fake_step
+from ..capturing import fake_step, optimizers
 from ..planner.plan import PlanError
 
 
@@ -41,20 +41,18 @@ class CapturedStep:
                                                 name or type(model).__name__, meta)
         trained = fake_step.trained_parameters(model, optimizer)
         self.params = [p for _, p, _ in trained]
+        self.groups = [k for _, _, k in trained]  # each parameter's group
         self.buffers = [b for _, b in model.named_buffers()]
-        self.state = []
-        for _, p, group in trained:
-            st = optimizer.state.get(p, {})
-            for state_name in fake_step.state_names(optimizer, group):
-                self.state.append(st[state_name].detach() if state_name in st
-                                  else torch.zeros_like(p))
-        first = optimizer.state.get(self.params[0], {}).get("step", 0) if self.params else 0
-        self.steps = int(first)
-        self.adam = type(optimizer).__name__ in ("Adam", "AdamW")
+        self.baked = optimizers.baked(optimizer)  # the update's constants, checked each step
+        self.steps = 0  # steps run through this capture
 
     def flat_inputs(self, inputs: Sequence[Any] = (), targets=None) -> list:
         """The next step's inputs, in the captured graph's order (the example
-        batch when none is given)."""
+        batch when none is given), with the optimizer's state as it is in
+        ``optimizer.state`` now and Adam's step counted there, as eager
+        ``optimizer.step()`` reads them (``capturing/optimizers.py``). A
+        hyperparameter the captured update holds as a constant that has
+        changed since is an ``OptimizerError`` naming the fix."""
         import torch
 
         targets = fake_step.as_tuple(targets)
@@ -63,11 +61,14 @@ class CapturedStep:
                                                           "without")
                              + " example targets: pass targets exactly when it was")
         data = (*inputs, *targets) if inputs else self.example
+        opt = self.optimizer
+        optimizers.begin_step(opt, self.baked)
+        state = optimizers.step_tensors(opt, self.params, self.groups)
+        steps = optimizers.count_step(opt, self.params, self.groups)
+        scalars = [torch.tensor(v) for v in optimizers.adam_inputs(opt, steps)]
         self.steps += 1
-        scalars = ([torch.tensor(v) for v in fake_step.adam_scalars(self.optimizer, self.steps)]
-                   if self.adam else [])
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
-                + self.state + scalars + list(data))
+                + state + scalars + list(data))
 
     def reorder(self, order_names: list[str], in_place: frozenset[str] = frozenset()):
         """A copy of the FX graph whose call nodes run in ``order_names``

@@ -1,0 +1,201 @@
+"""A captured step's optimizer is the user's optimizer: its state lives in
+``optimizer.state`` (checkpoints and resuming are exact), Adam's learning rate
+may change every step, and a hyperparameter the captured update holds as a
+constant is never silently ignored when it changes: the next step refuses
+it, naming the fix."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from waterwave.capturing import CaptureError  # noqa: E402
+from waterwave.capturing.optimizers import OptimizerError  # noqa: E402
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def batches(n):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(8, 16, generator=g) for _ in range(n)]
+
+
+def loss_fn(out):
+    return out.square().mean()
+
+
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+}
+
+
+def eager_steps(model, opt, xs):
+    for x in xs:
+        opt.zero_grad()
+        loss_fn(model(x)).backward()
+        opt.step()
+
+
+def assert_same(model_a, opt_a, model_b, opt_b):
+    for (n, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6, msg=n)
+    sa, sb = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].keys() == sb[k].keys()
+        for name in sa[k]:
+            torch.testing.assert_close(torch.as_tensor(sb[k][name]), torch.as_tensor(sa[k][name]),
+                                       rtol=1e-5, atol=1e-6, msg=f"{k}.{name}")
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_state_lives_in_the_optimizer_as_eager_keeps_it(kind):
+    xs = batches(4)
+    eager = net()
+    eager_opt = OPTIMIZERS[kind](eager.parameters())
+    eager_steps(eager, eager_opt, xs)
+    model = net()
+    opt = OPTIMIZERS[kind](model.parameters())
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    for x in xs:
+        trainer.step(x)
+    assert_same(eager, eager_opt, model, opt)
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_a_checkpoint_resumes_exactly_where_training_was(kind):
+    xs = batches(5)
+    eager = net()
+    eager_opt = OPTIMIZERS[kind](eager.parameters())
+    eager_steps(eager, eager_opt, xs)  # five steps, uninterrupted
+
+    first = net()
+    first_opt = OPTIMIZERS[kind](first.parameters())
+    trainer = ww.optimize(first, (xs[0],), loss_fn, first_opt)
+    for x in xs[:3]:
+        trainer.step(x)
+    checkpoint = copy.deepcopy({"model": first.state_dict(), "opt": first_opt.state_dict()})
+
+    resumed = net()
+    resumed.load_state_dict(checkpoint["model"])
+    resumed_opt = OPTIMIZERS[kind](resumed.parameters())
+    resumed_opt.load_state_dict(checkpoint["opt"])
+    trainer = ww.optimize(resumed, (xs[0],), loss_fn, resumed_opt)
+    for x in xs[3:]:
+        trainer.step(x)
+    assert_same(eager, eager_opt, resumed, resumed_opt)
+
+
+def test_a_state_loaded_between_steps_is_the_one_trained():
+    xs = batches(3)
+    eager, model = net(), net()
+    eager_opt = OPTIMIZERS["sgd"](eager.parameters())
+    opt = OPTIMIZERS["sgd"](model.parameters())
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    eager_steps(eager, eager_opt, xs[:2])
+    for x in xs[:2]:
+        trainer.step(x)
+    reset = copy.deepcopy(eager_opt.state_dict())
+    for st in reset["state"].values():
+        st["momentum_buffer"].mul_(0.5)  # some other state, loaded into both
+    eager_opt.load_state_dict(copy.deepcopy(reset))
+    opt.load_state_dict(copy.deepcopy(reset))  # new tensors in opt.state
+    eager_steps(eager, eager_opt, xs[2:])
+    trainer.step(xs[2])
+    assert_same(eager, eager_opt, model, opt)
+
+
+def test_adams_learning_rate_may_change_every_step(recwarn):
+    xs = batches(4)
+    eager, model = net(), net()
+    eager_opt, opt = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (eager, model))
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (eager_opt, opt)]
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    for x in xs:
+        eager_steps(eager, eager_opt, [x])
+        trainer.step(x)
+        for s in scheds:
+            s.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 5)
+    assert_same(eager, eager_opt, model, opt)
+    # The scheduler saw the optimizer step, as eagerly: no "scheduler before optimizer" warning.
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
+@pytest.mark.parametrize("make, change, what", [
+    (lambda ps: torch.optim.SGD(ps, lr=0.1), lambda g: g.update(lr=0.01), "lr"),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), lambda g: g.update(momentum=0.5),
+     "momentum"),
+    (lambda ps: torch.optim.AdamW(ps, lr=1e-2), lambda g: g.update(lr=1e-3), "lr"),
+    (lambda ps: torch.optim.Adam(ps), lambda g: g.update(betas=(0.8, 0.99)), "betas"),
+    (lambda ps: torch.optim.Adam(ps), lambda g: g.update(eps=1e-6), "eps"),
+])
+def test_a_baked_hyperparameter_that_changes_is_refused_not_ignored(make, change, what):
+    xs = batches(2)
+    model = net()
+    opt = make(model.parameters())
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    trainer.step(xs[0])
+    before = [p.detach().clone() for p in model.parameters()]
+    change(opt.param_groups[0])
+    with pytest.raises(OptimizerError, match=f"{what} is .* the step was captured with .* new Job"):
+        trainer.step(xs[1])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing moved
+
+
+def test_sgds_first_step_with_dampening_is_refused_then_follows_eager():
+    xs = batches(3)
+    eager, model = net(), net()
+    make = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.3)  # noqa: E731
+    eager_opt, opt = make(eager.parameters()), make(model.parameters())
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    with pytest.raises(OptimizerError, match="dampening"):
+        trainer.step(xs[0])
+    eager_steps(eager, eager_opt, xs[:1])
+    eager_steps(model, opt, xs[:1])  # the remedy the error names: one eager step first
+    eager_steps(eager, eager_opt, xs[1:])
+    for x in xs[1:]:
+        trainer.step(x)
+    assert_same(eager, eager_opt, model, opt)
+
+
+def test_what_the_update_cannot_do_is_refused_at_capture():
+    model = net()
+    x = batches(1)[0]
+    with pytest.raises(CaptureError, match="maximize"):
+        ww.capture(model, (x,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
+
+
+def test_jobs_trained_together_keep_their_state_where_eager_would():
+    x = batches(1)[0]
+    eagers, jobs = [], []
+    for kind in ("sgd", "adam"):
+        eager = net()
+        eager_opt = OPTIMIZERS[kind](eager.parameters())
+        eager_steps(eager, eager_opt, [x] * 3)
+        eagers.append((eager, eager_opt))
+        model = net()
+        jobs.append(ww.Job(model, (x,), loss_fn, OPTIMIZERS[kind](model.parameters())))
+    ww.ConcurrentTrainer(jobs).run(3)
+    for (eager, eager_opt), job in zip(eagers, jobs):
+        assert job.error is None
+        assert_same(eager, eager_opt, job.model, job.step_fn.optimizer)
+
+
+def test_step_hooks_the_captured_update_would_skip_are_refused():
+    xs = batches(2)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    handle = opt.register_step_post_hook(lambda *a: None)
+    with pytest.raises(OptimizerError, match="step hook"):
+        trainer.step(xs[0])
+    handle.remove()
+    trainer.step(xs[1])
