@@ -308,6 +308,8 @@ class ConcurrentTrainer:
         jobs = self.active
         if not jobs:
             return
+        for job in jobs:  # on the caller's thread: its train/eval mode, autocast, hooks
+            job.step_fn.check_context()
         self._check_budget(jobs)
         probe = self._memory_probe(jobs) if self.plan_schedule.pairing == MEMORY else None
         if probe is not None and any(j.measured is None for j in jobs):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..capturing import fake_step, optimizers
+from ..capturing import fake_step, guards, optimizers
 from ..planner.plan import PlanError
 
 
@@ -44,7 +44,14 @@ class CapturedStep:
         self.groups = [k for _, _, k in trained]  # each parameter's group
         self.buffers = [b for _, b in model.named_buffers()]
         self.baked = optimizers.baked(optimizer)  # the update's constants, checked each step
+        self.guard = guards.StepGuard.of(model, self.device)
         self.steps = 0  # steps run through this capture
+
+    def check_context(self) -> None:
+        """On the caller's thread, before its steps: the model and the context
+        (train/eval mode, parameters, hooks, autocast) are still as captured;
+        ``guards.StaleCaptureError`` naming the change otherwise."""
+        self.guard.check(self.model)
 
     def flat_inputs(self, inputs: Sequence[Any] = (), targets=None) -> list:
         """The next step's inputs, in the captured graph's order (the example
