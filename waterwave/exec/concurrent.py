@@ -70,6 +70,7 @@ from ..pipeline.pairing import (
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import ALGORITHM1, MEMORY
 from ..pipeline.schedules import schedule as named_schedule
+from .batches import BatchFeed
 from .step import CapturedStep
 from .workers import POOL, Task
 
@@ -77,12 +78,28 @@ LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see _job_thread)
 
 
 class Job:
-    """One training job: a model, its example inputs (the batch every step
-    trains on unless ``step`` is given others), its loss and its optimizer.
-    The loss is ``loss_fn(model(*inputs), *targets)``."""
+    """One training job: a model, its loss and its optimizer, and what it
+    trains on: ``data``, any re-iterable of ``(inputs..., targets...)``
+    batches (a ``DataLoader``, a list), drawn a batch a step and iterated
+    again each epoch, the first ``n_inputs`` items of a batch being the
+    model's inputs; or, without data, ``example_inputs`` (and ``targets``),
+    the batch every step trains on. The loss is
+    ``loss_fn(model(*inputs), *targets)``. The step is captured on
+    ``example_inputs``, else on the data's first batch (which is then trained
+    on first); every batch must have its shapes."""
 
-    def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-                 targets=None, name: str | None = None):
+    def __init__(self, model, example_inputs: Sequence[Any] | None = None,
+                 loss_fn: Callable | None = None, optimizer=None, targets=None,
+                 name: str | None = None, data=None, n_inputs: int = 1):
+        if optimizer is None:
+            raise ValueError("a Job needs the optimizer that trains the model")
+        device = next((p.device for p in model.parameters()), None)
+        self.batches = None if data is None else BatchFeed(data, n_inputs, device)
+        if example_inputs is None:
+            if self.batches is None:
+                raise ValueError("a Job needs data (batches to train on) or example_inputs")
+            example_inputs, targets = self.batches.peek()
+            targets = targets or None
         self.name = name or type(model).__name__
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name)
         self.graph = self.step_fn.graph
@@ -111,6 +128,14 @@ class Job:
 
             self._stream = torch.cuda.Stream(device=self.step_fn.params[0].device)
         return self._stream
+
+    def next_batch(self) -> tuple[tuple, Any]:
+        """The inputs and targets of the job's next step: its data's next
+        batch, or nothing (the example batch) without data."""
+        if self.batches is None:
+            return (), None
+        inputs, targets = self.batches.next()
+        return inputs, targets or None
 
     def persistent_bytes(self) -> int:
         return sum(t.size for t in self.graph.tensors if t.persistent or t.kind == "input")
@@ -378,7 +403,8 @@ class ConcurrentTrainer:
                                    else contextlib.nullcontext()):
                 for round_, step, group in feed.entries(k):
                     if step != step_no:
-                        env, step_no = job.runner.start(job.step_fn.flat_inputs()), step
+                        flat = job.step_fn.flat_inputs(*job.next_batch())
+                        env, step_no = job.runner.start(flat), step
                     feed.barrier.wait(job, round_)
                     enter(round_)
                     if measure is None:

@@ -68,6 +68,8 @@ class CapturedStep:
                                                           "without")
                              + " example targets: pass targets exactly when it was")
         data = (*inputs, *targets) if inputs else self.example
+        if inputs:
+            self._check_batch(data)
         opt = self.optimizer
         optimizers.begin_step(opt, self.baked)
         state = optimizers.step_tensors(opt, self.params, self.groups)
@@ -76,6 +78,25 @@ class CapturedStep:
         self.steps += 1
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
                 + state + scalars + list(data))
+
+    def _check_batch(self, data: tuple) -> None:
+        """A batch has the shapes and dtypes the step was captured with: the
+        captured operators are shaped for them."""
+        import torch
+
+        if len(data) != len(self.example):
+            raise ValueError(f"a batch of {len(data)} inputs and targets; the step was captured "
+                             f"with {len(self.example)}")
+        for i, (x, ex) in enumerate(zip(data, self.example)):
+            if isinstance(ex, torch.Tensor) and (not isinstance(x, torch.Tensor)
+                                                 or x.shape != ex.shape or x.dtype != ex.dtype):
+                got = (f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor)
+                       else type(x).__name__)
+                raise ValueError(
+                    f"batch item {i} is {got}; the step was captured with {tuple(ex.shape)} "
+                    f"{ex.dtype}, and a captured step runs the shapes it was captured with: drop "
+                    "a short last batch (DataLoader(drop_last=True)), or make a Job for each "
+                    "shape")
 
     def reorder(self, order_names: list[str], in_place: frozenset[str] = frozenset()):
         """A copy of the FX graph whose call nodes run in ``order_names``

@@ -1,0 +1,115 @@
+"""Jobs train on their data as an eager loop does: a batch a step, drawn from
+a DataLoader or a list, epoch after epoch; a batch of another shape, or data
+that runs out, is a clear error naming the fix."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+
+def net(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def dataset(n=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g))
+
+
+loss_fn = torch.nn.functional.cross_entropy
+
+
+def eager(model, make_opt, loader, steps):
+    """The eager loop: epoch after epoch until ``steps`` steps; its losses."""
+    opt, losses = make_opt(model), []
+    while len(losses) < steps:
+        for x, y in loader:
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if len(losses) == steps:
+                break
+    return losses, opt
+
+
+MAKERS = [lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+          lambda m: torch.optim.Adam(m.parameters(), lr=1e-2)]
+
+
+@pytest.mark.parametrize("schedule", ["waterwave", "lockstep"])
+def test_jobs_train_on_their_loaders_epoch_after_epoch_as_eager(schedule):
+    loaders = [DataLoader(dataset(seed=k), batch_size=8) for k in range(2)]  # 3 batches an epoch
+    steps = 7  # two epochs and a bit
+    models = [net(k) for k in range(2)]
+    expected = [eager(copy.deepcopy(m), make, loader, steps)
+                for m, make, loader in zip(models, MAKERS, loaders)]
+    jobs = [ww.Job(m, loss_fn=loss_fn, optimizer=make(m), data=loader)
+            for m, make, loader in zip(models, MAKERS, loaders)]
+    trainer = ww.ConcurrentTrainer(jobs, schedule=schedule)
+    trainer.run(4)
+    trainer.run(steps - 4)  # the next run goes on with the next batches
+    for job, (losses, opt) in zip(jobs, expected):
+        assert job.error is None
+        torch.testing.assert_close(job.losses, losses, rtol=1e-5, atol=1e-6)
+        assert job.batches.epoch == 3
+
+
+def test_a_list_of_batches_with_several_targets():
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 16, generator=g), torch.randn(4, 4, generator=g),
+                torch.rand(4, 4, generator=g)) for _ in range(2)]
+
+    def weighted(out, target, weight):
+        return ((out - target) ** 2 * weight).mean()
+
+    model = net(3)
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x, y, w in batches * 2:
+        opt.zero_grad()
+        weighted(reference(x), y, w).backward()
+        opt.step()
+    job = ww.Job(model, loss_fn=weighted, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                 data=batches)
+    ww.ConcurrentTrainer([job]).run(4)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        torch.testing.assert_close(b.detach(), a.detach())
+
+
+def test_a_short_last_batch_is_a_clear_error_naming_drop_last():
+    loader = DataLoader(dataset(n=20), batch_size=8)  # 8, 8, 4
+    model = net(0)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                 data=loader)
+    ww.ConcurrentTrainer([job]).run(3)
+    assert isinstance(job.error, ValueError) and "drop_last=True" in str(job.error)
+    assert len(job.losses) == 2  # the two full batches trained
+
+
+def test_data_that_runs_out_says_to_pass_a_re_iterable():
+    model = net(0)
+    data = iter([(torch.randn(4, 16), torch.randint(0, 4, (4,))) for _ in range(2)])
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                 data=data)
+    ww.ConcurrentTrainer([job]).run(3)
+    assert "DataLoader or a list" in str(job.error) and len(job.losses) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(), "needs data .* or example_inputs"),
+    (dict(data=[{"x": 1}]), "tuple"),
+    (dict(data=[]), "yields no batch"),
+    (dict(data=5), "iterable of batches"),
+])
+def test_bad_data_is_a_clear_error(args, message):
+    model = net(0)
+    with pytest.raises(ValueError, match=message):
+        ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+               **args)

@@ -1,0 +1,76 @@
+"""A job's batches, drawn from its data as an eager training loop draws them:
+any re-iterable of ``(inputs..., targets...)`` (a ``DataLoader``, a list of
+tuples), iterated again for each epoch; each batch moved to the model's
+device as ``x.to(device)`` would.
+
+May import: nothing of waterwave; torch lazily.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+
+def split(batch: Any, n_inputs: int) -> tuple[tuple, tuple]:
+    """(inputs, targets) of one batch: a tensor is one input; a tuple or list
+    holds ``n_inputs`` inputs, then the targets."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return (batch,), ()
+    if isinstance(batch, (tuple, list)):
+        if len(batch) < n_inputs:
+            raise ValueError(f"a batch of {len(batch)} items cannot hold the step's {n_inputs} "
+                             "inputs: yield (inputs..., targets...)")
+        return tuple(batch[:n_inputs]), tuple(batch[n_inputs:])
+    raise ValueError(f"a batch must be a tensor or a tuple (inputs..., targets...), got a "
+                     f"{type(batch).__name__}: map the data to tuples")
+
+
+class BatchFeed:
+    """The next batch of ``data``, epoch after epoch."""
+
+    def __init__(self, data: Iterable, n_inputs: int = 1, device=None):
+        if not isinstance(data, Iterable):
+            raise ValueError(f"data must be an iterable of batches (a DataLoader, a list), got a "
+                             f"{type(data).__name__}")
+        self.data, self.n_inputs, self.device = data, n_inputs, device
+        self.epoch = 0  # epochs begun
+        self._batches: Iterator | None = None
+        self._held: tuple | None = None  # a batch looked at and not yet trained on
+
+    def peek(self) -> tuple[tuple, tuple]:
+        """The next batch, without using it up (the job captures its step on it)."""
+        if self._held is None:
+            self._held = self._draw()
+        return self._held
+
+    def next(self) -> tuple[tuple, tuple]:
+        """(inputs, targets) of the next batch, on the model's device."""
+        held, self._held = self._held, None
+        inputs, targets = held if held is not None else self._draw()
+        return self._to_device(inputs), self._to_device(targets)
+
+    def _draw(self) -> tuple[tuple, tuple]:
+        if self._batches is not None:
+            try:
+                return split(next(self._batches), self.n_inputs)
+            except StopIteration:
+                if iter(self.data) is self.data:
+                    raise ValueError("the job's data ran out: it is an iterator, which yields "
+                                     "one epoch only; pass a DataLoader or a list, which can be "
+                                     "iterated again") from None
+        self._batches = iter(self.data)
+        self.epoch += 1
+        try:
+            return split(next(self._batches), self.n_inputs)
+        except StopIteration:
+            raise ValueError("the job's data yields no batch") from None
+
+    def _to_device(self, xs: tuple) -> tuple:
+        import torch
+
+        if self.device is None:
+            return xs
+        return tuple(x.to(self.device, non_blocking=True)
+                     if isinstance(x, torch.Tensor) and x.device != self.device else x for x in xs)
