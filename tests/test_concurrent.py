@@ -1,8 +1,8 @@
 """The NodeGroup pipeline: partitions, pairing, the CounterBarrier, and
 ConcurrentTrainer training several jobs exactly as each trains alone."""
 import copy
-import json
 import gc
+import json
 import threading
 import weakref
 

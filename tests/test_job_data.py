@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import waterwave as ww  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import waterwave as ww  # noqa: E402
 
 
 def net(seed):
