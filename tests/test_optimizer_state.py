@@ -33,6 +33,11 @@ OPTIMIZERS = {
     "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, weight_decay=1e-3),
+    "rmsprop-momentum-centered": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.9,
+                                                                 centered=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, initial_accumulator_value=0.1,
+                                              weight_decay=1e-3),
 }
 
 
@@ -136,6 +141,8 @@ def test_adams_learning_rate_may_change_every_step(recwarn):
     (lambda ps: torch.optim.AdamW(ps, lr=1e-2), lambda g: g.update(lr=1e-3), "lr"),
     (lambda ps: torch.optim.Adam(ps), lambda g: g.update(betas=(0.8, 0.99)), "betas"),
     (lambda ps: torch.optim.Adam(ps), lambda g: g.update(eps=1e-6), "eps"),
+    (lambda ps: torch.optim.RMSprop(ps), lambda g: g.update(alpha=0.9), "alpha"),
+    (lambda ps: torch.optim.Adagrad(ps), lambda g: g.update(lr=0.5), "lr"),
 ])
 def test_a_baked_hyperparameter_that_changes_is_refused_not_ignored(make, change, what):
     xs = batches(2)
@@ -171,6 +178,8 @@ def test_what_the_update_cannot_do_is_refused_at_capture():
     x = batches(1)[0]
     with pytest.raises(CaptureError, match="maximize"):
         ww.capture(model, (x,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
+    with pytest.raises(CaptureError, match="lr_decay"):
+        ww.capture(model, (x,), loss_fn, torch.optim.Adagrad(model.parameters(), lr_decay=0.1))
 
 
 def test_jobs_trained_together_keep_their_state_where_eager_would():

@@ -13,6 +13,9 @@ What the captured step honours at every step, as eager ``optimizer.step()``:
 - **Adam's learning rate** and bias corrections, which reach the graph as
   0-d tensor inputs computed on the host each step.
 
+Optimizers: SGD, Adam, AdamW, RMSprop and Adagrad (``lr_decay=0``), each
+checked against torch's own ``step`` in the tests.
+
 What it cannot follow is refused, never ignored: a hyperparameter the
 graph holds as a constant that changed since the capture (a learning-rate
 scheduler under SGD, say) raises ``OptimizerError`` at the next step,
@@ -28,11 +31,14 @@ from __future__ import annotations
 
 import math
 
-SUPPORTED = ("SGD", "Adam", "AdamW")
+SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
+ADAM = ("Adam", "AdamW")  # their lr and bias corrections are inputs
 # What each kind's graph holds as constants, per parameter group.
 BAKED = {
     "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
     "Adam": ("betas", "eps", "weight_decay", "maximize"),
+    "RMSprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize"),
+    "Adagrad": ("lr", "lr_decay", "eps", "weight_decay", "maximize"),
 }
 BAKED["AdamW"] = BAKED["Adam"]
 
@@ -61,6 +67,9 @@ def baked(optimizer) -> list[dict]:
         if group.get("maximize"):
             raise OptimizerError("capture does not support maximize=True yet: minimize the "
                                  "negated loss")
+        if group.get("lr_decay"):
+            raise OptimizerError("capture does not support Adagrad's lr_decay yet (its rate "
+                                 "changes every step): use lr_decay=0")
         if name == "AdamW" or group.get("decoupled_weight_decay"):
             keys = (*BAKED[name], "lr") if group["weight_decay"] else BAKED[name]
         else:
@@ -107,8 +116,14 @@ def begin_step(optimizer, captured: list[dict]) -> None:
 
 def state_names(optimizer, group: int) -> list[str]:
     """The state tensors the optimizer keeps per parameter of ``group``."""
-    if kind(optimizer) == "SGD":
-        return ["momentum_buffer"] if optimizer.param_groups[group]["momentum"] else []
+    name, g = kind(optimizer), optimizer.param_groups[group]
+    if name == "SGD":
+        return ["momentum_buffer"] if g["momentum"] else []
+    if name == "RMSprop":
+        return (["square_avg"] + (["momentum_buffer"] if g["momentum"] > 0 else [])
+                + (["grad_avg"] if g["centered"] else []))
+    if name == "Adagrad":
+        return ["sum"]
     return ["exp_avg", "exp_avg_sq"]
 
 
@@ -127,21 +142,24 @@ def step_tensors(optimizer, params: list, groups: list[int]) -> list:
         st = optimizer.state[p]
         for n in state_names(optimizer, k):
             if n not in st:
-                if n == "momentum_buffer" and optimizer.param_groups[k]["dampening"]:
+                if n == "momentum_buffer" and optimizer.param_groups[k].get("dampening"):
                     raise OptimizerError(
                         f"parameter group {k}: SGD's first step with dampening="
                         f"{optimizer.param_groups[k]['dampening']} takes the gradient undamped, "
                         "which the captured update cannot; run one eager optimizer.step() "
                         "first, or use dampening=0")
-                st[n] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                # Adagrad starts its sum at initial_accumulator_value; the rest at zero.
+                group = optimizer.param_groups[k]
+                start = group.get("initial_accumulator_value", 0) if n == "sum" else 0
+                st[n] = torch.full_like(p, start, memory_format=torch.preserve_format)
             out.append(st[n])
     return out
 
 
 def count_step(optimizer, params: list, groups: list[int]) -> list[float]:
-    """Each group's next step number for Adam's bias corrections, counted in
-    ``optimizer.state[p]["step"]`` as PyTorch counts it (and moved on
-    there). Empty for SGD."""
+    """Each group's next step number (for Adam's bias corrections), counted
+    in ``optimizer.state[p]["step"]`` as PyTorch counts it, and moved on
+    there. Empty for SGD, which counts none."""
     import torch
 
     if kind(optimizer) == "SGD":
@@ -163,8 +181,8 @@ def count_step(optimizer, params: list, groups: list[int]) -> list[float]:
 
 def adam_inputs(optimizer, steps: list[float]) -> list[float]:
     """Adam's host-side inputs for each group at its step ``steps[k]``:
-    lr / (1 - b1^t) and sqrt(1 - b2^t). Empty for SGD."""
-    if kind(optimizer) == "SGD":
+    lr / (1 - b1^t) and sqrt(1 - b2^t). Empty for the others."""
+    if kind(optimizer) not in ADAM:
         return []
     out = []
     for group, t in zip(optimizer.param_groups, steps):
@@ -194,6 +212,31 @@ def update(optimizer, params, grads, states, groups) -> None:
                     buf.mul_(mom).add_(g, alpha=1 - damp)
                     g = g.add(buf, alpha=mom) if nesterov else buf
                 p.add_(g, alpha=-lr)
+            elif name == "RMSprop":
+                lr, alpha, eps, wd = group["lr"], group["alpha"], group["eps"], group["weight_decay"]
+                if wd:
+                    g = g.add(p, alpha=wd)
+                square_avg = st["square_avg"]
+                square_avg.mul_(alpha).addcmul_(g, g, value=1 - alpha)
+                if group["centered"]:
+                    st["grad_avg"].lerp_(g, 1 - alpha)
+                    avg = square_avg.addcmul(st["grad_avg"], st["grad_avg"], value=-1).sqrt_()
+                else:
+                    avg = square_avg.sqrt()
+                avg = avg.add_(eps)
+                if group["momentum"] > 0:
+                    buf = st["momentum_buffer"]
+                    buf.mul_(group["momentum"]).addcdiv_(g, avg)
+                    p.add_(buf, alpha=-lr)
+                else:
+                    p.addcdiv_(g, avg, value=-lr)
+            elif name == "Adagrad":
+                lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+                if wd:
+                    g = g.add(p, alpha=wd)
+                st["sum"].addcmul_(g, g, value=1)
+                std = st["sum"].sqrt().add_(eps)
+                p.addcdiv_(g, std, value=-lr)  # lr_decay=0: the rate is lr every step
             else:
                 lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
                 if wd and (name == "AdamW" or group.get("decoupled_weight_decay")):
