@@ -208,3 +208,41 @@ def test_step_hooks_the_captured_update_would_skip_are_refused():
         trainer.step(xs[0])
     handle.remove()
     trainer.step(xs[1])
+
+
+@pytest.mark.parametrize("clip", [dict(clip_grad_norm=0.05), dict(clip_grad_value=0.01),
+                                  dict(clip_grad_norm=0.05, clip_grad_value=0.01)])
+@pytest.mark.parametrize("way", ["optimize", "job"])
+def test_gradient_clipping_as_torch_nn_utils_clips(clip, way):
+    xs = batches(3)
+    eager, model = net(), net()
+    eager_opt = OPTIMIZERS["sgd"](eager.parameters())
+    for x in xs:
+        eager_opt.zero_grad()
+        loss_fn(eager(x)).backward()
+        if "clip_grad_value" in clip:
+            torch.nn.utils.clip_grad_value_(eager.parameters(), clip["clip_grad_value"])
+        if "clip_grad_norm" in clip:
+            torch.nn.utils.clip_grad_norm_(eager.parameters(), clip["clip_grad_norm"])
+        eager_opt.step()
+    opt = OPTIMIZERS["sgd"](model.parameters())
+    if way == "optimize":
+        trainer = ww.optimize(model, (xs[0],), loss_fn, opt, **clip)
+        for x in xs:
+            trainer.step(x)
+    else:
+        job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=[(x,) for x in xs], **clip)
+        ww.ConcurrentTrainer([job]).run(3)
+        assert job.error is None
+    assert_same(eager, eager_opt, model, opt)
+
+
+def test_clipping_settings_are_checked():
+    model = net()
+    with pytest.raises(OptimizerError, match="max_norm must be a positive number"):
+        ww.optimize(model, batches(1), loss_fn, OPTIMIZERS["sgd"](model.parameters()),
+                    clip_grad_norm=-1)
+    frozen = net()
+    with pytest.raises(CaptureError, match="which the optimizer does not train"):
+        ww.optimize(frozen, batches(1), loss_fn, torch.optim.SGD(frozen[0].parameters(), lr=0.1),
+                    clip_grad_norm=1.0)

@@ -125,7 +125,8 @@ class StepLayout:
         return names + [f"target{i}" for i in range(self.n_targets)]
 
 
-def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list):
+def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list,
+                   clip: optimizers.GradClip):
     """The training step as a pure function of the flat inputs: forward,
     backward, and the optimizer's update in place; returns the loss."""
     torch = _torch()
@@ -142,6 +143,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
         grads_seen.extend(grads)
+        grads = clip.apply(grads)
         states = []
         next_state = iter(state_flat)
         for names, k in zip(layout.param_states, layout.groups):
@@ -176,7 +178,7 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
 
 
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-               example_targets: Sequence[Any] = ()):
+               example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
     placeholder names, gradient tensors seen while tracing). The module's
     inputs are laid out as ``StepLayout`` says; the loss is
@@ -191,7 +193,13 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         raise CaptureError("targets need a loss_fn(output, *targets) to go into")
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets))
     grads_seen: list = []
-    step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen)
+    clip = clip or optimizers.GradClip()
+    try:
+        optimizers.check_clip_covers(model, [p for _, p, _ in trained_parameters(model, optimizer)],
+                                     clip)
+    except optimizers.OptimizerError as e:
+        raise CaptureError(str(e)) from None
+    step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen, clip)
     flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
     try:
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
@@ -222,7 +230,8 @@ def model_device(model, example_inputs) -> str:
 
 def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None,
             optimizer=None, name: str | None = None, targets=None,
-            kernels: str = "cuda") -> Graph:
+            kernels: str = "cuda", clip_grad_norm: float | None = None,
+            clip_grad_value: float | None = None) -> Graph:
     """Record one training step of ``model`` as a Graph, with fake tensors.
     The loss is ``loss_fn(model(*example_inputs), *targets)``; ``targets``
     (one tensor or several, e.g. class labels) are optional.
@@ -230,7 +239,9 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
     ``kernels`` is the device whose operators the graph records: "cuda"
     (the default; for a model on the CPU, dropout and attention take the
     kernels a CUDA device runs, see ``waterwave.capturing.cuda_kernels``) or "cpu"
-    (a model on the CPU, as the CPU runs it)."""
+    (a model on the CPU, as the CPU runs it). ``clip_grad_norm``,
+    ``clip_grad_value``: the gradients are clipped before the update, as
+    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` would."""
     torch = _torch()
 
     if kernels not in KERNELS:
@@ -247,8 +258,9 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
         raise CaptureError(f"kernels='{kernels}' asks for PyTorch's own kernels, and this "
                            "capture runs inside cuda_kernels(): leave that block first")
     with cuda_kernels() if emulate else own_kernels():
-        gm, roles, names, grads_seen = trace_step(model, example_inputs, loss_fn, optimizer,
-                                                  as_tuple(targets))
+        gm, roles, names, grads_seen = trace_step(
+            model, example_inputs, loss_fn, optimizer, as_tuple(targets),
+            optimizers.GradClip(clip_grad_norm, max_value=clip_grad_value))
     meta = {"optimizer": type(optimizer).__name__, "kernels": kernels,
             "input_shapes": [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]}
     return graph_from_trace(gm, roles, names, grads_seen, name or type(model).__name__, meta)

@@ -30,6 +30,7 @@ May import: nothing of waterwave; torch lazily.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
 ADAM = ("Adam", "AdamW")  # their lr and bias corrections are inputs
@@ -93,6 +94,54 @@ def check_unchanged(optimizer, captured: list[dict]) -> None:
                     f"captured with {value!r}, which its update holds as a constant (a "
                     f"scheduler or a hand change?). Make a new Job (or waterwave.optimize) "
                     f"after changing it; with Adam or AdamW, lr may change every step")
+
+
+@dataclass(frozen=True)
+class GradClip:
+    """Gradient clipping before the update, as eager code calls
+    ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)``
+    or ``clip_grad_value_(model.parameters(), max_value)`` between
+    ``backward()`` and ``optimizer.step()``; both may be given (value first)."""
+    max_norm: float | None = None
+    norm_type: float = 2.0
+    max_value: float | None = None
+
+    def __post_init__(self):
+        for name in ("max_norm", "max_value"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                      and math.isfinite(v) and v > 0):
+                raise OptimizerError(f"clip {name} must be a positive number, got {v!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.max_norm is not None or self.max_value is not None
+
+    def apply(self, grads: list) -> list:
+        """The clipped gradients, traced into the step: the operators
+        ``torch.nn.utils`` runs, so the values are eager's."""
+        import torch
+
+        if self.max_value is not None:
+            grads = [g.clamp(-self.max_value, self.max_value) for g in grads]
+        if self.max_norm is not None and grads:
+            total = torch.nn.utils.get_total_norm(grads, self.norm_type)
+            coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
+            grads = [g * coef for g in grads]
+        return grads
+
+
+def check_clip_covers(model, params: list, clip: GradClip) -> None:
+    """Eager code clips over ``model.parameters()``: every parameter that
+    takes a gradient must be one the step trains, or the norms differ."""
+    if not clip.active:
+        return
+    trained = {id(p) for p in params}
+    extra = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in trained]
+    if extra:
+        raise OptimizerError(f"gradient clipping over the model's parameters includes "
+                             f"{', '.join(extra[:3])}, which the optimizer does not train: give "
+                             "them to the optimizer, or set requires_grad=False")
 
 
 def begin_step(optimizer, captured: list[dict]) -> None:

@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import cuda
+from ..capturing.optimizers import GradClip
 from ..pipeline.counter_barrier import BarrierAborted, CounterBarrier
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import (
@@ -86,11 +87,15 @@ class Job:
     the batch every step trains on. The loss is
     ``loss_fn(model(*inputs), *targets)``. The step is captured on
     ``example_inputs``, else on the data's first batch (which is then trained
-    on first); every batch must have its shapes."""
+    on first); every batch must have its shapes. ``clip_grad_norm`` and
+    ``clip_grad_value`` clip the gradients before each update, as
+    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
+    model's parameters would."""
 
     def __init__(self, model, example_inputs: Sequence[Any] | None = None,
                  loss_fn: Callable | None = None, optimizer=None, targets=None,
-                 name: str | None = None, data=None, n_inputs: int = 1):
+                 name: str | None = None, data=None, n_inputs: int = 1,
+                 clip_grad_norm: float | None = None, clip_grad_value: float | None = None):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
         device = next((p.device for p in model.parameters()), None)
@@ -101,7 +106,9 @@ class Job:
             example_inputs, targets = self.batches.peek()
             targets = targets or None
         self.name = name or type(model).__name__
-        self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name)
+        clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
+        self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
+                                    clip)
         self.graph = self.step_fn.graph
         self.losses: list[float] = []
         self.error: BaseException | None = None

@@ -22,7 +22,8 @@ from ..planner.plan import PlanError
 
 class CapturedStep:
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-                 example_targets=None, name: str | None = None):
+                 example_targets=None, name: str | None = None,
+                 clip: optimizers.GradClip | None = None):
         import torch
 
         example_inputs = fake_step.as_tuple(example_inputs)
@@ -32,7 +33,7 @@ class CapturedStep:
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
         self.gm, roles, names, grads = fake_step.trace_step(model, example_inputs, loss_fn,
-                                                            optimizer, example_targets)
+                                                            optimizer, example_targets, clip)
         self.device = fake_step.model_device(model, example_inputs)
         meta = {"optimizer": type(optimizer).__name__, "kernels": self.device,
                 "input_shapes": [list(x.shape) for x in example_inputs

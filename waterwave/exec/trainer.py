@@ -17,6 +17,7 @@ from typing import Any
 from .. import cuda
 from .._C import OutOfMemoryError
 from ..capturing import as_tuple
+from ..capturing.optimizers import GradClip
 from ..planner import Plan, PlanError, check_plan, plan_from_trace
 from ..planner import plan as make_plan
 from .step import CapturedStep
@@ -50,10 +51,11 @@ class Trainer:
 
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
-                 use_plan: bool = True):
+                 use_plan: bool = True, clip: GradClip | None = None):
         self.model = model
         self.optimizer = optimizer
-        self._captured = CapturedStep(model, example_inputs, loss_fn, optimizer, example_targets)
+        self._captured = CapturedStep(model, example_inputs, loss_fn, optimizer, example_targets,
+                                      clip=clip)
         self.graph = self._captured.graph
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
         check_plan(self.graph, self.plan)
@@ -141,15 +143,18 @@ class Trainer:
 
 def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None, optimizer=None,
              strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
-             use_plan: bool = True) -> Trainer:
+             use_plan: bool = True, clip_grad_norm: float | None = None,
+             clip_grad_value: float | None = None) -> Trainer:
     """Capture ``model``'s training step, plan it, and return a Trainer that
     runs each step in the planned order. With ``example_targets`` (e.g.
     class labels) the loss is ``loss_fn(model(*inputs), *targets)`` and each
-    step takes ``targets=``. On a GPU with ``waterwave.install_allocator()``
-    the step's allocations follow the plan (see ``Trainer``)."""
+    step takes ``targets=``. ``clip_grad_norm``, ``clip_grad_value``: the
+    gradients are clipped before each update, as ``torch.nn.utils`` would.
+    On a GPU with ``waterwave.install_allocator()`` the step's allocations
+    follow the plan (see ``Trainer``)."""
     import torch
 
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets,
-                   use_plan)
+                   use_plan, GradClip(clip_grad_norm, max_value=clip_grad_value))
