@@ -501,6 +501,12 @@ def test_ctrl_c_reaches_the_caller_and_stops_every_job(schedule):
 
     r = run_python(f"""
         import json, os, signal, threading, time, torch, waterwave as ww
+        # Python leaves SIGINT ignored when it starts ignored (a background
+        # job's, as CI may run it): take Ctrl-C as an interactive run does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        watchdog = threading.Timer(60, os._exit, (3,))  # a hang fails fast, with exit 3
+        watchdog.daemon = True
+        watchdog.start()
         torch.manual_seed(0)
         jobs = []
         for k in range(2):
