@@ -246,3 +246,13 @@ def test_clipping_settings_are_checked():
     with pytest.raises(CaptureError, match="which the optimizer does not train"):
         ww.optimize(frozen, batches(1), loss_fn, torch.optim.SGD(frozen[0].parameters(), lr=0.1),
                     clip_grad_norm=1.0)
+
+
+def test_sgd_without_momentum_leaves_no_state_as_eager():
+    """Found by test_exactness: reading optimizer.state (a defaultdict) for
+    every parameter left empty entries that eager SGD never makes."""
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = ww.optimize(model, batches(1), loss_fn, opt)
+    trainer.step(batches(1)[0])
+    assert opt.state_dict()["state"] == {}

@@ -188,8 +188,11 @@ def step_tensors(optimizer, params: list, groups: list[int]) -> list:
 
     out = []
     for p, k in zip(params, groups):
+        names = state_names(optimizer, k)
+        if not names:  # no entry at all, as eager leaves SGD without momentum
+            continue
         st = optimizer.state[p]
-        for n in state_names(optimizer, k):
+        for n in names:
             if n not in st:
                 if n == "momentum_buffer" and optimizer.param_groups[k].get("dampening"):
                     raise OptimizerError(

@@ -1,0 +1,95 @@
+"""Proof of exactness (issue 24, item 5): for random combinations of
+optimizer, hyperparameters, gradient clipping, data and schedule, every job
+trained beside others (1, 2 or 4 at once) ends with the losses, parameters
+and optimizer state of plain eager PyTorch training it alone on the same
+batches in the same order."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from waterwave.pipeline import SCHEDULES  # noqa: E402
+
+OPTIMIZERS = {
+    "sgd": lambda ps, h: torch.optim.SGD(ps, lr=h["lr"], momentum=h["momentum"],
+                                         weight_decay=h["wd"], nesterov=h["nesterov"]),
+    "adam": lambda ps, h: torch.optim.Adam(ps, lr=h["lr"] / 10, weight_decay=h["wd"]),
+    "adamw": lambda ps, h: torch.optim.AdamW(ps, lr=h["lr"] / 10, weight_decay=h["wd"]),
+    "rmsprop": lambda ps, h: torch.optim.RMSprop(ps, lr=h["lr"] / 10, momentum=h["momentum"],
+                                                 weight_decay=h["wd"]),
+    "adagrad": lambda ps, h: torch.optim.Adagrad(ps, lr=h["lr"], weight_decay=h["wd"]),
+}
+loss_fn = torch.nn.functional.cross_entropy
+
+
+@st.composite
+def job_specs(draw):
+    momentum = draw(st.sampled_from([0.0, 0.9]))
+    return {
+        "optimizer": draw(st.sampled_from(sorted(OPTIMIZERS))),
+        "hyper": {"lr": draw(st.sampled_from([0.01, 0.1])), "momentum": momentum,
+                  "wd": draw(st.sampled_from([0.0, 1e-3])),
+                  "nesterov": momentum > 0 and draw(st.booleans())},
+        "clip": draw(st.sampled_from([{}, {"clip_grad_norm": 0.1}, {"clip_grad_value": 0.02}])),
+        "width": draw(st.sampled_from([8, 24])),
+        "batches": draw(st.integers(1, 3)),
+        "batch_size": draw(st.sampled_from([4, 6])),
+    }
+
+
+def model_and_data(k, spec):
+    torch.manual_seed(100 + k)
+    model = torch.nn.Sequential(torch.nn.Linear(12, spec["width"]), torch.nn.Tanh(),
+                                torch.nn.Linear(spec["width"], 3))
+    g = torch.Generator().manual_seed(200 + k)
+    data = [(torch.randn(spec["batch_size"], 12, generator=g),
+             torch.randint(0, 3, (spec["batch_size"],), generator=g))
+            for _ in range(spec["batches"])]
+    return model, data
+
+
+def eager(model, spec, data, steps):
+    opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
+    losses = []
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if "clip_grad_value" in spec["clip"]:
+            torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
+        if "clip_grad_norm" in spec["clip"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"])
+        opt.step()
+        losses.append(loss.item())
+    return losses, opt
+
+
+@settings(max_examples=12)
+@given(specs=st.lists(job_specs(), min_size=1, max_size=4).filter(lambda s: len(s) in (1, 2, 4)),
+       schedule=st.sampled_from(sorted(SCHEDULES)), steps=st.integers(1, 4))
+def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps):
+    expected, jobs = [], []
+    for k, spec in enumerate(specs):
+        model, data = model_and_data(k, spec)
+        expected.append(eager(model_and_data(k, spec)[0], spec, data, steps))
+        opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
+        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, **spec["clip"]))
+    ww.ConcurrentTrainer(jobs, schedule=schedule).run(steps)
+    for job, (losses, eager_opt), spec in zip(jobs, expected, specs):
+        assert job.error is None, (spec, job.error)
+        torch.testing.assert_close(job.losses, losses, rtol=1e-5, atol=1e-6)
+        eager_params = [p for g in eager_opt.param_groups for p in g["params"]]
+        ours = [p for g in job.step_fn.optimizer.param_groups for p in g["params"]]
+        for a, b in zip(eager_params, ours):
+            torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
+        sa = eager_opt.state_dict()["state"]
+        sb = job.step_fn.optimizer.state_dict()["state"]
+        assert sa.keys() == sb.keys()
+        for i in sa:
+            assert sa[i].keys() == sb[i].keys(), spec
+            for name in sa[i]:
+                torch.testing.assert_close(torch.as_tensor(sb[i][name]), torch.as_tensor(sa[i][name]),
+                                           rtol=1e-5, atol=1e-6)
