@@ -126,7 +126,7 @@ class StepLayout:
 
 
 def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list,
-                   clip: optimizers.GradClip):
+                   clip: optimizers.GradClip, shapes: list[tuple], consts: list[dict]):
     """The training step as a pure function of the flat inputs: forward,
     backward, and the optimizer's update in place; returns the loss."""
     torch = _torch()
@@ -151,7 +151,8 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
             if adam:
                 st["step_size"], st["bc2_sqrt"] = scalars[2 * k:2 * k + 2]
             states.append(st)
-        optimizers.update(optimizer, [p.detach() for p in params], grads, states, layout.groups)
+        optimizers.update(optimizer, [p.detach() for p in params], grads, states, layout.groups,
+                          shapes, consts)
         return loss
 
     return step
@@ -180,15 +181,17 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
-    placeholder names, gradient tensors seen while tracing). The module's
-    inputs are laid out as ``StepLayout`` says; the loss is
+    placeholder names, gradient tensors seen while tracing, the update's
+    ``optimizers.ConstantSites``). The module's inputs are laid out as
+    ``StepLayout`` says, its constants are the optimizer's now; the loss is
     ``loss_fn(model(*inputs), *targets)``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
-        optimizers.baked(optimizer)  # refuses what the update cannot do
+        shapes = optimizers.structure(optimizer)  # also refuses what the update cannot do
     except optimizers.OptimizerError as e:
         raise CaptureError(str(e)) from None
+    traced_with = optimizers.sentinels(optimizers.constants(optimizer))
     if example_targets and loss_fn is None:
         raise CaptureError("targets need a loss_fn(output, *targets) to go into")
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets))
@@ -199,13 +202,19 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                                      clip)
     except optimizers.OptimizerError as e:
         raise CaptureError(str(e)) from None
-    step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen, clip)
+    step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen, clip,
+                          shapes, traced_with)
     flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
     try:
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+        sites = optimizers.ConstantSites(gm.graph, traced_with)
+    except optimizers.OptimizerError as e:
+        raise CaptureError(str(e)) from None
     except Exception as e:
         raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
-    return gm, layout.roles(), layout.names(), grads_seen
+    sites.patch(gm.graph, optimizers.constants(optimizer))
+    gm.recompile()
+    return gm, layout.roles(), layout.names(), grads_seen, sites
 
 
 def as_tuple(xs) -> tuple:
@@ -258,7 +267,7 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
         raise CaptureError(f"kernels='{kernels}' asks for PyTorch's own kernels, and this "
                            "capture runs inside cuda_kernels(): leave that block first")
     with cuda_kernels() if emulate else own_kernels():
-        gm, roles, names, grads_seen = trace_step(
+        gm, roles, names, grads_seen, _ = trace_step(
             model, example_inputs, loss_fn, optimizer, as_tuple(targets),
             optimizers.GradClip(clip_grad_norm, max_value=clip_grad_value))
     meta = {"optimizer": type(optimizer).__name__, "kernels": kernels,

@@ -1,29 +1,33 @@
 """The optimizers a captured step updates with, as ``torch.optim``'s
-single-tensor implementations do, bit for bit: the update's hyperparameters
-are the constants of the captured graph, in the very operator forms eager
-PyTorch uses (``p.add_(g, alpha=-lr)``: one fused multiply-add).
+single-tensor implementations do, bit for bit, honouring
+``optimizer.param_groups`` and ``optimizer.state`` at every step as eager
+``optimizer.step()`` does.
 
-What the captured step honours at every step, as eager ``optimizer.step()``:
+- **Hyperparameters** (lr, momentum, dampening, weight decay, betas, eps,
+  alpha) are the graph's constants, in the very operator forms eager
+  PyTorch uses (``p.add_(g, alpha=-lr)``: one fused multiply-add). The
+  capture traces the update with a unique sentinel for each constant and
+  notes where each landed (``ConstantSites``); before a step whose groups
+  hold other values, those nodes get the new ones. So schedulers, warm-up
+  and population-based training work, exactly. (Why not 0-d tensor inputs:
+  a tensor in place of ``alpha`` costs the fused multiply-add, one rounding
+  more, and a resnet18 step at batch 2, whose batch norms divide by nearly
+  nothing, turned that rounding into momentum buffers 11.5 apart within two
+  steps.) Adam's bias corrections, which change every step, are 0-d tensor
+  inputs, as they always were.
+- **State** lives in ``optimizer.state``: the momentum buffers and moments
+  there are the tensors the step updates in place, read anew each step (so a
+  ``load_state_dict`` in between is followed), and ``step`` is counted there;
+  ``state_dict()``, checkpoints and resuming go on exactly where training was.
 
-- **state** lives in ``optimizer.state``: the momentum buffers and Adam's
-  moments there are the tensors the step updates in place, read anew each
-  step (so a ``load_state_dict`` in between is followed), and Adam's
-  ``step`` is counted there; ``state_dict()``, checkpoints and resuming, or
-  a new job on the same optimizer, go on exactly where training was;
-- **Adam's learning rate** and bias corrections, which reach the graph as
-  0-d tensor inputs computed on the host each step.
+What decides the update's shape (momentum, weight decay or dampening zero
+or not, nesterov, centered) is read at capture; a change of it is refused
+at the next step with an error that names the fix, never ignored, as are
+what the update cannot do (maximize, amsgrad, Adagrad's lr_decay, SGD's
+first step with dampening, step hooks).
 
-Optimizers: SGD, Adam, AdamW, RMSprop and Adagrad (``lr_decay=0``), each
-checked against torch's own ``step`` in the tests.
-
-What it cannot follow is refused, never ignored: a hyperparameter the
-graph holds as a constant that changed since the capture (a learning-rate
-scheduler under SGD, say) raises ``OptimizerError`` at the next step,
-naming the value and the fix. (Why not every hyperparameter as an input: a
-0-d tensor in place of ``alpha`` costs the fused multiply-add, one rounding
-more, and a resnet18 step at batch 2, whose batch norms divide by nearly
-nothing, turned that rounding into momentum buffers 11.5 apart within two
-steps.)
+Optimizers: SGD, Adam, AdamW, RMSprop and Adagrad, each checked against
+torch's own ``step`` in the tests.
 
 May import: nothing of waterwave; torch lazily.
 """
@@ -34,16 +38,6 @@ from dataclasses import dataclass
 
 SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
 ADAM = ("Adam", "AdamW")  # their lr and bias corrections are inputs
-# What each kind's graph holds as constants, per parameter group.
-BAKED = {
-    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
-    "Adam": ("betas", "eps", "weight_decay", "maximize"),
-    "RMSprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize"),
-    "Adagrad": ("lr", "lr_decay", "eps", "weight_decay", "maximize"),
-}
-BAKED["AdamW"] = BAKED["Adam"]
-
-
 class OptimizerError(ValueError):
     """An optimizer or a setting the captured step cannot follow; the message
     names the fix."""
@@ -56,12 +50,16 @@ def kind(optimizer) -> str:
     return name
 
 
-def baked(optimizer) -> list[dict]:
-    """Each group's constants, as the capture bakes them in; checked at every
-    step (``check_unchanged``). Also refuses what the update cannot do."""
+def _decoupled(name: str, group: dict) -> bool:
+    return name == "AdamW" or bool(group.get("decoupled_weight_decay"))
+
+
+def structure(optimizer) -> list[tuple]:
+    """What each group's update graph is shaped by: read at capture, checked
+    at every step (``begin_step``). Also refuses what the update cannot do."""
     name = kind(optimizer)
     out = []
-    for k, group in enumerate(optimizer.param_groups):
+    for group in optimizer.param_groups:
         if group.get("amsgrad"):
             raise OptimizerError("capture does not support Adam(amsgrad=True) yet: use "
                                  "amsgrad=False")
@@ -71,29 +69,108 @@ def baked(optimizer) -> list[dict]:
         if group.get("lr_decay"):
             raise OptimizerError("capture does not support Adagrad's lr_decay yet (its rate "
                                  "changes every step): use lr_decay=0")
-        if name == "AdamW" or group.get("decoupled_weight_decay"):
-            keys = (*BAKED[name], "lr") if group["weight_decay"] else BAKED[name]
+        wd = ("weight_decay != 0", bool(group["weight_decay"]))
+        if name == "SGD":
+            out.append((("momentum != 0", bool(group["momentum"])), wd,
+                        ("nesterov", bool(group["nesterov"]))))
+        elif name == "RMSprop":
+            out.append((("momentum > 0", group["momentum"] > 0), wd,
+                        ("centered", bool(group["centered"]))))
+        elif name == "Adagrad":
+            out.append((wd,))
         else:
-            keys = BAKED[name]
-        out.append({key: group.get(key) for key in keys})
+            out.append((wd, ("decoupled weight decay", _decoupled(name, group))))
     return out
 
 
-def check_unchanged(optimizer, captured: list[dict]) -> None:
-    """The constants the step was captured with still hold."""
-    groups = optimizer.param_groups
-    if len(groups) != len(captured):
-        raise OptimizerError(f"the optimizer has {len(groups)} parameter groups; the step was "
+def constants(optimizer) -> list[dict[str, float]]:
+    """Each group's constants, as the update uses them (derived ones
+    included, computed as torch's implementation computes them)."""
+    name = kind(optimizer)
+    out = []
+    for g in optimizer.param_groups:
+        lr, wd = float(g["lr"]), g["weight_decay"]
+        if name == "SGD":
+            out.append({"weight_decay": wd, "momentum": g["momentum"],
+                        "grad_share": 1 - g["dampening"], "neg_lr": -lr})
+        elif name == "RMSprop":
+            out.append({"weight_decay": wd, "alpha": g["alpha"], "one_minus_alpha": 1 - g["alpha"],
+                        "eps": g["eps"], "momentum": g["momentum"], "neg_lr": -lr})
+        elif name == "Adagrad":
+            out.append({"weight_decay": wd, "eps": g["eps"], "neg_lr": -lr})
+        else:
+            b1, b2 = g["betas"]
+            out.append({"one_minus_b1": 1 - b1, "b2": b2, "one_minus_b2": 1 - b2, "eps": g["eps"],
+                        "weight_decay": wd, "decay": 1 - lr * wd})
+    return out
+
+
+SENTINEL = -987654.25  # and below it, one for each constant: no graph holds these
+
+
+def sentinels(real: list[dict[str, float]]) -> list[dict[str, float]]:
+    """A value for each constant that nothing else in a graph holds, to
+    trace the update with and find each constant's place after."""
+    out, n = [], 0
+    for consts in real:
+        out.append({})
+        for key in consts:
+            out[-1][key] = SENTINEL - n
+            n += 1
+    return out
+
+
+class ConstantSites:
+    """Where each group's constants sit in a traced graph: (node name, arg
+    index or kwarg name) for each (group, constant)."""
+
+    def __init__(self, graph, traced_with: list[dict[str, float]]):
+        lookup = {v: (k, key) for k, consts in enumerate(traced_with) for key, v in consts.items()}
+        self.sites: list[tuple[str, int | str, int, str]] = []
+        for node in graph.nodes:
+            places = [*enumerate(node.args), *node.kwargs.items()]
+            for where, a in places:
+                if not isinstance(a, float):
+                    continue
+                if a in lookup:
+                    self.sites.append((node.name, where, *lookup[a]))
+                elif abs(a - SENTINEL) < 100_000:
+                    # A value torch derived from a sentinel inside an operator's
+                    # Python: it could not be patched, so the step would run with it.
+                    raise OptimizerError(f"the optimizer's update traced a constant derived "
+                                         f"from a hyperparameter ({node.name}: {a}); this "
+                                         "optimizer cannot be captured")
+
+    def patch(self, graph, values: list[dict[str, float]]) -> None:
+        """Put ``values`` in their places in ``graph`` (the traced graph, or
+        one with its node names, as ``CapturedStep.reorder`` makes)."""
+        nodes = {n.name: n for n in graph.nodes}
+        for name, where, k, key in self.sites:
+            node = nodes.get(name)
+            if node is None:
+                continue
+            if isinstance(where, int):
+                args = list(node.args)
+                args[where] = values[k][key]
+                node.args = tuple(args)
+            else:
+                node.kwargs = {**node.kwargs, where: values[k][key]}
+
+
+def check_structure(optimizer, captured: list[tuple]) -> None:
+    """The groups are still shaped as the step was captured."""
+    now = structure(optimizer)
+    if len(now) != len(captured):
+        raise OptimizerError(f"the optimizer has {len(now)} parameter groups; the step was "
                              f"captured with {len(captured)}: make a new Job (or "
                              "waterwave.optimize) after add_param_group")
-    for k, (group, then) in enumerate(zip(groups, captured)):
-        for key, value in then.items():
-            if group.get(key) != value:
+    for k, (then, is_) in enumerate(zip(captured, now)):
+        for (what, was), (_, value) in zip(then, is_):
+            if was != value:
                 raise OptimizerError(
-                    f"parameter group {k}'s {key} is {group.get(key)!r} now; the step was "
-                    f"captured with {value!r}, which its update holds as a constant (a "
-                    f"scheduler or a hand change?). Make a new Job (or waterwave.optimize) "
-                    f"after changing it; with Adam or AdamW, lr may change every step")
+                    f"parameter group {k}: {what} is {value} now; the step was captured with "
+                    f"{what} {was}, which shapes its update: set it before making the Job (or "
+                    "waterwave.optimize), or make a new one (values may change every step)")
 
 
 @dataclass(frozen=True)
@@ -144,16 +221,16 @@ def check_clip_covers(model, params: list, clip: GradClip) -> None:
                              "them to the optimizer, or set requires_grad=False")
 
 
-def begin_step(optimizer, captured: list[dict]) -> None:
+def begin_step(optimizer, captured: list[tuple]) -> None:
     """What an eager ``optimizer.step()`` call would see and leave, checked
-    and left before a captured step: the constants still hold
-    (``check_unchanged``); no step hooks wait to run (the captured update
+    and left before a captured step: the groups are shaped as captured
+    (``check_structure``); no step hooks wait to run (the captured update
     runs none: refused); and a learning-rate scheduler sees that the
     optimizer stepped (its flag, as its wrapper of ``step`` sets it), so it
     neither warns nor skips its first value."""
     from torch.optim import optimizer as torch_optimizer
 
-    check_unchanged(optimizer, captured)
+    check_structure(optimizer, captured)
     hooks = (len(optimizer._optimizer_step_pre_hooks) + len(optimizer._optimizer_step_post_hooks)
              + len(torch_optimizer._global_optimizer_pre_hooks)
              + len(torch_optimizer._global_optimizer_post_hooks))
@@ -243,61 +320,53 @@ def adam_inputs(optimizer, steps: list[float]) -> list[float]:
     return out
 
 
-def update(optimizer, params, grads, states, groups) -> None:
+def update(optimizer, params, grads, states, groups, shapes: list[tuple],
+           consts: list[dict[str, float]]) -> None:
     """Apply the optimizer's update in place, as torch.optim's single-tensor
-    implementations do. ``states[i]`` is a dict of this parameter's state
-    (with Adam's ``step_size`` and ``bc2_sqrt`` inputs), ``groups[i]`` the
-    index of its parameter group (its hyperparameters)."""
+    implementations do: ``shapes[k]`` (``structure``) picks the operators of
+    group k, ``consts[k]`` (``constants``, or ``sentinels`` while tracing)
+    are their constants. ``states[i]`` is a dict of this parameter's state
+    (with Adam's ``step_size`` and ``bc2_sqrt`` inputs), ``groups[i]`` its
+    group."""
     import torch
 
     name = kind(optimizer)
     with torch.no_grad():
         for p, g, st, k in zip(params, grads, states, groups):
-            group = optimizer.param_groups[k]
+            c, on = consts[k], dict(shapes[k])
+            if on["weight_decay != 0"] and not on.get("decoupled weight decay"):
+                g = g.add(p, alpha=c["weight_decay"])
             if name == "SGD":
-                lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
-                damp, nesterov = group["dampening"], group["nesterov"]
-                if wd:
-                    g = g.add(p, alpha=wd)
-                if mom:
+                if on["momentum != 0"]:
                     buf = st["momentum_buffer"]
-                    buf.mul_(mom).add_(g, alpha=1 - damp)
-                    g = g.add(buf, alpha=mom) if nesterov else buf
-                p.add_(g, alpha=-lr)
+                    buf.mul_(c["momentum"]).add_(g, alpha=c["grad_share"])
+                    g = g.add(buf, alpha=c["momentum"]) if on["nesterov"] else buf
+                p.add_(g, alpha=c["neg_lr"])
             elif name == "RMSprop":
-                lr, alpha, eps, wd = group["lr"], group["alpha"], group["eps"], group["weight_decay"]
-                if wd:
-                    g = g.add(p, alpha=wd)
                 square_avg = st["square_avg"]
-                square_avg.mul_(alpha).addcmul_(g, g, value=1 - alpha)
-                if group["centered"]:
-                    st["grad_avg"].lerp_(g, 1 - alpha)
+                square_avg.mul_(c["alpha"]).addcmul_(g, g, value=c["one_minus_alpha"])
+                if on["centered"]:
+                    st["grad_avg"].lerp_(g, c["one_minus_alpha"])
                     avg = square_avg.addcmul(st["grad_avg"], st["grad_avg"], value=-1).sqrt_()
                 else:
                     avg = square_avg.sqrt()
-                avg = avg.add_(eps)
-                if group["momentum"] > 0:
+                avg = avg.add_(c["eps"])
+                if on["momentum > 0"]:
                     buf = st["momentum_buffer"]
-                    buf.mul_(group["momentum"]).addcdiv_(g, avg)
-                    p.add_(buf, alpha=-lr)
+                    buf.mul_(c["momentum"]).addcdiv_(g, avg)
+                    p.add_(buf, alpha=c["neg_lr"])
                 else:
-                    p.addcdiv_(g, avg, value=-lr)
+                    p.addcdiv_(g, avg, value=c["neg_lr"])
             elif name == "Adagrad":
-                lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-                if wd:
-                    g = g.add(p, alpha=wd)
                 st["sum"].addcmul_(g, g, value=1)
-                std = st["sum"].sqrt().add_(eps)
-                p.addcdiv_(g, std, value=-lr)  # lr_decay=0: the rate is lr every step
+                std = st["sum"].sqrt().add_(c["eps"])
+                p.addcdiv_(g, std, value=c["neg_lr"])  # lr_decay=0: the rate is lr every step
             else:
-                lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-                if wd and (name == "AdamW" or group.get("decoupled_weight_decay")):
-                    p.mul_(1 - lr * wd)
-                elif wd:
-                    g = g.add(p, alpha=wd)
-                st["exp_avg"].lerp_(g, 1 - b1)
-                st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+                if on["weight_decay != 0"] and on["decoupled weight decay"]:
+                    p.mul_(c["decay"])
+                st["exp_avg"].lerp_(g, c["one_minus_b1"])
+                st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 # Bias corrections change every step: 0-d tensor inputs
                 # (lr / (1 - b1^t) and sqrt(1 - b2^t)), not constants.
-                denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(eps)
+                denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(c["eps"])
                 p.sub_(st["exp_avg"] / denom * st["step_size"])

@@ -32,8 +32,8 @@ class CapturedStep:
         self.takes_targets = bool(example_targets)
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
-        self.gm, roles, names, grads = fake_step.trace_step(model, example_inputs, loss_fn,
-                                                            optimizer, example_targets, clip)
+        self.gm, roles, names, grads, self.sites = fake_step.trace_step(
+            model, example_inputs, loss_fn, optimizer, example_targets, clip)
         self.device = fake_step.model_device(model, example_inputs)
         meta = {"optimizer": type(optimizer).__name__, "kernels": self.device,
                 "input_shapes": [list(x.shape) for x in example_inputs
@@ -44,7 +44,9 @@ class CapturedStep:
         self.params = [p for _, p, _ in trained]
         self.groups = [k for _, _, k in trained]  # each parameter's group
         self.buffers = [b for _, b in model.named_buffers()]
-        self.baked = optimizers.baked(optimizer)  # the update's constants, checked each step
+        self.shapes = optimizers.structure(optimizer)  # what the update is shaped by
+        self.constants = optimizers.constants(optimizer)  # the values in the graphs now
+        self.modules = [self.gm]  # every module whose graph holds the update's constants
         self.guard = guards.StepGuard.of(model, self.device)
         self.steps = 0  # steps run through this capture
 
@@ -72,13 +74,24 @@ class CapturedStep:
         if inputs:
             self._check_batch(data)
         opt = self.optimizer
-        optimizers.begin_step(opt, self.baked)
+        optimizers.begin_step(opt, self.shapes)
+        self._follow_hyperparameters()
         state = optimizers.step_tensors(opt, self.params, self.groups)
         steps = optimizers.count_step(opt, self.params, self.groups)
         scalars = [torch.tensor(v) for v in optimizers.adam_inputs(opt, steps)]
         self.steps += 1
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
                 + state + scalars + list(data))
+
+    def _follow_hyperparameters(self) -> None:
+        """Values the groups hold now, put where the update's constants sit in
+        every module run from this capture (a scheduler changed lr, say)."""
+        now = optimizers.constants(self.optimizer)
+        if now != self.constants:
+            for module in self.modules:
+                self.sites.patch(module.graph, now)
+                module.recompile()
+            self.constants = now
 
     def _check_batch(self, data: tuple) -> None:
         """A batch has the shapes and dtypes the step was captured with: the
@@ -138,4 +151,6 @@ class CapturedStep:
             elif n.op == "output":
                 new.output(fx.map_arg(n.args[0], lambda x: env[x]))
         new.lint()
-        return fx.GraphModule(self.gm, new)
+        module = fx.GraphModule(self.gm, new)
+        self.modules.append(module)  # its constants follow the optimizer's too
+        return module
