@@ -1,8 +1,9 @@
 """Proof of exactness (issue 24, item 5): for random combinations of
-optimizer, hyperparameters, gradient clipping, data and schedule, every job
-trained beside others (1, 2 or 4 at once) ends with the losses, parameters
-and optimizer state of plain eager PyTorch training it alone on the same
-batches in the same order."""
+optimizer, hyperparameters (changed between steps too, as a scheduler
+would), gradient clipping, data and schedule, every job trained beside
+others (1, 2 or 4 at once) ends with the losses, parameters and optimizer
+state of plain eager PyTorch training it alone on the same batches in the
+same order."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,6 +37,7 @@ def job_specs(draw):
         "width": draw(st.sampled_from([8, 24])),
         "batches": draw(st.integers(1, 3)),
         "batch_size": draw(st.sampled_from([4, 6])),
+        "lr_scale": draw(st.sampled_from([1.0, 0.5, 3.0])),  # applied at the change
     }
 
 
@@ -50,10 +52,17 @@ def model_and_data(k, spec):
     return model, data
 
 
-def eager(model, spec, data, steps):
+def change_lr(opt, spec):
+    for group in opt.param_groups:
+        group["lr"] *= spec["lr_scale"]
+
+
+def eager(model, spec, data, steps, change_at):
     opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
     losses = []
     for i in range(steps):
+        if i == change_at:
+            change_lr(opt, spec)
         x, y = data[i % len(data)]
         opt.zero_grad()
         loss = loss_fn(model(x), y)
@@ -69,15 +78,21 @@ def eager(model, spec, data, steps):
 
 @settings(max_examples=12)
 @given(specs=st.lists(job_specs(), min_size=1, max_size=4).filter(lambda s: len(s) in (1, 2, 4)),
-       schedule=st.sampled_from(sorted(SCHEDULES)), steps=st.integers(1, 4))
-def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps):
+       schedule=st.sampled_from(sorted(SCHEDULES)), steps=st.integers(1, 4), data=st.data())
+def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps, data):
+    change_at = data.draw(st.integers(1, steps), label="learning rates change before step")
     expected, jobs = [], []
     for k, spec in enumerate(specs):
-        model, data = model_and_data(k, spec)
-        expected.append(eager(model_and_data(k, spec)[0], spec, data, steps))
+        model, batches = model_and_data(k, spec)
+        expected.append(eager(model_and_data(k, spec)[0], spec, batches, steps, change_at))
         opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
-        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, **spec["clip"]))
-    ww.ConcurrentTrainer(jobs, schedule=schedule).run(steps)
+        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches, **spec["clip"]))
+    trainer = ww.ConcurrentTrainer(jobs, schedule=schedule)
+    trainer.run(change_at)
+    if change_at < steps:
+        for job, spec in zip(jobs, specs):
+            change_lr(job.step_fn.optimizer, spec)
+        trainer.run(steps - change_at)
     for job, (losses, eager_opt), spec in zip(jobs, expected, specs):
         assert job.error is None, (spec, job.error)
         torch.testing.assert_close(job.losses, losses, rtol=1e-5, atol=1e-6)
