@@ -95,6 +95,7 @@ TOKENS = st.sampled_from(KEYS + [":", ",", "[", "]", ">", " ", "True", "False", 
 
 @given(st.lists(TOKENS, max_size=24).map("".join))
 @example("max_split_size_mb:64,roundup_power2_divisions:[64:8,>:4],expandable_segments:True")
+@example("large_segment_size_mb:64")  # its canonical form once wrote the default non-split floor
 def test_any_string_parses_to_a_canonical_config_or_is_a_config_error(text):
     try:
         c = ww.AllocatorConfig(text)

@@ -327,8 +327,13 @@ std::string AllocatorConfig::to_string() const {
     sep();
     os << "max_split_size_mb:" << max_split_size / kMiB;
   }
-  sep();
-  os << "max_non_split_rounding_mb:" << max_non_split_rounding_size / kMiB;
+  // Only when given: PyTorch checks its floor against large_segment_size_mb
+  // only then, so the default written out would not parse back beside a
+  // large_segment_size_mb over 20.
+  if (max_non_split_rounding_set) {
+    sep();
+    os << "max_non_split_rounding_mb:" << max_non_split_rounding_size / kMiB;
+  }
   sep();
   os << "large_segment_size_mb:" << large_segment_size / kMiB;
   sep();
