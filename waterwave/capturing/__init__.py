@@ -14,7 +14,6 @@ from .fake_step import (  # noqa: F401
     graph_from_trace,
     inplace_variant,
     model_device,
-    state_names,
     trace_step,
     trained_parameters,
 )

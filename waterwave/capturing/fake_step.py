@@ -61,11 +61,6 @@ def _default_loss(output):
     raise CaptureError(f"cannot derive a loss from a {type(output).__name__}; pass loss_fn")
 
 
-def state_names(optimizer, group: int) -> list[str]:
-    """The state tensors the optimizer keeps per parameter of ``group``."""
-    return optimizers.state_names(optimizer, group)
-
-
 def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
     """(name, parameter, parameter group) for each parameter the optimizer
     updates, in the model's order: the order of the traced step's first
@@ -78,8 +73,7 @@ def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
 @dataclass
 class StepLayout:
     """How a traced step's flat inputs are laid out: parameters, buffers,
-    optimizer state (per parameter, in ``state_names`` order; see
-    ``optimizers.py``), [Adam:
+    optimizer state (per parameter, in ``optimizers.state_names`` order), [Adam:
     step_size, bc2_sqrt per group], the model's inputs, then the targets."""
     param_names: list[str]
     groups: list[int]             # each parameter's group
@@ -97,7 +91,7 @@ class StepLayout:
         groups = [k for _, _, k in named_params]
         adam = type(optimizer).__name__ in ("Adam", "AdamW")
         return cls([n for n, _, _ in named_params], groups,
-                   [state_names(optimizer, k) for k in groups],
+                   [optimizers.state_names(optimizer, k) for k in groups],
                    [n for n, _ in model.named_buffers()],
                    2 * len(optimizer.param_groups) if adam else 0, n_inputs, n_targets)
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
 ADAM = ("Adam", "AdamW")  # their lr and bias corrections are inputs
+
+
 class OptimizerError(ValueError):
     """An optimizer or a setting the captured step cannot follow; the message
     names the fix."""

@@ -165,7 +165,8 @@ class _GroupRunner:
 
     def __init__(self, step: CapturedStep, part: Partition):
         g = step.graph
-        self.module = step.reorder([g.nodes[v].name for v in part.order])
+        # Run node by node (run_group), so a new hyperparameter needs no recompile.
+        self.module = step.reorder([g.nodes[v].name for v in part.order], compiled=False)
         group_of = {g.nodes[v].name: k for k, grp in enumerate(part.groups) for v in grp.nodes}
         fx_graph = self.module.graph
         self.placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
