@@ -8,6 +8,18 @@ PY := $(VENV)/bin/python
 CXX ?= g++
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CONSTRAINTS := constraints/dev.txt
+# SYSTEM_PYTHON=python3: use that interpreter and what it already holds, with
+# no .venv and no pip (a machine that cannot reach a package index, such as
+# the GPU machines the device tool lends; their python3 holds torch). The
+# repository goes on PYTHONPATH, since nothing is installed.
+ifdef SYSTEM_PYTHON
+PYTHON := $(SYSTEM_PYTHON)
+PY := $(SYSTEM_PYTHON)
+INSTALLED :=
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+else
+INSTALLED := $(VENV)/.installed
+endif
 # The allocator stack over the simulated device; the CUDA runtime over the
 # driver backend; the planner's search. The bindings sit on top of them all.
 CORE_SRC := $(wildcard csrc/core/*.cpp csrc/alloc/*.cpp csrc/device/sim/*.cpp)
@@ -34,7 +46,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
-$(EXT): $(VENV)/.installed $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge.cpp waterwave/alloc/torch_bridge.py
+$(EXT): $(INSTALLED) $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge.cpp waterwave/alloc/torch_bridge.py
 	WATERWAVE_BUILD_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace
 	touch $@
 
@@ -114,7 +126,7 @@ bench: build
 # with the device named, within $(GPU_BUDGET_MIN) minutes. It refuses to run
 # without a GPU rather than skip everything. bench-gpu: the benchmarks alone.
 # Through the device tool (10-minute calls, files back from $OUT):
-#   make gpu-check RESULTS=$OUT GPU_BUDGET_MIN=9
+#   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=9
 RESULTS ?= bench/results
 GPU_BUDGET_MIN ?= 25
 gpu-check: build
