@@ -158,8 +158,9 @@ def test_a_job_that_leaves_mid_run_never_holds_the_others():
     feed = RoundFeed(MemoryPairing(plans, limit, steps), jobs, CounterBarrier(), window_steps=1)
     log = run_threads(feed, jobs, stop_after={1: 7})
     assert len([1 for e, j, _ in log if e == "start" and j == 1]) == 7
-    for k in (0, 2):
-        assert [r for e, j, r in log if e == "start" and j == k] == [r for r, _, _ in whole[k]]
+    for k in (0, 2):  # every group, in order; once b left, planned without it
+        started = [r for e, j, r in log if e == "start" and j == k]
+        assert len(started) == len(whole[k]) and started == sorted(started)
     assert feed.barrier.pending() == {}
 
 
@@ -183,10 +184,10 @@ def test_threads_through_random_plans_keep_round_order_whoever_leaves(jobs, limi
     started = {k: [r for e, j, r in log if e == "start" and j == k] for k in whole}
     for k, entries in whole.items():
         rounds_k = [r for r, _, _ in entries]
-        if k in leaving:
-            assert started[k] == rounds_k[:leaving[k]]
-        else:
-            assert started[k] == rounds_k
+        # Every group it ran, in order; once a job left, the others are planned
+        # without it, so their rounds may come sooner than in the whole run.
+        expected = min(leaving[k], len(rounds_k)) if k in leaving else len(rounds_k)
+        assert len(started[k]) == expected and started[k] == sorted(started[k])
     ran: dict[int, int] = {}  # round -> groups that ever started in it
     for event, _, r in log:
         if event == "start":

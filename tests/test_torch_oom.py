@@ -136,7 +136,7 @@ def test_build_into_replaces_bridges_for_another_torch(tmp_path):
 
 PROBE = """
     import ctypes, json, torch, waterwave as ww
-    from waterwave.exec.concurrent import _MemoryProbe
+    from waterwave.exec.job_loop import MemoryProbe as _MemoryProbe
     fake = ctypes.CDLL({driver!r})
     fake.fake_cuda_set_capacity.argtypes = [ctypes.c_size_t]
     fake.fake_cuda_set_capacity(256 << 20)

@@ -34,7 +34,13 @@ from .alloc import (  # noqa: F401
 )
 from .capturing import capture  # noqa: F401  (imports torch only when called)
 from .cuda import install_allocator  # noqa: F401  (imports torch only when called)
-from .exec import ConcurrentTrainer, Job, optimize  # noqa: F401  (torch only when called)
+from .exec import (  # noqa: F401  (torch only when called)
+    ConcurrentTrainer,
+    Job,
+    TrainingSession,
+    optimize,
+    training_session,
+)
 from .graph import Graph  # noqa: F401
 from .planner import Plan, pack, plan  # noqa: F401
 
@@ -60,6 +66,8 @@ __all__ = [
     "optimize",
     "Job",
     "ConcurrentTrainer",
+    "TrainingSession",
+    "training_session",
     "install_allocator",
 ]
 __version__ = "0.1.0"

@@ -13,5 +13,7 @@ allocator stack.
 May import: waterwave.pipeline, waterwave.capturing, waterwave.graph,
 waterwave.planner, waterwave.cuda, waterwave.alloc, waterwave._C; torch.
 """
-from .concurrent import ConcurrentTrainer, Job  # noqa: F401
+from .concurrent import ConcurrentTrainer  # noqa: F401
+from .job import Job  # noqa: F401
+from .session import TrainingSession, training_session  # noqa: F401
 from .trainer import Trainer, optimize  # noqa: F401

@@ -1,11 +1,12 @@
 """Several training jobs on one device, their node groups interleaved so
 that memory one job frees serves the next job's allocations (the Waterwave
-paper's NodeGroup pipeline, sections 4.3 and 4.4): ``waterwave.Job`` and
-``waterwave.ConcurrentTrainer``.
+paper's NodeGroup pipeline, sections 4.3 and 4.4): ``ConcurrentTrainer``
+trains a fixed set of ``waterwave.Job``s together (``Job.train`` joins the
+device's training session instead, ``session.py``).
 
 Each job's training step is captured once (``step.CapturedStep``) and cut
 into node groups (``waterwave.pipeline.nodegroups``). Each job runs on a
-worker thread of its own (``workers.py``), on its own CUDA stream when its
+worker thread of its own (``workers.py``, ``job_loop.py``), on its own CUDA stream when its
 model is on a GPU, group by group; a CounterBarrier
 (``pipeline.counter_barrier``) holds each group until the rounds before it
 have finished, in the rounds the schedule gives:
@@ -44,26 +45,19 @@ Ctrl-C reaches the caller of ``run`` as ``KeyboardInterrupt`` within a
 tenth of a second of the jobs' current groups ending; every job stops, and
 the next run starts clean.
 
-May import: waterwave.pipeline, waterwave.capturing, waterwave.graph,
-waterwave.planner, waterwave.cuda, this package; torch.
+May import: waterwave.pipeline, waterwave.graph, waterwave.cuda, this
+package; torch.
 """
 from __future__ import annotations
 
-import contextlib
-import operator
 import threading
-import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 from .. import cuda
-from ..capturing.optimizers import GradClip
-from ..pipeline.counter_barrier import BarrierAborted, CounterBarrier
-from ..pipeline.nodegroups import Partition
+from ..pipeline.counter_barrier import CounterBarrier
 from ..pipeline.pairing import (
     JobGroups,
-    JobPlan,
     MemoryPairing,
     PeriodicRounds,
     graph_plan,
@@ -71,168 +65,11 @@ from ..pipeline.pairing import (
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import ALGORITHM1, MEMORY
 from ..pipeline.schedules import schedule as named_schedule
-from .batches import BatchFeed
-from .step import CapturedStep
-from .workers import POOL, Task
-
-LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see _job_thread)
-
-
-class Job:
-    """One training job: a model, its loss and its optimizer, and what it
-    trains on: ``data``, any re-iterable of ``(inputs..., targets...)``
-    batches (a ``DataLoader``, a list), drawn a batch a step and iterated
-    again each epoch, the first ``n_inputs`` items of a batch being the
-    model's inputs; or, without data, ``example_inputs`` (and ``targets``),
-    the batch every step trains on. The loss is
-    ``loss_fn(model(*inputs), *targets)``. The step is captured on
-    ``example_inputs``, else on the data's first batch (which is then trained
-    on first); every batch must have its shapes. ``clip_grad_norm`` and
-    ``clip_grad_value`` clip the gradients before each update, as
-    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
-    model's parameters would."""
-
-    def __init__(self, model, example_inputs: Sequence[Any] | None = None,
-                 loss_fn: Callable | None = None, optimizer=None, targets=None,
-                 name: str | None = None, data=None, n_inputs: int = 1,
-                 clip_grad_norm: float | None = None, clip_grad_value: float | None = None):
-        if optimizer is None:
-            raise ValueError("a Job needs the optimizer that trains the model")
-        device = next((p.device for p in model.parameters()), None)
-        self.batches = None if data is None else BatchFeed(data, n_inputs, device)
-        if example_inputs is None:
-            if self.batches is None:
-                raise ValueError("a Job needs data (batches to train on) or example_inputs")
-            example_inputs, targets = self.batches.peek()
-            targets = targets or None
-        self.name = name or type(model).__name__
-        clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
-        self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
-                                    clip)
-        self.graph = self.step_fn.graph
-        self.losses: list[float] = []
-        self.error: BaseException | None = None
-        self.runner: _GroupRunner | None = None
-        self.partition: Partition | None = None
-        self.plan: JobPlan | None = None  # its groups' bytes from the graph, for the pairing
-        self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
-        self._stream = None
-
-    @property
-    def model(self):
-        return self.step_fn.model
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    def stream(self):
-        """The job's own CUDA stream (created once), or None on the CPU."""
-        if self.step_fn.device != "cuda":
-            return None
-        if self._stream is None:
-            import torch
-
-            self._stream = torch.cuda.Stream(device=self.step_fn.params[0].device)
-        return self._stream
-
-    def next_batch(self) -> tuple[tuple, Any]:
-        """The inputs and targets of the job's next step: its data's next
-        batch, or nothing (the example batch) without data."""
-        if self.batches is None:
-            return (), None
-        inputs, targets = self.batches.next()
-        return inputs, targets or None
-
-    def persistent_bytes(self) -> int:
-        return sum(t.size for t in self.graph.tensors if t.persistent or t.kind == "input")
-
-    def __repr__(self) -> str:
-        state = f"failed: {self.error!r}" if self.failed else f"{len(self.losses)} steps"
-        return f"Job({self.name!r}, {state})"
-
-
-@dataclass
-class _Stage:
-    """A group's FX nodes and the values to drop once it has run."""
-    nodes: list
-    drop_after: dict  # node -> values whose last use it is
-
-
-class _GroupRunner:
-    """Runs a captured step's FX graph group by group, in the partition's
-    order, dropping each value after its last use (as eager PyTorch frees)."""
-
-    def __init__(self, step: CapturedStep, part: Partition):
-        g = step.graph
-        # Run node by node (run_group), so a new hyperparameter needs no recompile.
-        self.module = step.reorder([g.nodes[v].name for v in part.order], compiled=False)
-        group_of = {g.nodes[v].name: k for k, grp in enumerate(part.groups) for v in grp.nodes}
-        fx_graph = self.module.graph
-        self.placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
-        self.output = next(n for n in fx_graph.nodes if n.op == "output")
-        calls = [n for n in fx_graph.nodes if n.op not in ("placeholder", "output")]
-        # Nodes the planner's graph dropped (views) join the group of the
-        # next node it kept, the one that needs them.
-        assignment, pending = [], []
-        for n in calls:
-            pending.append(n)
-            if n.name in group_of:
-                assignment += [(m, group_of[n.name]) for m in pending]
-                pending = []
-        assignment += [(m, len(part.groups) - 1) for m in pending]
-        last_use = {}
-        for pos, (n, _) in enumerate(assignment):
-            for a in n.all_input_nodes:
-                last_use[a] = pos
-        kept = set(self.placeholders) | set(self.output.all_input_nodes)
-        drops: dict = {}
-        for value, pos in last_use.items():
-            if value not in kept:
-                drops.setdefault(assignment[pos][0], []).append(value)
-        self.stages = [_Stage([], {}) for _ in part.groups]
-        for n, k in assignment:
-            self.stages[k].nodes.append(n)
-            if n in drops:
-                self.stages[k].drop_after[n] = drops[n]
-
-    def start(self, flat: list) -> dict:
-        if len(flat) != len(self.placeholders):
-            raise ValueError(f"the step takes {len(self.placeholders)} inputs, got {len(flat)}")
-        return dict(zip(self.placeholders, flat))
-
-    def run_group(self, k: int, env: dict) -> None:
-        from torch import fx
-
-        for n in self.stages[k].nodes:
-            args = fx.node.map_arg(n.args, env.__getitem__)
-            kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
-            env[n] = self._call(n, args, kwargs)
-            for value in self.stages[k].drop_after.get(n, ()):
-                env.pop(value, None)
-
-    def _call(self, n, args, kwargs):
-        """One FX node, as ``torch.fx.Interpreter`` runs it. A capture is
-        mostly ``call_function`` (aten operators); tensors a loss closes
-        over (the targets of ``models.build``'s losses) are ``get_attr``."""
-        if n.op == "call_function":
-            return n.target(*args, **kwargs)
-        if n.op == "get_attr":
-            obj = self.module
-            for part in n.target.split("."):
-                obj = getattr(obj, part)
-            return obj
-        if n.op == "call_method":
-            return getattr(args[0], n.target)(*args[1:], **kwargs)
-        if n.op == "call_module":
-            return self.module.get_submodule(n.target)(*args, **kwargs)
-        raise ValueError(f"the captured step has an FX node {n.name!r} of kind {n.op!r}, "
-                         "which the trainer cannot run")
-
-    def finish(self, env: dict):
-        from torch import fx
-
-        return fx.node.map_arg(self.output.args[0], env.__getitem__)
+from .group_runner import GroupRunner
+from .job import Job
+from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
+from .session import whole_steps
+from .workers import POOL
 
 
 class ConcurrentTrainer:
@@ -264,9 +101,10 @@ class ConcurrentTrainer:
         if job in self.jobs:
             raise ValueError(f"{job!r} is already training here")
         job.partition = self.plan_schedule.partition(job.graph, self.split_size, self.order)
-        job.runner = _GroupRunner(job.step_fn, job.partition)
+        job.runner = GroupRunner(job.step_fn, job.partition)
         job.plan = graph_plan(0, job.graph, job.partition)
         job.measured = None  # its groups are this trainer's: measure them again
+        job.session = None
         self.jobs.append(job)
 
     def remove(self, job: Job) -> None:
@@ -286,14 +124,9 @@ class ConcurrentTrainer:
 
     def run(self, steps: int) -> list[list[float]]:
         """``steps`` steps of every job, one step following another without
-        a pause; each job's losses (all of them since it was made)."""
-        try:
-            whole = None if isinstance(steps, bool) else operator.index(steps)
-        except TypeError:
-            whole = None
-        if whole is None or whole < 1:
-            raise ValueError(f"steps must be a whole number of steps, at least 1; got {steps!r}")
-        self._run(whole)
+        a pause, each on its data's next batch; each job's losses (all of
+        them since it was made)."""
+        self._run(whole_steps(steps))
         return [list(j.losses) for j in self.jobs]
 
     def _planner(self, jobs: list[Job], steps: int) -> PeriodicRounds | MemoryPairing:
@@ -328,7 +161,7 @@ class ConcurrentTrainer:
 
     def _budget(self, jobs: list[Job]) -> int | None:
         """The bytes the jobs may hold together: ``memory_limit``; else, on a
-        GPU, what the allocator can still give (``_MemoryProbe.available``)
+        GPU, what the allocator can still give (``MemoryProbe.available``)
         plus what the jobs hold already; else (the CPU) no limit."""
         if self.memory_limit is not None:
             return self.memory_limit
@@ -364,87 +197,37 @@ class ConcurrentTrainer:
                         self._sync_and_coalesce(jobs)
                         opened[0] = round_
 
-        tasks = [POOL.submit(lambda job=job, k=k: self._job_thread(job, feed, k, enter),
+        tasks = [POOL.submit(lambda job=job, k=k: run_job(job, feed, k, enter),
                              f"waterwave job {job.name}") for k, job in enumerate(jobs)]
         try:
-            _wait(tasks)
+            wait_tasks(tasks)
         except BaseException:  # Ctrl-C (or another signal's error) in the caller
             # Every job stops at its next group, its step's tensors dropped;
             # nothing trains on behind the caller's back, and the next run
             # starts clean. The jobs' losses keep the steps they finished.
             feed.barrier.close()
-            _wait(tasks, interruptible=False)
+            wait_tasks(tasks, interruptible=False)
             raise
         self.rounds_run += 1 + feed.last_round
 
-    def _solo_step(self, job: Job, probe: _MemoryProbe) -> None:
+    def _solo_step(self, job: Job, probe: MemoryProbe) -> None:
         """One step of ``job`` alone, measuring each group's net bytes and
         rise in the allocator (see the module's opening)."""
         groups = len(job.partition.groups)
         feed = RoundFeed(PeriodicRounds({0: [(0, g) for g in range(groups)]}, 0, 1), [job],
                          CounterBarrier())
-        readings: list[tuple[int, int]] = []
-        self._job_thread(job, feed, 0, lambda r: None, measure=(probe, readings))
-        if not job.failed and len(readings) == groups:
-            job.measured = readings
 
-    def _memory_probe(self, jobs: list[Job]) -> _MemoryProbe | None:
+        def report(readings):
+            if readings is not None and len(readings) == groups:
+                job.measured = readings
+
+        run_job(job, feed, 0, measure=Measure(probe, report))
+
+    def _memory_probe(self, jobs: list[Job]) -> MemoryProbe | None:
         """What measures the jobs' groups: the allocator serving their GPU;
         None on the CPU, where the graph's bytes are what is allocated."""
         cuda_jobs = [j for j in jobs if j.step_fn.device == "cuda"]
-        return _MemoryProbe(cuda_jobs[0].step_fn.params[0].device) if cuda_jobs else None
-
-    def _job_thread(self, job: Job, feed: RoundFeed, k: int, enter,
-                    measure: tuple[_MemoryProbe, list] | None = None) -> None:
-        import torch
-
-        env, step_no = None, -1
-        # Each step's loss, read a few steps later: reading a GPU tensor
-        # waits for its stream, and the host should stay ahead of the GPU
-        # (its queue holds about one step), as the simulator's host does.
-        pending: list = []
-        stream = job.stream()
-        try:
-            if stream is not None:  # the model and batch were made on the default stream
-                stream.wait_stream(torch.cuda.default_stream(stream.device))
-            with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None
-                                   else contextlib.nullcontext()):
-                for round_, step, group in feed.entries(k):
-                    if step != step_no:
-                        flat = job.step_fn.flat_inputs(*job.next_batch())
-                        env, step_no = job.runner.start(flat), step
-                    feed.barrier.wait(job, round_)
-                    enter(round_)
-                    if measure is None:
-                        job.runner.run_group(group, env)
-                    else:
-                        probe, readings = measure
-                        start = probe.start()
-                        job.runner.run_group(group, env)
-                        readings.append(probe.since(start))
-                    if group == len(job.partition.groups) - 1:
-                        pending.append(job.runner.finish(env).detach())
-                        env = None
-                        if len(pending) > LOSSES_IN_FLIGHT:
-                            job.losses.append(float(pending.pop(0)))
-                    feed.barrier.done(job, round_)
-        except BarrierAborted:
-            pass
-        except KeyboardInterrupt:  # only a job run on the caller's thread gets one: the caller's
-            raise
-        except BaseException as e:  # the job stops alone, with its error
-            # The traceback stays, its frames' tensors go back to the allocator.
-            traceback.clear_frames(e.__traceback__)
-            job.error = e
-        finally:
-            env = None  # its tensors go back to the allocator
-            try:
-                job.losses += [float(x) for x in pending]  # the steps it finished
-                if stream is not None:  # the caller reads the parameters on the default stream
-                    torch.cuda.default_stream(stream.device).wait_stream(stream)
-            except BaseException as e:
-                job.error = job.error or e
-            feed.leave(k)
+        return MemoryProbe(cuda_jobs[0].step_fn.params[0].device) if cuda_jobs else None
 
     def _sync_and_coalesce(self, jobs: list[Job]) -> None:
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in jobs):
@@ -471,57 +254,3 @@ class ConcurrentTrainer:
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()
         return out
-
-
-def _wait(tasks: list[Task], interruptible: bool = True) -> None:
-    """Wait for the jobs' tasks. A wait with a timeout wakes the caller's
-    thread every tenth of a second, so Ctrl-C reaches it as
-    ``KeyboardInterrupt`` even where the signal landed on another thread.
-    ``interruptible=False``: wait them out whatever arrives meanwhile. An
-    error a task let escape (a bug: jobs keep their own) is raised here."""
-    for task in tasks:
-        while not task.done:
-            try:
-                task.wait(0.1)
-            except KeyboardInterrupt:
-                if interruptible:
-                    raise
-    for task in tasks:
-        if task.error is not None:
-            raise task.error
-
-
-class _MemoryProbe:
-    """Bytes allocated on a GPU, from whichever allocator serves PyTorch
-    there: Waterwave's counters when it is installed, torch's otherwise.
-    Allocators count a tensor when the host asks for it, so the readings
-    need no synchronization."""
-
-    def __init__(self, device):
-        if cuda.is_installed():
-            self.stats = cuda
-        else:
-            import torch
-
-            self.stats = torch.cuda
-        self.device = device
-
-    def start(self) -> int:
-        self.stats.reset_peak_memory_stats(self.device)
-        return self.stats.memory_allocated(self.device)
-
-    def since(self, start: int) -> tuple[int, int]:
-        """(net bytes, most bytes above ``start``) since ``start()``."""
-        now = self.stats.memory_allocated(self.device)
-        return now - start, max(0, self.stats.max_memory_allocated(self.device) - start)
-
-    def available(self) -> int:
-        """Bytes new tensors can still take: the allocator's cached free
-        blocks, and what it may still reserve from the driver, within its
-        ``per_process_memory_fraction``. (The driver's free memory alone
-        misses the cache, and a cap the allocator keeps.)"""
-        free, total = self.stats.mem_get_info(self.device)
-        reserved = self.stats.memory_reserved(self.device)
-        cap = int(self.stats.get_per_process_memory_fraction(self.device) * total)
-        cached = reserved - self.stats.memory_allocated(self.device)
-        return min(free, max(0, cap - reserved)) + cached

@@ -71,6 +71,10 @@ class CounterBarrier:
             self._closed = True
             self._cond.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def pending(self) -> dict[int, int]:
         with self._cond:
             return {r: n for r, n in self._left.items() if n > 0}

@@ -27,7 +27,7 @@ May import: waterwave.graph, waterwave.planner (lifetimes), this package.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..graph import Graph
 from ..planner.lifetimes import lifetimes
@@ -230,17 +230,88 @@ class MemoryPairing:
 
     def __init__(self, jobs: list[JobPlan], memory_limit: int | None, steps: int,
                  margin: float = 0.03, free_margin: float = 0.05):
-        if memory_limit is None:  # no limit: a budget no step reaches, so the jobs run free
-            memory_limit = sum(step_peak(j) for j in jobs) * 2 + 1
-        self.limit = int(memory_limit * (1 - margin))
-        self.by_job = {j.job: j for j in jobs}
-        self.jobs = list(self.by_job)
-        self.free = sum(step_peak(j) for j in jobs) <= memory_limit * (1 - free_margin)
-        self.held = {j.job: j.persistent for j in jobs}
-        self.done = {j.job: 0 for j in jobs}  # groups planned so far, over all steps
-        self.total = {j.job: len(j.groups) * steps for j in jobs}
+        self.margin, self.free_margin = margin, free_margin
+        self.memory_limit = memory_limit
+        self.outside = 0  # bytes held beside the plan (jobs that left it)
+        self.by_job: dict[int, JobPlan] = {}
+        self.jobs: list[int] = []
+        self.held: dict[int, int] = {}
+        self.done: dict[int, int] = {}  # groups planned so far, over all steps
+        self.total: dict[int, int] = {}
+        self.solo: dict[int, int] = {}  # job -> groups left of a step it runs alone
+        self.paused: set[int] = set()   # jobs whose groups wait for a measurement (update)
+        self._rise_from: dict[int, list[int]] = {}
         self.round = 0  # the next round to plan
-        self._rise_from = {j.job: rises_from(j.groups) for j in jobs}
+        self._free_round: int | None = None  # the round free windows put everything in
+        for j in jobs:
+            self.join(j, steps)
+
+    # Jobs join and leave between windows (a training session's members) ---
+    def join(self, plan: JobPlan, steps: int, solo_first: bool = False) -> None:
+        """Plan ``steps`` more steps of ``plan.job``, from its next group on.
+        ``solo_first``: its first step runs alone, each group in a round of
+        its own, and its later groups wait for ``update`` (the trainer
+        measures that step on a GPU)."""
+        j = plan.job
+        if j in self.by_job:
+            raise ValueError(f"job {j} is already planned")
+        self.by_job[j] = plan
+        self.jobs.append(j)
+        self.held[j] = plan.persistent
+        self.done[j] = 0
+        self.total[j] = len(plan.groups) * steps
+        self._rise_from[j] = rises_from(plan.groups)
+        if solo_first and self.total[j]:
+            self.solo[j] = len(plan.groups)
+        self._refresh()
+
+    def leave(self, j: int, still_held: bool = True) -> None:
+        """Plan nothing more for job j. ``still_held``: its persistent bytes
+        (parameters, optimizer state) stay on the device, outside the plan."""
+        if still_held and j in self.by_job:
+            self.outside += self.by_job[j].persistent
+        for table in (self.by_job, self.held, self.done, self.total, self.solo, self._rise_from):
+            table.pop(j, None)
+        self.paused.discard(j)
+        if j in self.jobs:
+            self.jobs.remove(j)
+        self._refresh()
+
+    def update(self, j: int, groups: list[tuple[int, int]]) -> None:
+        """Job j's groups as measured (same count); its paused groups go on."""
+        plan = self.by_job[j]
+        if len(groups) != len(plan.groups):
+            raise ValueError(f"job {j} has {len(plan.groups)} groups, not {len(groups)}")
+        self.by_job[j] = replace(plan, groups=list(groups))
+        self._rise_from[j] = rises_from(self.by_job[j].groups)
+        self.paused.discard(j)
+        self._refresh()
+
+    def resume(self, j: int) -> None:
+        """Job j's paused groups go on with the bytes it had (no measurement)."""
+        self.paused.discard(j)
+
+    def set_limit(self, memory_limit: int | None, outside: int | None = None) -> None:
+        """A new budget for the rounds not yet planned; ``outside``: bytes
+        held on the device by what is not planned here (jobs between their
+        training calls), kept out of it."""
+        self.memory_limit = memory_limit
+        if outside is not None:
+            self.outside = outside
+        self._refresh()
+
+    def remaining(self, j: int) -> int:
+        """Groups of job j still to plan; 0 for a job not planned here."""
+        return self.total.get(j, 0) - self.done.get(j, 0)
+
+    def _refresh(self) -> None:
+        plans = list(self.by_job.values())
+        limit, outside = self.memory_limit, self.outside
+        if limit is None:  # no limit: a budget no step reaches, so the jobs run free
+            limit, outside = sum(step_peak(j) for j in plans) * 2 + 1, 0
+        self.limit = int(limit * (1 - self.margin)) - outside
+        self.free = (not self.solo and not self.paused and sum(step_peak(j) for j in plans)
+                     <= limit * (1 - self.free_margin) - outside)
 
     @property
     def finished(self) -> bool:
@@ -249,31 +320,51 @@ class MemoryPairing:
     def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
         """Each job's entries (round, step, group) in the next rounds: about
         ``steps`` steps of every job, in whole rounds (see
-        ``PeriodicRounds``); empty once the run is planned."""
+        ``PeriodicRounds``); empty once the run is planned. Free windows put
+        every group in one round, the same one window after window, so
+        nothing waits; a window that is not free starts past it."""
         out: dict[int, list[tuple[int, int, int]]] = {j: [] for j in self.by_job}
-        if self.free:  # every group in round 0: nothing waits
+        if self.free:  # every group in one round: nothing waits
+            if self._free_round is None:
+                self._free_round = self.round
+                self.round += 1
             for j, plan in self.by_job.items():
                 n = len(plan.groups)
                 first = self.done[j]
                 self.done[j] = min(self.total[j], first + max(1, steps) * n)
-                out[j] = [(0, *divmod(k, n)) for k in range(first, self.done[j])]
+                out[j] = [(self._free_round, *divmod(k, n)) for k in range(first, self.done[j])]
+                self.held[j] += sum(plan.groups[k % n][0] for k in range(first, self.done[j]))
             return out
+        self._free_round = None
         want = max(1, steps) * sum(len(p.groups) for p in self.by_job.values())
         planned = 0
-        while planned < want and not self.finished:
-            for j in self._next_round():
+        while planned < want:
+            chosen = self._next_round()
+            if not chosen:  # every job is finished or paused
+                break
+            for j in chosen:
                 step, g = divmod(self.done[j], len(self.by_job[j].groups))
                 out[j].append((self.round, step, g))
                 self.held[j] += self.by_job[j].groups[g][0]
                 self.done[j] += 1
                 planned += 1
+                if j in self.solo:
+                    self.solo[j] -= 1
+                    if not self.solo[j]:
+                        del self.solo[j]
+                        self.paused.add(j)
             self.round += 1
         return out
 
     def _next_round(self) -> list[int]:
         """The jobs whose next group runs in the next round."""
         done, by_job = self.done, self.by_job
-        waiting = sorted((j for j in done if done[j] < self.total[j]), key=lambda j: (done[j], j))
+        if self.solo:  # a step run alone: one group a round, nothing beside it
+            return [min(self.solo)]
+        waiting = sorted((j for j in done if done[j] < self.total[j] and j not in self.paused),
+                         key=lambda j: (done[j], j))
+        if not waiting:
+            return []
         budget = self.limit - sum(self.held.values())
         chosen: list[int] = []
         state, progress = dict(self.held), dict(done)

@@ -1,0 +1,281 @@
+"""Training sessions (issue 24, item 1): ``Job.train(steps)`` from many
+threads, jobs joining and leaving the pipeline as their calls begin and
+end, each trained exactly as eager PyTorch trains it alone, with the loop
+around each call (a scheduler, evaluation) the caller's own."""
+import json
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from test_exactness import OPTIMIZERS, change_lr, job_specs, loss_fn, model_and_data  # noqa: E402
+
+import waterwave as ww  # noqa: E402
+
+
+def eager_calls(model, spec, data, calls):
+    """Eager training in ``calls`` runs of steps, the learning rate changed
+    between runs (as a scheduler stepped between epochs would)."""
+    opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
+    losses, i = [], 0
+    for c, n in enumerate(calls):
+        if c:
+            change_lr(opt, spec)
+        for _ in range(n):
+            x, y = data[i % len(data)]
+            i += 1
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if "clip_grad_value" in spec["clip"]:
+                torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
+            if "clip_grad_norm" in spec["clip"]:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"])
+            opt.step()
+            losses.append(loss.item())
+    return losses, opt
+
+
+def assert_same_training(job, losses, eager_opt, got_losses):
+    torch.testing.assert_close(got_losses, losses, rtol=1e-5, atol=1e-6)
+    ours = job.step_fn.optimizer
+    for a, b in zip([p for g in eager_opt.param_groups for p in g["params"]],
+                    [p for g in ours.param_groups for p in g["params"]]):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
+    sa, sb = eager_opt.state_dict()["state"], ours.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for i in sa:
+        assert sa[i].keys() == sb[i].keys()
+        for name in sa[i]:
+            torch.testing.assert_close(torch.as_tensor(sb[i][name]), torch.as_tensor(sa[i][name]),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def run_in_threads(fns):
+    """Each function on a thread of its own; their results, or what they raised."""
+    out = [None] * len(fns)
+
+    def call(k):
+        try:
+            out[k] = fns[k]()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out[k] = e
+
+    threads = [threading.Thread(target=call, args=(k,), daemon=True) for k in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a train() call hung"
+    return out
+
+
+@settings(max_examples=10)
+@given(specs=st.lists(job_specs(), min_size=1, max_size=4).filter(lambda s: len(s) in (1, 2, 4)),
+       limit=st.sampled_from([None, 64 << 10, 1 << 30]),
+       schedule=st.sampled_from(["waterwave", "lockstep"]), data=st.data())
+def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, schedule, data):
+    """Each job on its own thread, in 1-3 calls of 1-3 steps with the learning
+    rate changed between calls; the jobs join and leave whenever their calls
+    begin and end (a tight limit makes them take turns)."""
+    session = ww.TrainingSession("cpu", memory_limit=limit, schedule=schedule)
+    jobs, expected, calls = [], [], []
+    for k, spec in enumerate(specs):
+        model, batches = model_and_data(k, spec)
+        c = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3), label=f"calls of job {k}")
+        calls.append(c)
+        expected.append(eager_calls(model_and_data(k, spec)[0], spec, batches, c))
+        opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
+        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches, **spec["clip"]))
+
+    def trial(job, spec, c):
+        losses = []
+        for i, n in enumerate(c):
+            if i:
+                change_lr(job.step_fn.optimizer, spec)
+            losses += job.train(n, session=session)
+        return losses
+
+    results = run_in_threads([lambda j=j, s=s, c=c: trial(j, s, c)
+                              for j, s, c in zip(jobs, specs, calls)])
+    for job, (losses, eager_opt), got in zip(jobs, expected, results):
+        assert not isinstance(got, BaseException), got
+        assert_same_training(job, losses, eager_opt, got)
+    assert session.training == [] and session.stats()["steps_run"] == sum(map(sum, calls))
+
+
+def mlp_job(seed, batches=3, name=None, **job_args):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(seed)
+    data = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            for _ in range(batches)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, name=name, **job_args)
+
+
+def test_a_job_joins_while_another_trains_and_evaluates_between_calls():
+    """A long job trains while a second calls train(2) three times with eager
+    evaluation and a scheduler between: both train as eager, the second
+    joins and leaves three times, and the session is empty after."""
+    session = ww.TrainingSession("cpu", memory_limit=256 << 10)
+    long_job, short_job = mlp_job(1, name="long"), mlp_job(2, name="short")
+    sched = torch.optim.lr_scheduler.StepLR(short_job.step_fn.optimizer, step_size=1, gamma=0.5)
+    seen_training = []
+
+    def short():
+        out = []
+        for _ in range(3):
+            out += short_job.train(2, session=session)
+            seen_training.append([j.name for j in session.training])
+            sched.step()
+            with torch.no_grad():  # evaluation between calls, plain PyTorch
+                short_job.model(torch.randn(4, 16)).sum().item()
+        return out
+
+    long_losses, short_losses = run_in_threads([lambda: long_job.train(40, session=session), short])
+    ref_long, ref_short = mlp_job(1), mlp_job(2)
+    # Eager references of the same models, data and schedule.
+    expected = []
+    for ref, calls, gamma in ((ref_long, [40], None), (ref_short, [2, 2, 2], 0.5)):
+        opt = ref.step_fn.optimizer
+        data = ref.batches.data
+        losses, i = [], 0
+        for c, n in enumerate(calls):
+            if c and gamma:
+                for g in opt.param_groups:
+                    g["lr"] *= gamma
+            for _ in range(n):
+                x, y = data[i % len(data)]
+                i += 1
+                opt.zero_grad()
+                loss = loss_fn(ref.model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        expected.append((losses, opt))
+    assert_same_training(long_job, *expected[0], long_losses)
+    assert_same_training(short_job, *expected[1], short_losses)
+    assert all(names in (["long"], []) for names in seen_training)  # short had left
+    assert session.training == [] and session.stats()["steps_run"] == 46
+
+
+def test_a_job_that_fails_raises_in_its_own_call_and_the_others_finish():
+    session = ww.TrainingSession("cpu", memory_limit=256 << 10)
+    good = mlp_job(3, name="good")
+    bad = mlp_job(4, name="bad")
+    bad.batches.data.append((torch.randn(8, 5), torch.randint(0, 4, (8,))))  # wrong width
+    good_losses, bad_result = run_in_threads([lambda: good.train(12, session=session),
+                                              lambda: bad.train(12, session=session)])
+    assert isinstance(bad_result, Exception) and bad.failed
+    assert len(good_losses) == 12 and not good.failed
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        bad.train(1, session=session)
+    assert session.training == []
+    assert len(good.train(2, session=session)) == 2  # the session goes on
+
+
+def test_one_job_from_two_threads_at_once_is_refused():
+    session = ww.TrainingSession("cpu")
+    job = mlp_job(5)
+    started = threading.Event()
+    original = job.next_batch
+
+    def slow_batch():
+        started.set()
+        time.sleep(0.3)
+        return original()
+
+    job.next_batch = slow_batch
+    results = run_in_threads([lambda: job.train(2, session=session),
+                              lambda: (started.wait(10), job.train(1, session=session))])
+    assert len(results[0]) == 2
+    assert isinstance(results[1], RuntimeError) and "already training" in str(results[1])
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None])
+def test_steps_must_be_a_whole_number(steps):
+    with pytest.raises(ValueError, match="whole number of steps"):
+        mlp_job(6).train(steps, session=ww.TrainingSession("cpu"))
+
+
+@pytest.mark.parametrize("settings_, message", [
+    ({"memory_limit": -5}, "positive number of bytes"),
+    ({"memory_limit": float("inf")}, "positive number of bytes"),
+    ({"schedule": "waterwave-alg1"}, "use ConcurrentTrainer"),
+    ({"schedule": "nope"}, "unknown schedule"),
+    ({"split_size": 0}, "split_size"),
+])
+def test_bad_session_settings_are_clear_errors(settings_, message):
+    with pytest.raises(ValueError, match=message):
+        ww.TrainingSession("cpu", **settings_)
+
+
+def test_the_device_session_is_one_per_device_and_settings_wait_for_no_one_training():
+    a = ww.training_session("cpu")
+    assert ww.training_session(torch.device("cpu")) is a
+    with pytest.raises(ValueError, match="not a device"):
+        ww.training_session("gpu:banana")
+    job = mlp_job(7)
+    assert len(job.train(2)) == 2 and job.session[0] is a  # the job's own device's session
+    assert ww.training_session("cpu", memory_limit=1 << 30).memory_limit == 1 << 30
+    ww.training_session("cpu", memory_limit=None)
+
+
+def test_ctrl_c_stops_every_thread_training_and_the_next_call_works():
+    """Ctrl-C while jobs train from the main thread and a worker thread (as
+    Optuna's n_jobs runs trials): KeyboardInterrupt in both within a second,
+    nothing trains on, the next train() works, nothing aborts at exit."""
+    from conftest import run_python
+
+    r = run_python("""
+        import json, os, signal, threading, time
+        # Python leaves SIGINT ignored when it starts ignored (a background
+        # job's, as CI may run it): take Ctrl-C as an interactive run does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        import torch, waterwave as ww
+        watchdog = threading.Timer(60, os._exit, (3,))
+        watchdog.daemon = True
+        watchdog.start()
+
+        def job(seed):
+            torch.manual_seed(seed)
+            net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+            return ww.Job(net, (torch.randn(16, 32),), None, torch.optim.SGD(net.parameters(), lr=0.01))
+
+        main_job, other = job(0), job(1)
+        caught = {}
+
+        def worker():
+            try:
+                other.train(10**7)
+            except KeyboardInterrupt as e:
+                caught["worker"] = (time.monotonic(), str(e))
+
+        t = threading.Thread(target=worker)
+        t.start()
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            main_job.train(10**7)
+            raise SystemExit("train() ended without the interrupt")
+        except KeyboardInterrupt:
+            at = time.monotonic()
+        t.join(10)
+        steps = [len(main_job.losses), len(other.losses)]
+        time.sleep(0.3)
+        still = [len(main_job.losses), len(other.losses)]
+        after = [len(main_job.train(2)), len(other.train(3))]
+        print(json.dumps({"worker_after": caught["worker"][0] - at, "message": caught["worker"][1],
+                          "alive": t.is_alive(), "steps": steps, "still": still, "after": after,
+                          "training": len(ww.training_session("cpu").training)}))
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr and "Aborted" not in r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["worker_after"] < 1 and not out["alive"] and "interrupted" in out["message"]
+    assert out["steps"] == out["still"] and min(out["steps"]) > 0
+    assert out["after"] == [2, 3] and out["training"] == 0

@@ -1,0 +1,120 @@
+"""``waterwave.Job``: one training job (a model, its loss, its optimizer and
+its data), its step captured once; ``Job.train(steps)`` trains it in the
+device's training session beside every other job training there
+(``session.py``); ``ConcurrentTrainer`` trains a fixed set together.
+
+May import: waterwave.capturing, waterwave.pipeline, this package; torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..capturing.optimizers import GradClip
+from ..pipeline.nodegroups import Partition
+from ..pipeline.pairing import JobPlan
+from .batches import BatchFeed
+from .group_runner import GroupRunner
+from .session import training_session, whole_steps
+from .step import CapturedStep
+
+
+class Job:
+    """One training job: a model, its loss and its optimizer, and what it
+    trains on: ``data``, any re-iterable of ``(inputs..., targets...)``
+    batches (a ``DataLoader``, a list), drawn a batch a step and iterated
+    again each epoch, the first ``n_inputs`` items of a batch being the
+    model's inputs; or, without data, ``example_inputs`` (and ``targets``),
+    the batch every step trains on. The loss is
+    ``loss_fn(model(*inputs), *targets)``. The step is captured on
+    ``example_inputs``, else on the data's first batch (which is then trained
+    on first); every batch must have its shapes. ``clip_grad_norm`` and
+    ``clip_grad_value`` clip the gradients before each update, as
+    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
+    model's parameters would.
+
+    ``train(steps)`` trains it, from any thread, beside the other jobs
+    training on its device at the time; ``ConcurrentTrainer`` trains a
+    fixed set of jobs together."""
+
+    def __init__(self, model, example_inputs: Sequence[Any] | None = None,
+                 loss_fn: Callable | None = None, optimizer=None, targets=None,
+                 name: str | None = None, data=None, n_inputs: int = 1,
+                 clip_grad_norm: float | None = None, clip_grad_value: float | None = None):
+        if optimizer is None:
+            raise ValueError("a Job needs the optimizer that trains the model")
+        device = next((p.device for p in model.parameters()), None)
+        self.batches = None if data is None else BatchFeed(data, n_inputs, device)
+        if example_inputs is None:
+            if self.batches is None:
+                raise ValueError("a Job needs data (batches to train on) or example_inputs")
+            example_inputs, targets = self.batches.peek()
+            targets = targets or None
+        self.name = name or type(model).__name__
+        clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
+        self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
+                                    clip)
+        self.graph = self.step_fn.graph
+        self.losses: list[float] = []
+        self.error: BaseException | None = None
+        self.runner: GroupRunner | None = None
+        self.partition: Partition | None = None
+        self.plan: JobPlan | None = None  # its groups' bytes from the graph, for the pairing
+        self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
+        self.session = None  # the training session its partition and runner were made for
+        self._stream = None
+
+    def train(self, steps: int, session=None) -> list[float]:
+        """Train ``steps`` steps on the job's next batches, beside every other
+        job training in the same session (by default its device's,
+        ``waterwave.training_session``) at the time, and return their
+        losses. Blocks the calling thread, which runs the job's own groups;
+        the model, its optimizer and its data are the caller's again when
+        it returns (evaluate, step a scheduler, change hyperparameters).
+        The job's error, if it failed, is raised here."""
+        steps = whole_steps(steps)
+        if self.error is not None:
+            raise RuntimeError(f"job {self.name!r} failed earlier ({self.error!r}); its model may "
+                               "hold half a step: make a new Job from a checkpoint") from self.error
+        session = session if session is not None else training_session(self.device)
+        before = len(self.losses)
+        session.train(self, steps)
+        return self.losses[before:]
+
+    @property
+    def device(self):
+        """The device the model trains on (a ``torch.device``)."""
+        return self.step_fn.params[0].device
+
+    @property
+    def model(self):
+        return self.step_fn.model
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def stream(self):
+        """The job's own CUDA stream (created once), or None on the CPU."""
+        if self.step_fn.device != "cuda":
+            return None
+        if self._stream is None:
+            import torch
+
+            self._stream = torch.cuda.Stream(device=self.step_fn.params[0].device)
+        return self._stream
+
+    def next_batch(self) -> tuple[tuple, Any]:
+        """The inputs and targets of the job's next step: its data's next
+        batch, or nothing (the example batch) without data."""
+        if self.batches is None:
+            return (), None
+        inputs, targets = self.batches.next()
+        return inputs, targets or None
+
+    def persistent_bytes(self) -> int:
+        return sum(t.size for t in self.graph.tensors if t.persistent or t.kind == "input")
+
+    def __repr__(self) -> str:
+        state = f"failed: {self.error!r}" if self.failed else f"{len(self.losses)} steps"
+        return f"Job({self.name!r}, {state})"

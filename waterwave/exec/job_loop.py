@@ -1,0 +1,154 @@
+"""One job's part of a pipelined run: its (round, step, group) entries from
+a round feed, each group run once the barrier lets it, each step's batch
+drawn as the step begins; and what measures a job's groups on a GPU.
+``ConcurrentTrainer`` runs this loop on a pool thread per job, a training
+session (``session.py``) on the thread that called ``Job.train``.
+
+A job that raises stops alone: its error is kept (``Job.error``), its
+groups leave the barrier, its tensors are dropped, and the others go on.
+
+May import: waterwave.pipeline, waterwave.cuda, this package; torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import cuda
+from ..pipeline.counter_barrier import BarrierAborted
+from ..pipeline.round_feed import RoundFeed
+from .workers import Task
+
+LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see run_job)
+
+
+@dataclass
+class Measure:
+    """Measure each group of a job's first step in the allocator (``probe``);
+    ``report`` gets the (net, rise) of every group, or None if the step did
+    not run whole."""
+    probe: "MemoryProbe"
+    report: Callable[[list[tuple[int, int]] | None], None]
+    readings: list = field(default_factory=list)
+
+
+def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = None,
+            measure: Measure | None = None) -> None:
+    """Job k's entries of ``feed``, run in order; ``enter(round)`` before each
+    group (SyncAndCoalesce between rounds). Returns when its entries end,
+    the barrier closes, or the job fails (``job.error``); Ctrl-C on this
+    thread is raised. The job leaves the feed on the way out."""
+    import torch
+
+    env, step_no = None, -1
+    # Each step's loss, read a few steps later: reading a GPU tensor
+    # waits for its stream, and the host should stay ahead of the GPU
+    # (its queue holds about one step), as the simulator's host does.
+    pending: list = []
+    stream = job.stream()
+    last_group = len(job.partition.groups) - 1
+    measuring_step = None
+    try:
+        if stream is not None:  # the model and batch were made on the default stream
+            stream.wait_stream(torch.cuda.default_stream(stream.device))
+        with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None
+                               else contextlib.nullcontext()):
+            for round_, step, group in feed.entries(k):
+                if step != step_no:
+                    flat = job.step_fn.flat_inputs(*job.next_batch())
+                    env, step_no = job.runner.start(flat), step
+                    if measure is not None and measuring_step is None:
+                        measuring_step = step
+                feed.barrier.wait(job, round_)
+                if enter is not None:
+                    enter(round_)
+                if measure is not None and step == measuring_step:
+                    start = measure.probe.start()
+                    job.runner.run_group(group, env)
+                    measure.readings.append(measure.probe.since(start))
+                    if group == last_group:  # before the next entry is planned
+                        measure.report(list(measure.readings))
+                        measure = None
+                else:
+                    job.runner.run_group(group, env)
+                if group == last_group:
+                    pending.append(job.runner.finish(env).detach())
+                    env = None
+                    if len(pending) > LOSSES_IN_FLIGHT:
+                        job.losses.append(float(pending.pop(0)))
+                feed.barrier.done(job, round_)
+    except BarrierAborted:
+        pass
+    except KeyboardInterrupt:  # only a job run on the caller's thread gets one: the caller's
+        raise
+    except BaseException as e:  # the job stops alone, with its error
+        # The traceback stays, its frames' tensors go back to the allocator.
+        traceback.clear_frames(e.__traceback__)
+        job.error = e
+    finally:
+        env = None  # its tensors go back to the allocator
+        try:
+            if measure is not None:
+                measure.report(None)
+            job.losses += [float(x) for x in pending]  # the steps it finished
+            if stream is not None:  # the caller reads the parameters on the default stream
+                torch.cuda.default_stream(stream.device).wait_stream(stream)
+        except BaseException as e:
+            job.error = job.error or e
+        feed.leave(k)
+
+
+def wait_tasks(tasks: list[Task], interruptible: bool = True) -> None:
+    """Wait for the jobs' tasks. A wait with a timeout wakes the caller's
+    thread every tenth of a second, so Ctrl-C reaches it as
+    ``KeyboardInterrupt`` even where the signal landed on another thread.
+    ``interruptible=False``: wait them out whatever arrives meanwhile. An
+    error a task let escape (a bug: jobs keep their own) is raised here."""
+    for task in tasks:
+        while not task.done:
+            try:
+                task.wait(0.1)
+            except KeyboardInterrupt:
+                if interruptible:
+                    raise
+    for task in tasks:
+        if task.error is not None:
+            raise task.error
+
+
+class MemoryProbe:
+    """Bytes allocated on a GPU, from whichever allocator serves PyTorch
+    there: Waterwave's counters when it is installed, torch's otherwise.
+    Allocators count a tensor when the host asks for it, so the readings
+    need no synchronization."""
+
+    def __init__(self, device):
+        if cuda.is_installed():
+            self.stats = cuda
+        else:
+            import torch
+
+            self.stats = torch.cuda
+        self.device = device
+
+    def start(self) -> int:
+        self.stats.reset_peak_memory_stats(self.device)
+        return self.stats.memory_allocated(self.device)
+
+    def since(self, start: int) -> tuple[int, int]:
+        """(net bytes, most bytes above ``start``) since ``start()``."""
+        now = self.stats.memory_allocated(self.device)
+        return now - start, max(0, self.stats.max_memory_allocated(self.device) - start)
+
+    def available(self) -> int:
+        """Bytes new tensors can still take: the allocator's cached free
+        blocks, and what it may still reserve from the driver, within its
+        ``per_process_memory_fraction``. (The driver's free memory alone
+        misses the cache, and a cap the allocator keeps.)"""
+        free, total = self.stats.mem_get_info(self.device)
+        reserved = self.stats.memory_reserved(self.device)
+        cap = int(self.stats.get_per_process_memory_fraction(self.device) * total)
+        cached = reserved - self.stats.memory_allocated(self.device)
+        return min(free, max(0, cap - reserved)) + cached

@@ -1,0 +1,284 @@
+"""Training sessions: every job training on a device at the same time,
+whoever called it and from which thread, in one NodeGroup pipeline.
+
+``Job.train(steps)`` joins its device's session (``training_session``) for
+``steps`` steps and leaves when they are done: a trial of a hyperparameter
+search is an ordinary loop (train an epoch, step a scheduler, evaluate,
+report), and trials running in other threads (Optuna's ``n_jobs``) train
+beside it. The calling thread runs its own job's groups; the session only
+plans: one round feed (``pipeline.round_feed``) over one memory-aware
+pairing (``pipeline.pairing.MemoryPairing``) while anyone trains, which
+jobs join (their rounds begin after every round planned so far, at most a
+window of the others' steps later) and leave (their persistent bytes, the
+parameters and optimizer state kept between calls, stay counted against
+the budget). When the last job leaves, the next one starts a fresh feed.
+
+The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
+allocator could give when the feed started plus what the session's jobs
+held then (their tensors between calls included); else (the CPU) none, and
+the jobs run side by side freely. On a GPU a job's first step in a session
+runs alone, group by group, and the allocator's counters give each group's
+bytes (cuDNN's workspaces included), as ``ConcurrentTrainer`` measures.
+
+Ctrl-C: the process's SIGINT handler, where it is Python's own when this
+module is imported on the main thread, is wrapped so that it also stops
+every session: each job's thread leaves at its next group with
+``KeyboardInterrupt``, the main thread gets its ``KeyboardInterrupt`` as
+before, and the next ``train`` call starts a fresh feed.
+
+May import: waterwave.pipeline, this package; torch (lazily).
+"""
+from __future__ import annotations
+
+import operator
+import signal
+import threading
+import weakref
+from dataclasses import replace
+
+from ..pipeline.counter_barrier import CounterBarrier
+from ..pipeline.pairing import MemoryPairing, graph_plan
+from ..pipeline.round_feed import RoundFeed
+from ..pipeline.schedules import FREE, MEMORY
+from ..pipeline.schedules import schedule as named_schedule
+from .group_runner import GroupRunner
+from .job_loop import Measure, MemoryProbe, run_job
+
+_UNSET = object()
+
+
+def whole_steps(steps) -> int:
+    """``steps`` as a whole number of at least 1; a clear error otherwise."""
+    try:
+        whole = None if isinstance(steps, bool) else operator.index(steps)
+    except TypeError:
+        whole = None
+    if whole is None or whole < 1:
+        raise ValueError(f"steps must be a whole number of steps, at least 1; got {steps!r}")
+    return whole
+
+
+class TrainingSession:
+    """The jobs training on one device now (see the module's opening).
+    ``memory_limit``: bytes the jobs may hold together (None: the GPU's
+    free memory, no limit on the CPU); ``schedule``: ``waterwave`` (groups
+    paired under the budget) or ``lockstep`` (no barrier); ``split_size``:
+    bytes per node group (default: each job's step peak over 8)."""
+
+    def __init__(self, device, memory_limit: int | None = None, schedule: str = "waterwave",
+                 split_size: int | None = None, order: str = "bfs"):
+        self.device = device
+        self._lock = threading.Lock()
+        self._feed: RoundFeed | None = None
+        self._members: dict[int, tuple[object, RoundFeed]] = {}
+        self._known: weakref.WeakSet = weakref.WeakSet()  # jobs that trained here
+        self._next_k = 0
+        self._generation = 0  # settings changed: jobs are cut again
+        self._capacity: int | None = None  # the GPU budget, probed when a feed starts
+        self.steps_run = 0
+        self._set(memory_limit, schedule, split_size, order)
+
+    def configure(self, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
+                  order=_UNSET) -> TrainingSession:
+        """Change the settings given; only while no job trains here."""
+        with self._lock:
+            if self._members:
+                raise RuntimeError(f"{len(self._members)} job(s) train in the session of "
+                                   f"{self.device} now: change its settings between trainings")
+            self._set(self.memory_limit if memory_limit is _UNSET else memory_limit,
+                      self.schedule if schedule is _UNSET else schedule,
+                      self.split_size if split_size is _UNSET else split_size,
+                      self.order if order is _UNSET else order)
+            self._generation += 1
+        return self
+
+    def _set(self, memory_limit, schedule, split_size, order) -> None:
+        plan_schedule = named_schedule(schedule)
+        if plan_schedule.pairing not in (MEMORY, FREE):
+            raise ValueError(f"a training session runs the waterwave or lockstep schedule, not "
+                             f"{schedule!r} (a fixed pairing of a fixed set of jobs): use "
+                             "ConcurrentTrainer for it")
+        if split_size is not None and (isinstance(split_size, bool) or not isinstance(split_size, int)
+                                       or split_size <= 0):
+            raise ValueError(f"split_size must be a positive number of bytes, got {split_size!r}")
+        if memory_limit is not None and (isinstance(memory_limit, bool)
+                                         or not isinstance(memory_limit, (int, float))
+                                         or not 0 < memory_limit < float("inf")):
+            raise ValueError(f"memory_limit must be a positive number of bytes, got "
+                             f"{memory_limit!r}; None plans for the device's free memory")
+        self.memory_limit = None if memory_limit is None else int(memory_limit)
+        self.schedule, self.plan_schedule = schedule, plan_schedule
+        self.split_size, self.order = split_size, order
+
+    # One job's call ---------------------------------------------------------
+    def train(self, job, steps: int) -> None:
+        """``steps`` steps of ``job`` on the calling thread, beside the others."""
+        steps = whole_steps(steps)
+        job.step_fn.check_context()  # its train/eval mode, autocast, hooks: the caller's
+        probe = MemoryProbe(job.device) if job.step_fn.device == "cuda" else None
+        with self._lock:
+            if any(member is job for member, _ in self._members.values()):
+                raise RuntimeError(f"{job!r} is already training: call train() on a job from "
+                                   "one thread at a time")
+            if job.session != (self, self._generation):
+                self._prepare(job)
+            self._known.add(job)
+            feed = self._feed
+            if feed is None:
+                feed = self._feed = RoundFeed(MemoryPairing([], None, 0), [], CounterBarrier())
+                self._capacity = self._probe_capacity(probe)
+            k = self._next_k
+            self._next_k += 1
+            self._members[k] = (job, feed)
+            solo = probe is not None and job.measured is None and self.plan_schedule.pairing == MEMORY
+            plan = replace(job.plan, job=k, groups=list(job.measured or job.plan.groups))
+            feed.join(k, job, plan, steps, solo_first=solo)
+            feed.set_limit(*self._budget(feed))
+        measure = None
+        if solo:
+            def report(readings, job=job, feed=feed, k=k):
+                if readings is not None and len(readings) == len(job.partition.groups):
+                    job.measured = readings
+                    feed.measured(k, readings)
+                else:
+                    feed.measured(k, None)
+            measure = Measure(probe, report)
+        before = len(job.losses)
+        try:
+            run_job(job, feed, k, measure=measure)
+        finally:
+            with self._lock:
+                del self._members[k]
+                self.steps_run += len(job.losses) - before
+                if self._feed is feed:
+                    if any(f is feed for _, f in self._members.values()):
+                        feed.set_limit(*self._budget(feed))
+                    else:
+                        self._feed = None  # the next job starts a fresh feed
+        if job.error is not None:
+            raise job.error
+        if len(job.losses) - before < steps and feed.barrier.closed:
+            raise KeyboardInterrupt(f"job {job.name!r} stopped after {len(job.losses) - before} "
+                                    f"of {steps} steps: training was interrupted")
+
+    def _prepare(self, job) -> None:
+        """Cut the job's step into this session's node groups."""
+        job.partition = self.plan_schedule.partition(job.graph, self.split_size, self.order)
+        job.runner = GroupRunner(job.step_fn, job.partition)
+        job.plan = graph_plan(0, job.graph, job.partition)
+        job.measured = None
+        job.session = (self, self._generation)
+
+    def _probe_capacity(self, probe: MemoryProbe | None) -> int | None:
+        """On a GPU without a limit: what the allocator can still give plus
+        what the session's jobs hold (they are all between steps now)."""
+        if probe is None or self.memory_limit is not None:
+            return None
+        return probe.available() + sum(j.plan.persistent for j in list(self._known))
+
+    def _budget(self, feed: RoundFeed) -> tuple[int | None, int]:
+        """(the budget, the bytes held outside the feed: the persistent bytes
+        of the session's jobs not training in it now)."""
+        if self.plan_schedule.pairing == FREE:
+            return None, 0
+        limit = self.memory_limit if self.memory_limit is not None else self._capacity
+        if limit is None:
+            return None, 0
+        inside = {id(j) for j, f in self._members.values() if f is feed}
+        outside = sum(j.plan.persistent for j in list(self._known) if id(j) not in inside)
+        return limit, outside
+
+    # The whole session ------------------------------------------------------
+    def interrupt(self) -> None:
+        """Stop every job training here at its next group (Ctrl-C)."""
+        with self._lock:
+            if self._feed is not None:
+                self._feed.barrier.close()
+                self._feed = None
+
+    @property
+    def training(self) -> list:
+        """The jobs training here now."""
+        with self._lock:
+            return [job for job, _ in self._members.values()]
+
+    def stats(self) -> dict:
+        with self._lock:
+            feed = self._feed
+            return {"device": str(self.device), "schedule": self.schedule,
+                    "memory_limit": self.memory_limit, "budget": self._capacity
+                    if self.memory_limit is None else self.memory_limit,
+                    "training": [job.name for job, _ in self._members.values()],
+                    "jobs_known": len(self._known), "steps_run": self.steps_run,
+                    "rounds_planned": None if feed is None else feed.last_round + 1}
+
+    def __repr__(self) -> str:
+        return (f"TrainingSession({str(self.device)!r}, schedule={self.schedule!r}, "
+                f"memory_limit={self.memory_limit!r}, training={len(self._members)})")
+
+
+_SESSIONS: dict[str, TrainingSession] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def training_session(device=None, *, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
+                     order=_UNSET) -> TrainingSession:
+    """The training session of ``device`` (a ``torch.device`` or its name;
+    default: the current CUDA device, else the CPU), made on first use;
+    the settings given configure it (see ``TrainingSession``)."""
+    key = _device_key(device)
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(key)
+        if session is None:
+            session = _SESSIONS[key] = TrainingSession(key)
+    settings = {name: value for name, value in (("memory_limit", memory_limit),
+                                                 ("schedule", schedule), ("split_size", split_size),
+                                                 ("order", order)) if value is not _UNSET}
+    return session.configure(**settings) if settings else session
+
+
+def _device_key(device) -> str:
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"not a device: {device!r} ({e}); name one as torch does, e.g. "
+                         "'cuda:0' or 'cpu'") from None
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available()
+                              else 0)
+    return str(device)
+
+
+def interrupt_all() -> None:
+    """Stop every session's jobs at their next group."""
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS.values())
+    for session in sessions:
+        session.interrupt()
+
+
+def _chain_sigint() -> None:
+    """Wrap Python's own SIGINT handler (only that one, only on the main
+    thread) so that Ctrl-C also stops the sessions' jobs, which run on
+    other threads than the one the interrupt lands in."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except ValueError:
+        return
+    if previous is not signal.default_int_handler:
+        return
+
+    def on_interrupt(signum, frame):
+        interrupt_all()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
+_chain_sigint()
