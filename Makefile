@@ -31,8 +31,8 @@ EXT := $(shell $(PYTHON) -c "import sysconfig; print('waterwave/_C' + sysconfig.
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -pthread
 BIN := tests/cpp/bin
 OBJ := $(BIN)/obj
-# Extras make installs (EXTRAS=test,planner,cupy12 for CuPy on CUDA 12).
-EXTRAS ?= test,planner,cupy
+# Extras make installs (EXTRAS=test,planner,cupy12,optuna,demo for CuPy on CUDA 12).
+EXTRAS ?= test,planner,cupy,optuna,demo
 RANDOM_RUN_OPS ?= 1000000
 
 .PHONY: all build demo test test-python sanitize sanitize-build bench bench-gpu gpu-check clean

@@ -56,7 +56,9 @@ class BatchFeed:
             try:
                 return split(next(self._batches), self.n_inputs)
             except StopIteration:
-                if iter(self.data) is self.data:
+                # Not iter(data) is data: a DataLoader's iter() draws from its
+                # generator, and the next epoch's order would not be eager's.
+                if isinstance(self.data, Iterator):
                     raise ValueError("the job's data ran out: it is an iterator, which yields "
                                      "one epoch only; pass a DataLoader or a list, which can be "
                                      "iterated again") from None

@@ -30,6 +30,7 @@ May import: waterwave.pipeline, this package; torch (lazily).
 """
 from __future__ import annotations
 
+import gc
 import operator
 import signal
 import threading
@@ -76,6 +77,7 @@ class TrainingSession:
         self._generation = 0  # settings changed: jobs are cut again
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
         self.steps_run = 0
+        self.most_training = 0  # the most jobs that trained here at once
         self._set(memory_limit, schedule, split_size, order)
 
     def configure(self, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
@@ -130,6 +132,7 @@ class TrainingSession:
             k = self._next_k
             self._next_k += 1
             self._members[k] = (job, feed)
+            self.most_training = max(self.most_training, len(self._members))
             solo = probe is not None and job.measured is None and self.plan_schedule.pairing == MEMORY
             plan = replace(job.plan, job=k, groups=list(job.measured or job.plan.groups))
             feed.join(k, job, plan, steps, solo_first=solo)
@@ -174,6 +177,10 @@ class TrainingSession:
         what the session's jobs hold (they are all between steps now)."""
         if probe is None or self.memory_limit is not None:
             return None
+        # Jobs of finished trials can outlive them in reference cycles (the
+        # first optimizer a process makes is held by torch's import frames):
+        # give their tensors back before measuring what is free.
+        gc.collect()
         return probe.available() + sum(j.plan.persistent for j in list(self._known))
 
     def _budget(self, feed: RoundFeed) -> tuple[int | None, int]:
@@ -210,6 +217,7 @@ class TrainingSession:
                     if self.memory_limit is None else self.memory_limit,
                     "training": [job.name for job, _ in self._members.values()],
                     "jobs_known": len(self._known), "steps_run": self.steps_run,
+                    "most_training": self.most_training,
                     "rounds_planned": None if feed is None else feed.last_round + 1}
 
     def __repr__(self) -> str:

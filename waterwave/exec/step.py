@@ -13,12 +13,18 @@ May import: waterwave.planner; torch.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..capturing import fake_step, guards, optimizers
 from ..planner.plan import PlanError
+
+# Captures run one at a time: tracing swaps torch's dispatch modes and
+# patches the optimizer while it runs, and trials of a search (Optuna's
+# n_jobs) build their jobs on several threads at once.
+_CAPTURE_LOCK = threading.Lock()
 
 
 class CapturedStep:
@@ -33,8 +39,9 @@ class CapturedStep:
         self.takes_targets = bool(example_targets)
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
-        self.gm, roles, names, grads, self.sites = fake_step.trace_step(
-            model, example_inputs, loss_fn, optimizer, example_targets, clip)
+        with _CAPTURE_LOCK:
+            self.gm, roles, names, grads, self.sites = fake_step.trace_step(
+                model, example_inputs, loss_fn, optimizer, example_targets, clip)
         self.device = fake_step.model_device(model, example_inputs)
         meta = {"optimizer": type(optimizer).__name__, "kernels": self.device,
                 "input_shapes": [list(x.shape) for x in example_inputs

@@ -1,0 +1,158 @@
+"""An ordinary Optuna study over Job.train (issue 24, item 4): trials side
+by side through ``study.optimize(n_jobs=4)`` with a pruner, each trial
+trained exactly as eager PyTorch trains it; a failing trial that leaves
+the others training; two worker processes sharing one SQLite study."""
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+optuna = pytest.importorskip("optuna")
+
+import torch.nn.functional as F  # noqa: E402
+
+import waterwave as ww  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def dataset(n=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 10, generator=g)
+    y = (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
+    return torch.utils.data.TensorDataset(x, y)
+
+
+TRAIN, VAL = dataset(96, 0), dataset(48, 1)
+
+
+def build(width, seed):
+    """The trial's model, initialised from its own generator: trials build
+    models on several threads at once, and torch's global one is shared."""
+    model = torch.nn.Sequential(torch.nn.Linear(10, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, 3))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+def loader(seed):
+    return torch.utils.data.DataLoader(TRAIN, batch_size=16, shuffle=True,
+                                       generator=torch.Generator().manual_seed(seed))
+
+
+def evaluate(model):
+    x, y = VAL.tensors
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def make_objective(session, epochs=3, start_together=None, fail_trial=None):
+    def objective(trial):
+        lr = trial.suggest_float("lr", 1e-2, 0.5, log=True)
+        width = trial.suggest_categorical("width", [16, 32])
+        model = build(width, trial.number)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        data = loader(trial.number)
+        if trial.number == fail_trial:
+            data = [(torch.randn(16, 10), torch.randint(0, 3, (16,))),
+                    (torch.randn(16, 7), torch.randint(0, 3, (16,)))]  # a batch of the wrong width
+        job = ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=data)
+        if start_together is not None and trial.number < start_together.parties:
+            start_together.wait()
+        losses = []
+        for epoch in range(epochs):
+            model.train()
+            losses += job.train(steps=len(data), session=session)
+            sched.step()
+            acc = evaluate(model)
+            trial.report(acc, epoch)
+            trial.set_user_attr("losses", losses)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return acc
+    return objective
+
+
+def eager_losses(params, number, epochs):
+    """The same trial in a plain eager loop."""
+    model = build(params["width"], number)
+    opt = torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=0.9, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    data, losses = loader(number), []
+    for _ in range(epochs):
+        model.train()
+        for x, y in data:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        sched.step()
+    return losses, evaluate(model)
+
+
+def test_study_with_four_jobs_and_a_pruner_trains_each_trial_as_eager():
+    session = ww.TrainingSession("cpu", memory_limit=1 << 20)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2))
+    study.optimize(make_objective(session, start_together=threading.Barrier(4, timeout=60)),
+                   n_trials=10, n_jobs=4)
+    states = [t.state for t in study.trials]
+    assert len(states) == 10 and set(states) <= {optuna.trial.TrialState.COMPLETE,
+                                                  optuna.trial.TrialState.PRUNED}
+    assert states.count(optuna.trial.TrialState.COMPLETE) >= 2
+    assert session.most_training >= 2  # trials really trained side by side
+    assert session.training == []
+    for t in study.trials:
+        epochs = 3 if t.state == optuna.trial.TrialState.COMPLETE else len(t.intermediate_values)
+        losses, acc = eager_losses(t.params, t.number, epochs)
+        torch.testing.assert_close(t.user_attrs["losses"], losses, rtol=1e-5, atol=1e-6)
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert t.value == pytest.approx(acc, abs=1e-6)
+
+
+def test_a_failing_trial_fails_alone_and_the_study_goes_on():
+    session = ww.TrainingSession("cpu")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=2))
+    study.optimize(make_objective(session, epochs=2, fail_trial=1), n_trials=5, n_jobs=3,
+                   catch=(ValueError,))
+    states = {t.number: t.state for t in study.trials}
+    assert states[1] == optuna.trial.TrialState.FAIL
+    assert all(s == optuna.trial.TrialState.COMPLETE for n, s in states.items() if n != 1)
+    assert session.training == []
+
+
+WORKER = textwrap.dedent("""
+    import sys, optuna, torch
+    sys.path.insert(0, {tests!r})
+    import waterwave as ww
+    from test_optuna import make_objective
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="shared", storage={storage!r})
+    study.optimize(make_objective(ww.training_session("cpu"), epochs=2), n_trials=3, n_jobs=2)
+""")
+
+
+def test_two_worker_processes_share_one_sqlite_study(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="shared", storage=storage, direction="maximize")
+    script = WORKER.format(tests=str(__import__("pathlib").Path(__file__).parent), storage=storage)
+    workers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in workers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err[-2000:]
+    study = optuna.load_study(study_name="shared", storage=storage)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    done = [t for t in study.trials if t.state in finished]  # the default pruner may prune
+    assert len(done) == 6, [(t.number, t.state) for t in study.trials]
+    assert len({t.number for t in done}) == 6
+    assert json.dumps(study.best_params)  # a best trial, readable by any worker
