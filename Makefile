@@ -52,8 +52,12 @@ $(EXT): $(INSTALLED) $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge
 
 build: $(EXT)
 
+# Two jobs on a simulated GPU, then a real search: 16 Optuna trials, four at
+# a time, on scikit-learn's digits (CPU), and what they would use on a
+# simulated H100 with and without the pipeline.
 demo: build
 	$(PY) -m waterwave demo --out out
+	$(PY) examples/optuna_search.py --simulate
 
 # The sanitizer drivers. Every source is compiled once under ASan/UBSan into
 # $(OBJ) and each driver links the objects it needs, so `make -j` builds them

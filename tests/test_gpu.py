@@ -249,3 +249,61 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     for losses in out["losses"]:
         assert losses == pytest.approx(eager, rel=1e-3)
     assert out["bad_frees"] == 0
+
+
+def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
+    """Job.train from two threads on the Waterwave allocator, under a budget
+    that holds one step at a time: each job's first step in the session is
+    measured alone, then the jobs take turns; each trains as it trains
+    alone, and the allocator stays sound."""
+    eager = run(TRAIN + "print(json.dumps({'losses': train(6)}))")["losses"]
+    out = run(TRAIN + textwrap.dedent("""
+    import threading
+    import waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    jobs = []
+    for k in range(2):
+        net, opt, x, y = setup()
+        jobs.append(ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
+                           name=f"job{k}"))
+    session = ww.TrainingSession("cuda:0")
+    session._prepare(jobs[0])
+    one_step = jobs[0].partition.peak
+    session.configure(memory_limit=sum(j.persistent_bytes() for j in jobs) + int(1.5 * one_step))
+    losses = [[], []]
+    def trial(k):
+        for _ in range(3):  # three calls of two steps, evaluation between
+            losses[k] += jobs[k].train(2, session=session)
+            model = jobs[k].model
+            with torch.no_grad():
+                model.eval()
+                model(torch.randn(2, 3, 64, 64, device="cuda"))
+                model.train()
+    threads = [threading.Thread(target=trial, args=(k,)) for k in range(2)]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    torch.cuda.synchronize()
+    wc.check_invariants(0)
+    print(json.dumps({'losses': losses, 'measured': [j.measured is not None for j in jobs],
+                      'errors': [repr(j.error) for j in jobs if j.failed],
+                      'most': session.stats()['most_training'],
+                      'bad_frees': wc.free_errors()[0]}))
+    """))
+    assert out["errors"] == [] and out["measured"] == [True, True]
+    for losses in out["losses"]:
+        assert losses == pytest.approx(eager, rel=1e-3)
+    assert out["bad_frees"] == 0
+
+
+def test_the_optuna_objective_searches_on_the_gpu():
+    """examples/optuna_search.py on CUDA tensors with the Waterwave allocator:
+    four trials at a time, pruned ones leaving; the best reaches 90%."""
+    pytest.importorskip("optuna")
+    pytest.importorskip("sklearn")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", "optuna_search.py"),
+                        "--trials", "8", "--jobs", "4", "--epochs", "4"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "on cuda" in r.stdout, r.stdout[-2000:]
+    best = float(r.stdout.split("best held-out accuracy ")[1].split("%")[0])
+    assert best >= 90, r.stdout[-2000:]

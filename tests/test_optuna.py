@@ -156,3 +156,33 @@ def test_two_worker_processes_share_one_sqlite_study(tmp_path):
     assert len(done) == 6, [(t.number, t.state) for t in study.trials]
     assert len({t.number for t in done}) == 6
     assert json.dumps(study.best_params)  # a best trial, readable by any worker
+
+
+def test_the_example_search_runs_and_reports_its_trials_and_the_simulated_gpu():
+    """examples/optuna_search.py, as make demo runs it but shorter."""
+    root = __import__("pathlib").Path(__file__).parent.parent
+    r = subprocess.run([sys.executable, str(root / "examples" / "optuna_search.py"), "--trials", "4",
+                        "--jobs", "2", "--epochs", "2", "--simulate"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("held-out accuracy") == 5  # four trials and the best
+    assert "at most 2 training at once" in r.stdout or "at most 1 training at once" in r.stdout
+    assert "2 of these trials side by side on a simulated H100-80GB" in r.stdout
+    assert "(all simulated, not measured on a GPU)" in r.stdout
+
+
+def test_trials_on_a_simulated_gpu_fit_under_a_smaller_cap_with_the_pipeline():
+    from waterwave.tools.demo import trials_on_gpu
+
+    graphs = []
+    for k, width in enumerate((256, 128)):
+        model = build(width, k)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        graphs.append(ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt,
+                             data=[TRAIN.tensors]).graph)
+    r = trials_on_gpu(graphs)
+    assert r["simulated"] and r["waterwave"]["ok"] and r["waterwave"]["hazards"] == 0
+    assert r["waterwave"]["memory_limit"] <= r["lockstep"]["peak_reserved"] + (1 << 20)
+    assert 0 < r["blas_workspaces"] < r["lockstep"]["peak_reserved"]
+    with pytest.raises(ValueError, match="needs the graphs"):
+        trials_on_gpu([])

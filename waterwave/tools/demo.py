@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..sim.eager import eager_trace
 from ..sim.jobs import JobModel
 from ..sim.kernels import KernelModel
 from ..sim.maxbatch import max_batch
@@ -113,3 +114,68 @@ def format_table(results: dict) -> str:
                  + ("trains" if at["lockstep"]["ok"] else "runs out of memory")
                  + f"; waterwave peaks at {at['waterwave']['peak_reserved'] / GiB:.2f} GiB reserved")
     return "\n".join(lines)
+
+
+# The trials of a search, on a simulated GPU -------------------------------------
+MiB = 1 << 20
+
+
+def trials_on_gpu(graphs: list, gpu: str = "H100-80GB", steps: int = 6) -> dict:
+    """What trials that trained side by side (their captured steps, ``Job.graph``)
+    would use on a simulated ``gpu``: side by side under PyTorch's caching
+    policy with no cap (``lockstep``), and the smallest cap, in MiB, under
+    which Waterwave's pipeline still trains them all (``waterwave``), with
+    lockstep under that same cap. Every figure is simulated."""
+    if not graphs:
+        raise ValueError("trials_on_gpu needs the graphs of the trials that trained together")
+    kernels = KernelModel.load()
+    plain = [eager_trace(g, gpu, kernels) for g in graphs]
+    side_by_side = simulate(plain, gpu, None, "lockstep", "pytorch", steps)
+    lo = max(t.peak_live() for t in plain) // MiB  # not below one trial's own peak
+    hi = -(-side_by_side.peak_reserved // MiB)
+    sched = named_schedule("waterwave")
+
+    def pipeline(cap_mib: int):
+        plan = named_schedule("waterwave", cap_mib * MiB)
+        traces = [eager_trace(g, gpu, kernels, partition=sched.partition(g)) for g in graphs]
+        return simulate(traces, gpu, cap_mib * MiB, plan, "waterwave", steps)
+
+    best = pipeline(hi)
+    if best.ok:
+        while lo + 1 < hi:  # the smallest cap it trains under, by bisection
+            mid = (lo + hi) // 2
+            r = pipeline(mid)
+            if r.ok and not r.hazards:
+                hi, best = mid, r
+            else:
+                lo = mid
+    capped = simulate(plain, gpu, hi * MiB, "lockstep", "pytorch", steps)
+    # Blocks past the graph's tensors are the BLAS libraries' workspaces, per stream.
+    workspaces = sum(n for g, t in zip(graphs, plain) for b, n, _, _ in t.persistent
+                     if b >= len(g.tensors))
+    return {"gpu": gpu, "trials": len(graphs), "simulated": True, "blas_workspaces": workspaces,
+            "lockstep": {"peak_reserved": side_by_side.peak_reserved,
+                         "throughput": side_by_side.throughput},
+            "waterwave": {"memory_limit": hi * MiB, "ok": best.ok,
+                          "peak_reserved": best.peak_reserved, "throughput": best.throughput,
+                          "hazards": best.hazards},
+            "lockstep_under_that_limit": {"ok": capped.ok}}
+
+
+def format_trials(r: dict) -> str:
+    ww, side = r["waterwave"], r["lockstep"]
+    def rate(x):
+        return "no steady steps to measure a rate in" if x is None else f"{x:,.0f} samples/s"
+
+    return "\n".join([
+        f"{r['trials']} of these trials side by side on a simulated {r['gpu']}:",
+        f"  PyTorch side by side (lockstep):  {side['peak_reserved'] / MiB:8.1f} MiB reserved, "
+        f"{rate(side['throughput'])}",
+        f"    (of which {r['blas_workspaces'] / MiB:.0f} MiB are cuBLAS and cuBLASLt workspaces, "
+        "one each per stream: small models' memory is mostly these)",
+        f"  Waterwave pipeline:               trains under a cap of {ww['memory_limit'] / MiB:.0f} MiB "
+        f"({ww['peak_reserved'] / MiB:.1f} MiB reserved), {rate(ww['throughput'])}, "
+        f"{ww['hazards']} hazards",
+        "  PyTorch side by side under that cap: "
+        + ("trains" if r["lockstep_under_that_limit"]["ok"] else "runs out of memory"),
+        "  (all simulated, not measured on a GPU)"])
