@@ -1,6 +1,6 @@
 """Proof of exactness (issue 24, item 5): for random combinations of
 optimizer, hyperparameters (changed between steps too, as a scheduler
-would), gradient clipping, data and schedule, every job trained beside
+would), gradient clipping, data (a short last batch too) and schedule, every job trained beside
 others (1, 2 or 4 at once) ends with the losses, parameters and optimizer
 state of plain eager PyTorch training it alone on the same batches in the
 same order."""
@@ -38,6 +38,7 @@ def job_specs(draw):
         "batches": draw(st.integers(1, 3)),
         "batch_size": draw(st.sampled_from([4, 6])),
         "lr_scale": draw(st.sampled_from([1.0, 0.5, 3.0])),  # applied at the change
+        "short_last": draw(st.booleans()),  # a last batch of fewer samples, as a DataLoader's
     }
 
 
@@ -46,9 +47,11 @@ def model_and_data(k, spec):
     model = torch.nn.Sequential(torch.nn.Linear(12, spec["width"]), torch.nn.Tanh(),
                                 torch.nn.Linear(spec["width"], 3))
     g = torch.Generator().manual_seed(200 + k)
-    data = [(torch.randn(spec["batch_size"], 12, generator=g),
-             torch.randint(0, 3, (spec["batch_size"],), generator=g))
-            for _ in range(spec["batches"])]
+    sizes = [spec["batch_size"]] * spec["batches"]
+    if spec.get("short_last"):
+        sizes.append(spec["batch_size"] - 3)
+    data = [(torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g))
+            for n in sizes]
     return model, data
 
 

@@ -1,6 +1,7 @@
 """Jobs train on their data as an eager loop does: a batch a step, drawn from
-a DataLoader or a list, epoch after epoch; a batch of another shape, or data
-that runs out, is a clear error naming the fix."""
+a DataLoader or a list, epoch after epoch, a short last batch from a capture
+of its own; a batch the job's plan cannot hold, or data that runs out, is a
+clear error naming the fix."""
 import copy
 
 import pytest
@@ -84,14 +85,52 @@ def test_a_list_of_batches_with_several_targets():
         torch.testing.assert_close(b.detach(), a.detach())
 
 
-def test_a_short_last_batch_is_a_clear_error_naming_drop_last():
-    loader = DataLoader(dataset(n=20), batch_size=8)  # 8, 8, 4
+@pytest.mark.parametrize("how", ["trainer", "train"])
+def test_a_short_last_batch_trains_from_its_own_capture_as_eager(how):
+    """DataLoader's short last batch (20 samples in 8, 8, 4): the step at
+    batch 4 is captured once, cut into the same groups, and every epoch's
+    last step runs it, exactly as eager, optimizer state shared."""
+    loader = DataLoader(dataset(n=20), batch_size=8, shuffle=True,
+                        generator=torch.Generator().manual_seed(3))
+    model = net(0)
+    ref_loader = DataLoader(dataset(n=20), batch_size=8, shuffle=True,
+                            generator=torch.Generator().manual_seed(3))
+    losses, ref_opt = eager(copy.deepcopy(model), MAKERS[0], ref_loader, 8)
+    opt = MAKERS[0](model)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=loader)
+    if how == "trainer":
+        ww.ConcurrentTrainer([job], memory_limit=1 << 20).run(8)
+        got = job.losses
+    else:
+        got = job.train(3) + job.train(5)  # epochs 1, 2 and a bit
+    assert job.error is None
+    torch.testing.assert_close(got, losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ref_opt.param_groups[0]["params"], opt.param_groups[0]["params"]):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(opt.state[b]["momentum_buffer"],
+                                   ref_opt.state[a]["momentum_buffer"], rtol=1e-5, atol=1e-6)
+    assert len(job._other_shapes) == 1  # captured once, for batch 4
+
+
+def test_a_batch_larger_than_the_first_is_a_clear_error():
+    data = [(torch.randn(4, 16), torch.randint(0, 4, (4,))),
+            (torch.randn(8, 16), torch.randint(0, 4, (8,)))]
     model = net(0)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                 data=loader)
-    ww.ConcurrentTrainer([job]).run(3)
-    assert isinstance(job.error, ValueError) and "drop_last=True" in str(job.error)
-    assert len(job.losses) == 2  # the two full batches trained
+                 data=data)
+    with pytest.raises(ValueError, match="larger than the job's first batch"):
+        job.train(2, session=ww.TrainingSession("cpu"))
+    assert len(job.losses) == 1  # the first batch trained
+
+
+def test_a_batch_with_another_number_of_items_is_a_clear_error():
+    data = [(torch.randn(4, 16), torch.randint(0, 4, (4,))),
+            (torch.randn(4, 16), torch.randint(0, 4, (4,)), torch.ones(4))]
+    model = net(0)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                 data=data)
+    ww.ConcurrentTrainer([job]).run(2)
+    assert isinstance(job.error, ValueError) and "captured with 2" in str(job.error)
 
 
 def test_data_that_runs_out_says_to_pass_a_re_iterable():

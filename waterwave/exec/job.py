@@ -52,9 +52,12 @@ class Job:
             targets = targets or None
         self.name = name or type(model).__name__
         clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
+        self._capture = (loss_fn, clip)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
                                     clip)
         self.graph = self.step_fn.graph
+        # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
+        self._other_shapes: dict = {}
         self.losses: list[float] = []
         self.error: BaseException | None = None
         self.runner: GroupRunner | None = None
@@ -111,6 +114,54 @@ class Job:
             return (), None
         inputs, targets = self.batches.next()
         return inputs, targets or None
+
+    def step_for(self, inputs: tuple, targets) -> tuple[CapturedStep, GroupRunner]:
+        """The capture and group runner for a batch: the job's own, or, for a
+        batch of other shapes (a DataLoader's short last batch), a capture of
+        the step at those shapes, made once and cut into the same node
+        groups. Its operators must be the same, each tensor no larger than
+        at the job's shapes (so the memory planned for a step bounds it);
+        a clear error otherwise."""
+        import torch
+
+        data = (*inputs, *(targets or ()))
+        key = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x)
+                    for x in data)
+        if not inputs or key == self._shape_key():
+            return self.step_fn, self.runner
+        found = self._other_shapes.get(key)
+        if found is None:
+            with torch.enable_grad():  # the job's loop runs its steps under no_grad
+                step = self._capture_at(inputs, targets)
+            found = self._other_shapes[key] = [step, None, None]
+        if found[2] is not self.partition:  # cut into this trainer's or session's groups
+            found[1], found[2] = GroupRunner(found[0], self.partition), self.partition
+        return found[0], found[1]
+
+    def _shape_key(self) -> tuple:
+        import torch
+
+        return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x)
+                     for x in self.step_fn.example)
+
+    def _capture_at(self, inputs: tuple, targets) -> CapturedStep:
+        main = self.step_fn
+        if len(inputs) + len(targets or ()) != len(main.example):
+            main._check_batch((*inputs, *(targets or ())))  # its error names the difference
+        loss_fn, clip = self._capture
+        step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
+                            self.name, clip)
+        ours, theirs = main.graph, step.graph
+        shapes = "/".join(str(tuple(x.shape)) for x in inputs if hasattr(x, "shape"))
+        if [n.op for n in ours.nodes] != [n.op for n in theirs.nodes]:
+            raise ValueError(f"a batch of shapes {shapes} runs other operators than the job's "
+                             "first batch (the model branches on its batch's shape): drop "
+                             "that batch (DataLoader(drop_last=True)), or make a Job for it")
+        if any(b.size > a.size for a, b in zip(ours.tensors, theirs.tensors)):
+            raise ValueError(f"a batch of shapes {shapes} is larger than the job's first batch, "
+                             "whose step the memory plan is made for: make the first batch the "
+                             "largest (drop_last=True drops a short last one)")
+        return step
 
     def persistent_bytes(self) -> int:
         return sum(t.size for t in self.graph.tensors if t.persistent or t.kind == "input")

@@ -57,8 +57,9 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
                                else contextlib.nullcontext()):
             for round_, step, group in feed.entries(k):
                 if step != step_no:
-                    flat = job.step_fn.flat_inputs(*job.next_batch())
-                    env, step_no = job.runner.start(flat), step
+                    inputs, targets = job.next_batch()
+                    step_fn, runner = job.step_for(inputs, targets)
+                    env, step_no = runner.start(step_fn.flat_inputs(inputs, targets)), step
                     if measure is not None and measuring_step is None:
                         measuring_step = step
                 feed.barrier.wait(job, round_)
@@ -66,15 +67,15 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
                     enter(round_)
                 if measure is not None and step == measuring_step:
                     start = measure.probe.start()
-                    job.runner.run_group(group, env)
+                    runner.run_group(group, env)
                     measure.readings.append(measure.probe.since(start))
                     if group == last_group:  # before the next entry is planned
                         measure.report(list(measure.readings))
                         measure = None
                 else:
-                    job.runner.run_group(group, env)
+                    runner.run_group(group, env)
                 if group == last_group:
-                    pending.append(job.runner.finish(env).detach())
+                    pending.append(runner.finish(env).detach())
                     env = None
                     if len(pending) > LOSSES_IN_FLIGHT:
                         job.losses.append(float(pending.pop(0)))
