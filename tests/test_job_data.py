@@ -153,3 +153,50 @@ def test_bad_data_is_a_clear_error(args, message):
     with pytest.raises(ValueError, match=message):
         ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                **args)
+
+
+def test_a_model_returning_a_named_tuple_gives_the_loss_its_output_as_returned():
+    """torchvision's GoogLeNet and Inception-v3 return (logits, aux...) named
+    tuples in training; the loss gets the output as the model returns it."""
+    import collections
+
+    Out = collections.namedtuple("Out", "logits aux")
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.a, self.b = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            h = torch.tanh(self.body(x))
+            return Out(self.a(h), self.b(h))
+
+    def loss(out, y):
+        return loss_fn(out.logits, y) + 0.4 * loss_fn(out.aux, y)
+
+    torch.manual_seed(0)
+    model = TwoHeads()
+    reference = copy.deepcopy(model)
+    data = list(DataLoader(dataset(n=16), batch_size=8))
+    job = ww.Job(model, loss_fn=loss, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                 data=data)
+    got = job.train(4, session=ww.TrainingSession("cpu"))
+    opt, expected = torch.optim.SGD(reference.parameters(), lr=0.1), []
+    for i in range(4):
+        x, y = data[i % 2]
+        opt.zero_grad()
+        value = loss(reference(x), y)
+        value.backward()
+        opt.step()
+        expected.append(value.item())
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_the_cli_default_loss_takes_googlenets_main_output():
+    from waterwave.tools import models
+
+    model, inputs, loss = models.build("googlenet", 1)
+    assert model.training and model.aux_logits  # it returns (logits, aux2, aux1) in training
+    graph = ww.capture(model, inputs, loss, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert len(graph.nodes) > 100
+    assert models.main_output(("logits", "aux")) == "logits" and models.main_output(3) == 3

@@ -99,6 +99,13 @@ def _transformers(name: str):
     return transformers
 
 
+def main_output(out):
+    """A classifier's main output: models that return auxiliary outputs in
+    training (torchvision's GoogLeNet and Inception-v3 return named tuples
+    whose first field is the logits) give their first."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _torchvision_classifier(name: str) -> bool:
     """Any other torchvision image classifier, by its name (224x224 inputs)."""
     try:
@@ -127,7 +134,7 @@ def _build(name: str, batch_size: int, device: str):
             x = torch.randn(batch_size, 3, 224, 224, device=device)
         target = torch.randint(0, 1000 if name != "r3d_18" else 400, (batch_size,), device=device)
         loss = torch.nn.CrossEntropyLoss()
-        return model, (x,), lambda out: loss(out, target)
+        return model, (x,), lambda out: loss(main_output(out), target)
     if name.startswith("hf:"):
         transformers, cfg = _hf_config(name)
         model = None
