@@ -21,6 +21,9 @@ OPTIMIZERS = {
     "rmsprop": lambda ps, h: torch.optim.RMSprop(ps, lr=h["lr"] / 10, momentum=h["momentum"],
                                                  weight_decay=h["wd"]),
     "adagrad": lambda ps, h: torch.optim.Adagrad(ps, lr=h["lr"], weight_decay=h["wd"]),
+    "adamax": lambda ps, h: torch.optim.Adamax(ps, lr=h["lr"] / 10, weight_decay=h["wd"]),
+    "nadam": lambda ps, h: torch.optim.NAdam(ps, lr=h["lr"] / 10, weight_decay=h["wd"],
+                                             decoupled_weight_decay=h["momentum"] > 0),
 }
 loss_fn = torch.nn.functional.cross_entropy
 

@@ -38,6 +38,10 @@ OPTIMIZERS = {
                                                                  centered=True),
     "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, initial_accumulator_value=0.1,
                                               weight_decay=1e-3),
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=1e-2, weight_decay=1e-3),
+    "nadam": lambda ps: torch.optim.NAdam(ps, lr=1e-2, weight_decay=1e-3),
+    "nadam-decoupled": lambda ps: torch.optim.NAdam(ps, lr=1e-2, weight_decay=1e-2,
+                                                    decoupled_weight_decay=True),
 }
 
 
@@ -127,6 +131,8 @@ CHANGES = [
     (lambda ps: torch.optim.Adam(ps, weight_decay=1e-3), lambda g: g.update(betas=(0.8, 0.99), eps=1e-6)),
     (lambda ps: torch.optim.RMSprop(ps, momentum=0.9), lambda g: g.update(alpha=0.9, lr=0.1)),
     (lambda ps: torch.optim.Adagrad(ps), lambda g: g.update(lr=0.5, eps=1e-3)),
+    (lambda ps: torch.optim.Adamax(ps), lambda g: g.update(lr=1e-3, betas=(0.8, 0.99))),
+    (lambda ps: torch.optim.NAdam(ps), lambda g: g.update(lr=1e-3, momentum_decay=0.01)),
 ]
 
 
@@ -227,6 +233,8 @@ def test_what_the_update_cannot_do_is_refused_at_capture():
         ww.capture(model, (x,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
     with pytest.raises(CaptureError, match="lr_decay"):
         ww.capture(model, (x,), loss_fn, torch.optim.Adagrad(model.parameters(), lr_decay=0.1))
+    with pytest.raises(CaptureError, match="RAdam"):  # which update runs depends on the step
+        ww.capture(model, (x,), loss_fn, torch.optim.RAdam(model.parameters()))
 
 
 def test_jobs_trained_together_keep_their_state_where_eager_would():
@@ -303,3 +311,22 @@ def test_sgd_without_momentum_leaves_no_state_as_eager():
     trainer = ww.optimize(model, batches(1), loss_fn, opt)
     trainer.step(batches(1)[0])
     assert opt.state_dict()["state"] == {}
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_every_optimizer_matches_torchs_step_bit_for_bit(kind):
+    """On the CPU the captured update runs the operators torch's single-tensor
+    implementation runs, in its order, with its scalars: equal, not close."""
+    xs = batches(6)
+    eager = net()
+    eager_opt = OPTIMIZERS[kind](eager.parameters())
+    eager_steps(eager, eager_opt, xs)
+    model = net()
+    opt = OPTIMIZERS[kind](model.parameters())
+    job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs])
+    job.train(6, session=ww.TrainingSession("cpu"))
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), (kind, name, (a - b).abs().max().item())
+    for a, b in zip(eager.parameters(), model.parameters()):
+        for key, value in eager_opt.state[a].items():
+            assert torch.equal(torch.as_tensor(opt.state[b][key]), torch.as_tensor(value)), key

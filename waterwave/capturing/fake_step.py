@@ -73,8 +73,9 @@ def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
 @dataclass
 class StepLayout:
     """How a traced step's flat inputs are laid out: parameters, buffers,
-    optimizer state (per parameter, in ``optimizers.state_names`` order), [Adam:
-    step_size, bc2_sqrt per group], the model's inputs, then the targets."""
+    optimizer state (per parameter, in ``optimizers.state_names`` order), each
+    group's 0-d inputs (``optimizers.SCALARS``), the model's inputs, then the
+    targets."""
     param_names: list[str]
     groups: list[int]             # each parameter's group
     param_states: list[list[str]]  # each parameter's state tensors
@@ -82,6 +83,12 @@ class StepLayout:
     n_scalar: int
     n_inputs: int
     n_targets: int
+    optimizer: str = ""
+
+    @property
+    def scalar_names(self) -> tuple[str, ...]:
+        """Each group's 0-d inputs (``optimizers.SCALARS``)."""
+        return optimizers.SCALARS.get(self.optimizer, ())
 
     @classmethod
     def of(cls, model, optimizer, n_inputs: int, n_targets: int) -> "StepLayout":
@@ -89,11 +96,12 @@ class StepLayout:
         if not named_params:
             raise CaptureError("the optimizer updates none of the model's parameters")
         groups = [k for _, _, k in named_params]
-        adam = type(optimizer).__name__ in ("Adam", "AdamW")
+        scalars = optimizers.SCALARS.get(type(optimizer).__name__, ())
         return cls([n for n, _, _ in named_params], groups,
                    [optimizers.state_names(optimizer, k) for k in groups],
                    [n for n, _ in model.named_buffers()],
-                   2 * len(optimizer.param_groups) if adam else 0, n_inputs, n_targets)
+                   len(scalars) * len(optimizer.param_groups), n_inputs, n_targets,
+                   type(optimizer).__name__)
 
     def split(self, flat):
         """(params, buffers, state, scalars, inputs, targets) of the flat inputs."""
@@ -113,8 +121,9 @@ class StepLayout:
     def names(self) -> list[str]:
         names = self.param_names + self.buffer_names
         names += [f"{p}.{s}" for p, ss in zip(self.param_names, self.param_states) for s in ss]
-        names += [f"adam.group{k}.{s}" for k in range(self.n_scalar // 2)
-                  for s in ("step_size", "bc2_sqrt")]
+        per_group = self.scalar_names
+        names += [f"{self.optimizer.lower()}.group{k}.{s}"
+                  for k in range(self.n_scalar // max(1, len(per_group))) for s in per_group]
         names += [f"input{i}" for i in range(self.n_inputs)]
         return names + [f"target{i}" for i in range(self.n_targets)]
 
@@ -126,7 +135,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     torch = _torch()
     from torch.func import functional_call
 
-    adam = layout.n_scalar > 0
+    per_group = layout.scalar_names
 
     def step(*flat):
         params, buffers, state_flat, scalars, inputs, targets = layout.split(flat)
@@ -142,8 +151,8 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
         next_state = iter(state_flat)
         for names, k in zip(layout.param_states, layout.groups):
             st = {name: next(next_state) for name in names}
-            if adam:
-                st["step_size"], st["bc2_sqrt"] = scalars[2 * k:2 * k + 2]
+            m = len(per_group)
+            st.update(zip(per_group, scalars[m * k:m * k + m]))
             states.append(st)
         optimizers.update(optimizer, [p.detach() for p in params], grads, states, layout.groups,
                           shapes, consts)
@@ -164,7 +173,7 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
             flat += [torch.zeros_like(p) for _ in names]
         if layout.n_scalar:
             steps = [1.0] * len(optimizer.param_groups)
-            flat += [torch.tensor(v) for v in optimizers.adam_inputs(optimizer, steps)]
+            flat += [torch.tensor(v) for v in optimizers.scalar_inputs(optimizer, steps)]
         flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x
                  for x in (*example_inputs, *example_targets)]
     for x in flat[:len(params)]:

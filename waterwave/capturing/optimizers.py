@@ -26,8 +26,13 @@ at the next step with an error that names the fix, never ignored, as are
 what the update cannot do (maximize, amsgrad, Adagrad's lr_decay, SGD's
 first step with dampening, step hooks).
 
-Optimizers: SGD, Adam, AdamW, RMSprop and Adagrad, each checked against
-torch's own ``step`` in the tests.
+Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax and NAdam, each
+checked against torch's own ``step`` in the tests. What changes every step
+(Adam's bias corrections, Adamax's corrected rate, NAdam's momentum
+schedule) is computed on the host as torch computes it and given to the
+step as 0-d tensor inputs (``SCALARS``). RAdam is refused: which of its two
+updates runs depends on the step number, which a captured graph cannot
+branch on.
 
 May import: nothing of waterwave; torch lazily.
 """
@@ -36,8 +41,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
-ADAM = ("Adam", "AdamW")  # their lr and bias corrections are inputs
+SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam")
+ADAM = ("Adam", "AdamW")
+# The 0-d tensor inputs each group's update takes every step, by optimizer.
+SCALARS = {"Adam": ("neg_step_size", "bc2_sqrt"), "AdamW": ("neg_step_size", "bc2_sqrt"),
+           "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef")}
 
 
 class OptimizerError(ValueError):
@@ -47,6 +55,10 @@ class OptimizerError(ValueError):
 
 def kind(optimizer) -> str:
     name = type(optimizer).__name__
+    if name == "RAdam":
+        raise OptimizerError("capture does not support RAdam: which of its two updates runs "
+                             "depends on the step number (rectified only past its first steps), "
+                             "and a captured step runs one graph; use Adam, AdamW or NAdam")
     if name not in SUPPORTED:
         raise OptimizerError(f"capture supports the optimizers {', '.join(SUPPORTED)}; got {name}")
     return name
@@ -78,7 +90,7 @@ def structure(optimizer) -> list[tuple]:
         elif name == "RMSprop":
             out.append((("momentum > 0", group["momentum"] > 0), wd,
                         ("centered", bool(group["centered"]))))
-        elif name == "Adagrad":
+        elif name in ("Adagrad", "Adamax"):
             out.append((wd,))
         else:
             out.append((wd, ("decoupled weight decay", _decoupled(name, group))))
@@ -100,6 +112,9 @@ def constants(optimizer) -> list[dict[str, float]]:
                         "eps": g["eps"], "momentum": g["momentum"], "neg_lr": -lr})
         elif name == "Adagrad":
             out.append({"weight_decay": wd, "eps": g["eps"], "neg_lr": -lr})
+        elif name == "Adamax":
+            b1, b2 = g["betas"]
+            out.append({"weight_decay": wd, "one_minus_b1": 1 - b1, "b2": b2, "eps": g["eps"]})
         else:
             b1, b2 = g["betas"]
             out.append({"one_minus_b1": 1 - b1, "b2": b2, "one_minus_b2": 1 - b2, "eps": g["eps"],
@@ -252,7 +267,9 @@ def state_names(optimizer, group: int) -> list[str]:
                 + (["grad_avg"] if g["centered"] else []))
     if name == "Adagrad":
         return ["sum"]
-    return ["exp_avg", "exp_avg_sq"]
+    if name == "Adamax":
+        return ["exp_avg", "exp_inf"]
+    return ["exp_avg", "exp_avg_sq"]  # Adam, AdamW, NAdam (whose mu_product the host keeps)
 
 
 def step_tensors(optimizer, params: list, groups: list[int]) -> list:
@@ -307,18 +324,43 @@ def count_step(optimizer, params: list, groups: list[int]) -> list[float]:
             step.fill_(t)
         else:
             st["step"] = torch.tensor(t)
+        if kind(optimizer) == "NAdam":  # its momentum schedule's product, kept as eager keeps it
+            g = optimizer.param_groups[k]
+            if "mu_product" not in st:
+                st["mu_product"] = torch.tensor(1.0)
+            st["mu_product"] *= g["betas"][0] * (1.0 - 0.5 * (0.96 ** (t * g["momentum_decay"])))
     return [steps.get(k, 1.0) for k in range(len(optimizer.param_groups))]
 
 
-def adam_inputs(optimizer, steps: list[float]) -> list[float]:
-    """Adam's host-side inputs for each group at its step ``steps[k]``:
-    lr / (1 - b1^t) and sqrt(1 - b2^t). Empty for the others."""
-    if kind(optimizer) not in ADAM:
+def scalar_inputs(optimizer, steps: list[float], params: list | None = None,
+                  groups: list[int] | None = None) -> list[float]:
+    """Each group's 0-d inputs at its step ``steps[k]``, in ``SCALARS`` order,
+    computed as torch's single-tensor implementations compute them:
+    Adam's -lr / (1 - b1^t) and (1 - b2^t) ** 0.5; Adamax's -lr / (1 - b1^t);
+    NAdam's 1 - b2^t and its two update coefficients, from the mu_product
+    ``count_step`` left in the state of the group's first parameter (at
+    capture, with none, step 1's). Empty for the others."""
+    name = kind(optimizer)
+    if name not in SCALARS:
         return []
+    first = {}
+    for p, k in zip(params or [], groups or []):
+        first.setdefault(k, p)
     out = []
-    for group, t in zip(optimizer.param_groups, steps):
-        b1, b2 = group["betas"]
-        out += [float(group["lr"]) / (1 - b1 ** t), math.sqrt(1 - b2 ** t)]
+    for k, (group, t) in enumerate(zip(optimizer.param_groups, steps)):
+        lr, (b1, b2) = float(group["lr"]), group["betas"]
+        if name in ADAM:
+            out += [-(lr / (1 - b1 ** t)), (1 - b2 ** t) ** 0.5]
+        elif name == "Adamax":
+            out += [-(lr / (1 - b1 ** t))]
+        else:
+            decay = group["momentum_decay"]
+            mu = b1 * (1.0 - 0.5 * (0.96 ** (t * decay)))
+            mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((t + 1) * decay)))
+            state = optimizer.state.get(first.get(k), {})
+            product = float(state["mu_product"].item()) if "mu_product" in state else mu
+            out += [1 - b2 ** t, -lr * (1.0 - mu) / (1.0 - product),
+                    (-lr * mu_next) / (1.0 - product * mu_next)]
     return out
 
 
@@ -328,7 +370,7 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
     implementations do: ``shapes[k]`` (``structure``) picks the operators of
     group k, ``consts[k]`` (``constants``, or ``sentinels`` while tracing)
     are their constants. ``states[i]`` is a dict of this parameter's state
-    (with Adam's ``step_size`` and ``bc2_sqrt`` inputs), ``groups[i]`` its
+    (with its group's 0-d inputs, ``SCALARS``), ``groups[i]`` its
     group."""
     import torch
 
@@ -363,12 +405,27 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 st["sum"].addcmul_(g, g, value=1)
                 std = st["sum"].sqrt().add_(c["eps"])
                 p.addcdiv_(g, std, value=c["neg_lr"])  # lr_decay=0: the rate is lr every step
+            elif name == "Adamax":
+                st["exp_avg"].lerp_(g, c["one_minus_b1"])
+                st["exp_inf"].copy_(torch.maximum(st["exp_inf"].mul_(c["b2"]),
+                                                  g.abs().add_(c["eps"])))
+                # torch: p.addcdiv_(exp_avg, exp_inf, value=-clr), i.e. p + (v * a) / b
+                p.add_(st["exp_avg"] * st["neg_clr"] / st["exp_inf"])
+            elif name == "NAdam":
+                if on["weight_decay != 0"] and on["decoupled weight decay"]:
+                    p.mul_(c["decay"])
+                st["exp_avg"].lerp_(g, c["one_minus_b1"])
+                st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
+                denom = st["exp_avg_sq"].div(st["bc2"]).sqrt().add_(c["eps"])
+                p.add_(g * st["grad_coef"] / denom)
+                p.add_(st["exp_avg"] * st["avg_coef"] / denom)
             else:
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 # Bias corrections change every step: 0-d tensor inputs
-                # (lr / (1 - b1^t) and sqrt(1 - b2^t)), not constants.
+                # (-lr / (1 - b1^t) and (1 - b2^t) ** 0.5), not constants.
+                # torch: p.addcdiv_(exp_avg, denom, value=-step_size), p + (v * a) / b
                 denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(c["eps"])
-                p.sub_(st["exp_avg"] / denom * st["step_size"])
+                p.add_(st["exp_avg"] * st["neg_step_size"] / denom)

@@ -90,7 +90,8 @@ class CapturedStep:
         self._follow_hyperparameters()
         state = optimizers.step_tensors(opt, self.params, self.groups)
         steps = optimizers.count_step(opt, self.params, self.groups)
-        scalars = [torch.tensor(v) for v in optimizers.adam_inputs(opt, steps)]
+        scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(opt, steps, self.params,
+                                                                      self.groups)]
         self.steps += 1
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
                 + state + scalars + list(data))
