@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -44,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 ALLOC_CONFIG = {"max_split_size_mb": 128}  # as the simulated `Waterwave` variant
 SCHEDULES = ("lockstep", "waterwave")
+
+
+TOTAL_BYTES_ENV = "WATERWAVE_BENCH_GPU_BYTES"  # the GPU's memory, for the trials' cap
 
 
 def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, steps: int,
@@ -58,10 +62,13 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
     if device == "cuda":
         import torch
 
-        waterwave.install_allocator(
-            policy="waterwave",
-            per_process_memory_fraction=cap / torch.cuda.get_device_properties(0).total_memory,
-            **ALLOC_CONFIG)
+        # The device's size from the parent: asking torch here would initialize
+        # CUDA and its allocator, which then cannot be swapped.
+        total = int(os.environ.get(TOTAL_BYTES_ENV) or 0)
+        if not total:
+            raise RuntimeError(f"{TOTAL_BYTES_ENV} is not set: run trials through main()")
+        waterwave.install_allocator(policy="waterwave", per_process_memory_fraction=cap / total,
+                                    **ALLOC_CONFIG)
     import torch
 
     from waterwave.tools import models
@@ -244,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
               "torch. Run it where one is; bench/concurrent/run.py simulates without one.",
               file=sys.stderr)
         return 2
+    os.environ[TOTAL_BYTES_ENV] = str(torch.cuda.get_device_properties(0).total_memory)
     t0 = time.time()
     result = measure(args.model, args.jobs, args.cap_gib, args.steps, split_mib=args.split_mib)
     result.update(gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
