@@ -200,3 +200,58 @@ def test_the_cli_default_loss_takes_googlenets_main_output():
     graph = ww.capture(model, inputs, loss, torch.optim.SGD(model.parameters(), lr=0.1))
     assert len(graph.nodes) > 100
     assert models.main_output(("logits", "aux")) == "logits" and models.main_output(3) == 3
+
+
+@pytest.mark.parametrize("how", ["trainer", "train"])
+def test_gradient_accumulation_over_k_batches_trains_as_the_eager_loop(how):
+    """accumulate_grad_batches=3: each step is three batches, each loss / 3
+    backpropagated, the gradients summed, clipped, one update; two epochs
+    of six batches, shuffled, against the loop people write."""
+    k = 3
+
+    def loader():
+        return DataLoader(dataset(n=48), batch_size=8, shuffle=True,
+                          generator=torch.Generator().manual_seed(5))
+
+    model = net(0)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    expected, pending = [], []
+    ref_data = loader()
+    for _ in range(2):
+        for i, (x, y) in enumerate(ref_data):
+            loss = loss_fn(reference(x), y)
+            (loss / k).backward()
+            pending.append(loss.detach())
+            if (i + 1) % k == 0:
+                torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+                ref_opt.step()
+                ref_opt.zero_grad()
+                expected.append((sum(pending[1:], pending[0]) / k).item())
+                pending = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=loader(), accumulate_grad_batches=k,
+                 clip_grad_norm=0.5)
+    if how == "trainer":
+        ww.ConcurrentTrainer([job], memory_limit=1 << 20).run(4)
+        got = job.losses
+    else:
+        got = job.train(2, session=ww.TrainingSession("cpu")) + job.train(2)
+    assert job.error is None and len(got) == 4
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+        assert torch.equal(ref_opt.state[a]["momentum_buffer"], opt.state[b]["momentum_buffer"])
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"accumulate_grad_batches": 0}, "at least 1"),
+    ({"accumulate_grad_batches": 2, "data": None}, "needs data"),
+    ({"accumulate_grad_batches": 4}, "not a multiple of accumulate_grad_batches=4"),
+])
+def test_bad_accumulation_is_a_clear_error(args, message):
+    model = net(0)
+    kwargs = {"data": list(DataLoader(dataset(n=24), batch_size=8)), **args}  # 3 batches
+    example = (torch.randn(8, 16),) if kwargs["data"] is None else None
+    with pytest.raises(ValueError, match=message):
+        ww.Job(model, example, loss_fn, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)

@@ -84,6 +84,7 @@ class StepLayout:
     n_inputs: int
     n_targets: int
     optimizer: str = ""
+    micro_batches: int = 1  # batches whose gradients one update sums (accumulation)
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
@@ -91,7 +92,8 @@ class StepLayout:
         return optimizers.SCALARS.get(self.optimizer, ())
 
     @classmethod
-    def of(cls, model, optimizer, n_inputs: int, n_targets: int) -> "StepLayout":
+    def of(cls, model, optimizer, n_inputs: int, n_targets: int,
+           micro_batches: int = 1) -> "StepLayout":
         named_params = trained_parameters(model, optimizer)
         if not named_params:
             raise CaptureError("the optimizer updates none of the model's parameters")
@@ -101,7 +103,7 @@ class StepLayout:
                    [optimizers.state_names(optimizer, k) for k in groups],
                    [n for n, _ in model.named_buffers()],
                    len(scalars) * len(optimizer.param_groups), n_inputs, n_targets,
-                   type(optimizer).__name__)
+                   type(optimizer).__name__, micro_batches)
 
     def split(self, flat):
         """(params, buffers, state, scalars, inputs, targets) of the flat inputs."""
@@ -141,11 +143,22 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
         params, buffers, state_flat, scalars, inputs, targets = layout.split(flat)
         tensors = dict(zip(layout.param_names, params))
         tensors.update(zip(layout.buffer_names, buffers))
-        out = functional_call(model, tensors, tuple(inputs))
-        loss = loss_fn(out, *targets)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
-        grads_seen.extend(grads)
+        # Gradient accumulation, as eager code does it: each batch's loss / k
+        # backward in turn, the gradients summed in batch order (.grad += g).
+        k = layout.micro_batches
+        n_in, n_t = len(inputs) // k, len(targets) // k
+        grads, losses = None, []
+        for i in range(k):
+            out = functional_call(model, tensors, tuple(inputs[i * n_in:(i + 1) * n_in]))
+            loss = loss_fn(out, *targets[i * n_t:(i + 1) * n_t])
+            losses.append(loss)
+            part = torch.autograd.grad(loss / k if k > 1 else loss, params, allow_unused=True)
+            part = [g if g is not None else torch.zeros_like(p) for g, p in zip(part, params)]
+            grads_seen.extend(part)
+            grads = part if grads is None else [a + b for a, b in zip(grads, part)]
+        if k > 1:  # the step's loss: the batches' mean
+            loss = sum(losses[1:], losses[0]).detach() / k
+            grads_seen.extend(grads)
         grads = clip.apply(grads)
         states = []
         next_state = iter(state_flat)
@@ -182,12 +195,17 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
 
 
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
-               example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None):
+               example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None,
+               micro_batches: int = 1):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
     placeholder names, gradient tensors seen while tracing, the update's
     ``optimizers.ConstantSites``). The module's inputs are laid out as
     ``StepLayout`` says, its constants are the optimizer's now; the loss is
-    ``loss_fn(model(*inputs), *targets)``."""
+    ``loss_fn(model(*inputs), *targets)``. ``micro_batches`` k: the inputs
+    and targets are k batches' (the first's inputs, the second's, ..., then
+    their targets likewise), each batch's loss / k backpropagated in turn,
+    their gradients summed, then one update; the step returns their mean
+    loss."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
@@ -197,7 +215,12 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     traced_with = optimizers.sentinels(optimizers.constants(optimizer))
     if example_targets and loss_fn is None:
         raise CaptureError("targets need a loss_fn(output, *targets) to go into")
-    layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets))
+    if len(example_inputs) % micro_batches or len(example_targets) % micro_batches:
+        raise CaptureError(f"{micro_batches} batches of accumulation need inputs and targets "
+                           f"for each: got {len(example_inputs)} inputs, {len(example_targets)} "
+                           "targets")
+    layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
+                           micro_batches)
     grads_seen: list = []
     clip = clip or optimizers.GradClip()
     try:

@@ -28,28 +28,39 @@ def split(batch: Any, n_inputs: int) -> tuple[tuple, tuple]:
 
 
 class BatchFeed:
-    """The next batch of ``data``, epoch after epoch."""
+    """The next batch of ``data``, epoch after epoch; ``per_step`` batches a
+    step (gradient accumulation), their inputs joined, then their targets."""
 
-    def __init__(self, data: Iterable, n_inputs: int = 1, device=None):
+    def __init__(self, data: Iterable, n_inputs: int = 1, device=None, per_step: int = 1):
         if not isinstance(data, Iterable):
             raise ValueError(f"data must be an iterable of batches (a DataLoader, a list), got a "
                              f"{type(data).__name__}")
-        self.data, self.n_inputs, self.device = data, n_inputs, device
+        self.data, self.n_inputs, self.device, self.per_step = data, n_inputs, device, per_step
         self.epoch = 0  # epochs begun
         self._batches: Iterator | None = None
-        self._held: tuple | None = None  # a batch looked at and not yet trained on
+        self._held: tuple | None = None  # a step's batches looked at and not yet trained on
 
     def peek(self) -> tuple[tuple, tuple]:
-        """The next batch, without using it up (the job captures its step on it)."""
+        """The next step's batches, without using them up (the job captures
+        its step on them)."""
         if self._held is None:
-            self._held = self._draw()
+            self._held = self._draw_step()
         return self._held
 
     def next(self) -> tuple[tuple, tuple]:
-        """(inputs, targets) of the next batch, on the model's device."""
+        """(inputs, targets) of the next step's batches, on the model's device."""
         held, self._held = self._held, None
-        inputs, targets = held if held is not None else self._draw()
+        inputs, targets = held if held is not None else self._draw_step()
         return self._to_device(inputs), self._to_device(targets)
+
+    def _draw_step(self) -> tuple[tuple, tuple]:
+        if self.per_step == 1:
+            return self._draw()
+        batches = [self._draw() for _ in range(self.per_step)]
+        if len({(len(i), len(t)) for i, t in batches}) > 1:
+            raise ValueError("the batches of one accumulated step hold different numbers of "
+                             "inputs and targets: yield the same (inputs..., targets...) each time")
+        return (tuple(x for i, _ in batches for x in i), tuple(x for _, t in batches for x in t))
 
     def _draw(self) -> tuple[tuple, tuple]:
         if self._batches is not None:

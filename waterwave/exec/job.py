@@ -31,7 +31,11 @@ class Job:
     on first); every batch must have its shapes. ``clip_grad_norm`` and
     ``clip_grad_value`` clip the gradients before each update, as
     ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
-    model's parameters would.
+    model's parameters would. ``accumulate_grad_batches`` k: each step
+    trains on the data's next k batches, each batch's loss / k backpropagated
+    and the gradients summed before one update (clipping included), as the
+    usual eager loop does; a step's loss is their mean. The data's batches
+    an epoch must be a multiple of k.
 
     ``train(steps)`` trains it, from any thread, beside the other jobs
     training on its device at the time; ``ConcurrentTrainer`` trains a
@@ -40,11 +44,27 @@ class Job:
     def __init__(self, model, example_inputs: Sequence[Any] | None = None,
                  loss_fn: Callable | None = None, optimizer=None, targets=None,
                  name: str | None = None, data=None, n_inputs: int = 1,
-                 clip_grad_norm: float | None = None, clip_grad_value: float | None = None):
+                 clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
+                 accumulate_grad_batches: int = 1):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
+        k = accumulate_grad_batches
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"accumulate_grad_batches must be a whole number, at least 1; got "
+                             f"{k!r}")
+        if k > 1:
+            if data is None:
+                raise ValueError("accumulate_grad_batches needs data: each step trains on the "
+                                 f"data's next {k} batches")
+            n = len(data) if hasattr(data, "__len__") else None
+            if n is not None and n % k:
+                raise ValueError(
+                    f"the data has {n} batches an epoch, not a multiple of "
+                    f"accumulate_grad_batches={k}: a step's batches would span two epochs, "
+                    "which eager loops do not do alike; drop or add batches (drop_last=True, "
+                    "another batch size)")
         device = next((p.device for p in model.parameters()), None)
-        self.batches = None if data is None else BatchFeed(data, n_inputs, device)
+        self.batches = None if data is None else BatchFeed(data, n_inputs, device, per_step=k)
         if example_inputs is None:
             if self.batches is None:
                 raise ValueError("a Job needs data (batches to train on) or example_inputs")
@@ -52,9 +72,9 @@ class Job:
             targets = targets or None
         self.name = name or type(model).__name__
         clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
-        self._capture = (loss_fn, clip)
+        self._capture = (loss_fn, clip, k)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
-                                    clip)
+                                    clip, k)
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
         self._other_shapes: dict = {}
@@ -148,9 +168,9 @@ class Job:
         main = self.step_fn
         if len(inputs) + len(targets or ()) != len(main.example):
             main._check_batch((*inputs, *(targets or ())))  # its error names the difference
-        loss_fn, clip = self._capture
+        loss_fn, clip, k = self._capture
         step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
-                            self.name, clip)
+                            self.name, clip, k)
         ours, theirs = main.graph, step.graph
         shapes = "/".join(str(tuple(x.shape)) for x in inputs if hasattr(x, "shape"))
         if [n.op for n in ours.nodes] != [n.op for n in theirs.nodes]:
