@@ -124,6 +124,7 @@ bench: build
 	$(PY) -m waterwave bench alloc --json --out bench/results/alloc.json
 	$(PY) bench/alloc_report.py bench/results/alloc.json bench/results/alloc.md
 	$(PY) bench/concurrent/host.py --out bench/results
+	$(PY) bench/concurrent/train_host.py --out bench/results
 
 # When a GPU is lent, the one command to run: every GPU test, then every GPU
 # benchmark (bench/gpu_check.py lists them), their figures under $(RESULTS)
