@@ -25,3 +25,17 @@ def test_the_host_cost_benchmark_measures_and_reports(tmp_path):
     text = (tmp_path / "concurrent_host.md").read_text()
     assert "| 1,000 | turns |" in text and "| 20 | 1,600 |" in text
     assert str(tmp_path / "concurrent_host.md") in r.stdout
+
+
+def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "train_host.py"),
+                        "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "train_host.json").read_text())
+    assert "cores" in res["machine"]
+    assert [(row["model"], row["jobs"]) for row in res["rows"]] == [("mlp", 1), ("mlp", 2)]
+    for row in res["rows"]:
+        assert row["eager_ms_per_step"] > 0 and row["train_ms_per_step"] > 0
+        assert abs(row["ratio"] - row["train_ms_per_step"] / row["eager_ms_per_step"]) < 1e-9
+    assert "| mlp | 2 |" in (tmp_path / "train_host.md").read_text()
