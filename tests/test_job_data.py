@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import waterwave as ww  # noqa: E402
+from waterwave.capturing.fake_step import CaptureError  # noqa: E402
 
 
 def net(seed):
@@ -255,3 +256,37 @@ def test_bad_accumulation_is_a_clear_error(args, message):
     example = (torch.randn(8, 16),) if kwargs["data"] is None else None
     with pytest.raises(ValueError, match=message):
         ww.Job(model, example, loss_fn, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_runs_the_forward_pass_in_autocast_as_eager(dtype):
+    """autocast_dtype: the forward pass and the loss inside torch.autocast,
+    backward and the update outside, as the eager loop runs them."""
+    dtype = getattr(torch, dtype)
+    data = list(DataLoader(dataset(n=24), batch_size=8))
+    model = net(0)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    expected = []
+    for i in range(5):
+        x, y = data[i % 3]
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=dtype):
+            loss = loss_fn(reference(x), y)
+        loss.backward()
+        ref_opt.step()
+        expected.append(loss.item())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, autocast_dtype=dtype)
+    assert any("bfloat16" in n.op or n.op.startswith("aten._to_copy") for n in job.graph.nodes)
+    got = job.train(5, session=ww.TrainingSession("cpu"))
+    assert got == expected
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    other = net(1)
+    with pytest.raises(CaptureError, match="autocast_dtype must be"):
+        ww.Job(other, loss_fn=loss_fn, optimizer=torch.optim.SGD(other.parameters(), lr=0.1),
+               data=data, autocast_dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast around train(): the fix named
+        with pytest.raises(ww.capturing.guards.StaleCaptureError, match="autocast_dtype="):
+            job.train(1, session=ww.TrainingSession("cpu"))

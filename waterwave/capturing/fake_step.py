@@ -26,6 +26,7 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -131,7 +132,8 @@ class StepLayout:
 
 
 def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list,
-                   clip: optimizers.GradClip, shapes: list[tuple], consts: list[dict]):
+                   clip: optimizers.GradClip, shapes: list[tuple], consts: list[dict],
+                   autocast: tuple[str, Any] | None = None):
     """The training step as a pure function of the flat inputs: forward,
     backward, and the optimizer's update in place; returns the loss."""
     torch = _torch()
@@ -149,8 +151,12 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
         n_in, n_t = len(inputs) // k, len(targets) // k
         grads, losses = None, []
         for i in range(k):
-            out = functional_call(model, tensors, tuple(inputs[i * n_in:(i + 1) * n_in]))
-            loss = loss_fn(out, *targets[i * n_t:(i + 1) * n_t])
+            # Mixed precision as eager code runs it: the forward pass and the
+            # loss inside torch.autocast, backward and the update outside.
+            with (torch.autocast(autocast[0], dtype=autocast[1]) if autocast
+                  else contextlib.nullcontext()):
+                out = functional_call(model, tensors, tuple(inputs[i * n_in:(i + 1) * n_in]))
+                loss = loss_fn(out, *targets[i * n_t:(i + 1) * n_t])
             losses.append(loss)
             part = torch.autograd.grad(loss / k if k > 1 else loss, params, allow_unused=True)
             part = [g if g is not None else torch.zeros_like(p) for g, p in zip(part, params)]
@@ -196,7 +202,7 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
 
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None,
-               micro_batches: int = 1):
+               micro_batches: int = 1, autocast_dtype=None):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
     placeholder names, gradient tensors seen while tracing, the update's
     ``optimizers.ConstantSites``). The module's inputs are laid out as
@@ -205,7 +211,9 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     and targets are k batches' (the first's inputs, the second's, ..., then
     their targets likewise), each batch's loss / k backpropagated in turn,
     their gradients summed, then one update; the step returns their mean
-    loss."""
+    loss. ``autocast_dtype`` (bfloat16 or float16): the forward pass and the
+    loss run inside ``torch.autocast`` on the model's device, as eager mixed
+    precision code runs them; backward and the update outside."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
@@ -228,8 +236,15 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                                      clip)
     except optimizers.OptimizerError as e:
         raise CaptureError(str(e)) from None
+    autocast = None
+    if autocast_dtype is not None:
+        torch = _torch()
+        if autocast_dtype not in (torch.bfloat16, torch.float16):
+            raise CaptureError(f"autocast_dtype must be torch.bfloat16 or torch.float16, got "
+                               f"{autocast_dtype!r}")
+        autocast = (model_device(model, example_inputs), autocast_dtype)
     step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen, clip,
-                          shapes, traced_with)
+                          shapes, traced_with, autocast)
     flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
     try:
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)

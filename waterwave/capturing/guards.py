@@ -83,5 +83,5 @@ class StepGuard:
             raise StaleCaptureError(
                 f"torch.autocast is {'on' if autocast[0] else 'off'} here and was "
                 f"{'on' if self.autocast[0] else 'off'} when the step was captured; a captured "
-                "step runs in the precision it traced: train outside autocast, or capture inside "
-                "it")
+                "step runs in the precision it traced: train outside autocast and give the Job "
+                "autocast_dtype= (its forward pass then runs inside autocast, as eager code's)")

@@ -35,7 +35,11 @@ class Job:
     trains on the data's next k batches, each batch's loss / k backpropagated
     and the gradients summed before one update (clipping included), as the
     usual eager loop does; a step's loss is their mean. The data's batches
-    an epoch must be a multiple of k.
+    an epoch must be a multiple of k. ``autocast_dtype`` (``torch.bfloat16``
+    or ``torch.float16``): mixed precision, the forward pass and the loss
+    inside ``torch.autocast`` on the model's device, as eager code runs them
+    (loss scaling for float16, as ``torch.amp.GradScaler`` does, is not
+    provided yet).
 
     ``train(steps)`` trains it, from any thread, beside the other jobs
     training on its device at the time; ``ConcurrentTrainer`` trains a
@@ -45,7 +49,7 @@ class Job:
                  loss_fn: Callable | None = None, optimizer=None, targets=None,
                  name: str | None = None, data=None, n_inputs: int = 1,
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
-                 accumulate_grad_batches: int = 1):
+                 accumulate_grad_batches: int = 1, autocast_dtype=None):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
         k = accumulate_grad_batches
@@ -72,9 +76,9 @@ class Job:
             targets = targets or None
         self.name = name or type(model).__name__
         clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
-        self._capture = (loss_fn, clip, k)
+        self._capture = (loss_fn, clip, k, autocast_dtype)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
-                                    clip, k)
+                                    clip, k, autocast_dtype)
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
         self._other_shapes: dict = {}
@@ -168,9 +172,9 @@ class Job:
         main = self.step_fn
         if len(inputs) + len(targets or ()) != len(main.example):
             main._check_batch((*inputs, *(targets or ())))  # its error names the difference
-        loss_fn, clip, k = self._capture
+        loss_fn, clip, k, autocast_dtype = self._capture
         step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
-                            self.name, clip, k)
+                            self.name, clip, k, autocast_dtype)
         ours, theirs = main.graph, step.graph
         shapes = "/".join(str(tuple(x.shape)) for x in inputs if hasattr(x, "shape"))
         if [n.op for n in ours.nodes] != [n.op for n in theirs.nodes]:

@@ -30,7 +30,8 @@ _CAPTURE_LOCK = threading.Lock()
 class CapturedStep:
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  example_targets=None, name: str | None = None,
-                 clip: optimizers.GradClip | None = None, micro_batches: int = 1):
+                 clip: optimizers.GradClip | None = None, micro_batches: int = 1,
+                 autocast_dtype=None):
         import torch
 
         example_inputs = fake_step.as_tuple(example_inputs)
@@ -41,11 +42,13 @@ class CapturedStep:
         # The step runs what it traced, so it records its own device's kernels.
         with _CAPTURE_LOCK:
             self.gm, roles, names, grads, self.sites = fake_step.trace_step(
-                model, example_inputs, loss_fn, optimizer, example_targets, clip, micro_batches)
+                model, example_inputs, loss_fn, optimizer, example_targets, clip, micro_batches,
+                autocast_dtype)
         self.device = fake_step.model_device(model, example_inputs)
         self.micro_batches = micro_batches
         meta = {"optimizer": type(optimizer).__name__, "kernels": self.device,
                 "micro_batches": micro_batches,
+                "autocast_dtype": None if autocast_dtype is None else str(autocast_dtype),
                 "input_shapes": [list(x.shape) for x in example_inputs
                                  if isinstance(x, torch.Tensor)]}
         self.graph = fake_step.graph_from_trace(self.gm, roles, names, grads,
