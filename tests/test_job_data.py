@@ -290,3 +290,27 @@ def test_mixed_precision_runs_the_forward_pass_in_autocast_as_eager(dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast around train(): the fix named
         with pytest.raises(ww.capturing.guards.StaleCaptureError, match="autocast_dtype="):
             job.train(1, session=ww.TrainingSession("cpu"))
+
+
+def test_optimize_and_capture_take_autocast_too():
+    data = list(DataLoader(dataset(n=16), batch_size=8))
+    model = net(0)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = ww.optimize(model, (data[0][0],), loss_fn, opt, example_targets=(data[0][1],),
+                          autocast_dtype=torch.bfloat16)
+    for x, y in data * 2:
+        trainer.step(x, targets=(y,))
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(reference(x), y)
+        loss.backward()
+        ref_opt.step()
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    full = ww.capture(net(0), (data[0][0],), loss_fn, targets=(data[0][1],))
+    half = ww.capture(net(0), (data[0][0],), loss_fn, targets=(data[0][1],),
+                      autocast_dtype=torch.bfloat16)
+    assert half.meta["kernels"] == full.meta["kernels"]
+    assert len(half.nodes) > len(full.nodes)  # the casts autocast adds

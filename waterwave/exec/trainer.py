@@ -51,11 +51,11 @@ class Trainer:
 
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
-                 use_plan: bool = True, clip: GradClip | None = None):
+                 use_plan: bool = True, clip: GradClip | None = None, autocast_dtype=None):
         self.model = model
         self.optimizer = optimizer
         self._captured = CapturedStep(model, example_inputs, loss_fn, optimizer, example_targets,
-                                      clip=clip)
+                                      clip=clip, autocast_dtype=autocast_dtype)
         self.graph = self._captured.graph
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
         check_plan(self.graph, self.plan)
@@ -144,12 +144,14 @@ class Trainer:
 def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None, optimizer=None,
              strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
              use_plan: bool = True, clip_grad_norm: float | None = None,
-             clip_grad_value: float | None = None) -> Trainer:
+             clip_grad_value: float | None = None, autocast_dtype=None) -> Trainer:
     """Capture ``model``'s training step, plan it, and return a Trainer that
     runs each step in the planned order. With ``example_targets`` (e.g.
     class labels) the loss is ``loss_fn(model(*inputs), *targets)`` and each
     step takes ``targets=``. ``clip_grad_norm``, ``clip_grad_value``: the
     gradients are clipped before each update, as ``torch.nn.utils`` would.
+    ``autocast_dtype`` (bfloat16 or float16): the forward pass and the loss
+    run inside ``torch.autocast``, as eager mixed-precision code runs them.
     On a GPU with ``waterwave.install_allocator()`` the step's allocations
     follow the plan (see ``Trainer``)."""
     import torch
@@ -157,4 +159,5 @@ def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = No
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets,
-                   use_plan, GradClip(clip_grad_norm, max_value=clip_grad_value))
+                   use_plan, GradClip(clip_grad_norm, max_value=clip_grad_value),
+                   autocast_dtype)
