@@ -129,7 +129,7 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
     """Each node group's (net bytes, rise) in a steady step: the rise is the
     most bytes live above the group's start while it runs, workspaces
     included, each tensor at its ``footprint`` in the allocator: what the
-    trainer measures in a job's first step on a GPU (exec/concurrent.py)."""
+    trainer measures in a job's first step on a GPU (exec/job_loop.py, MemoryProbe)."""
     size = {b: footprint(n) for op in t.ops for b, n in op.alloc}
     out = []
     for first, end, _ in t.meta["groups"]:
