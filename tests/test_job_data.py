@@ -314,3 +314,13 @@ def test_optimize_and_capture_take_autocast_too():
                       autocast_dtype=torch.bfloat16)
     assert half.meta["kernels"] == full.meta["kernels"]
     assert len(half.nodes) > len(full.nodes)  # the casts autocast adds
+
+
+def test_a_batch_the_model_cannot_take_names_both_shapes():
+    data = [(torch.randn(4, 16), torch.randint(0, 4, (4,))),
+            (torch.randn(4, 7), torch.randint(0, 4, (4,)))]  # 7 features, not 16
+    model = net(0)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                 data=data)
+    with pytest.raises(ValueError, match=r"shapes \(4, 7\) \(the first batch's: \(4, 16\)\)"):
+        job.train(2, session=ww.TrainingSession("cpu"))

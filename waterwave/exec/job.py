@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..capturing.fake_step import CaptureError
 from ..capturing.optimizers import GradClip
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import JobPlan
@@ -173,10 +174,16 @@ class Job:
         if len(inputs) + len(targets or ()) != len(main.example):
             main._check_batch((*inputs, *(targets or ())))  # its error names the difference
         loss_fn, clip, k, autocast_dtype = self._capture
-        step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
-                            self.name, clip, k, autocast_dtype)
-        ours, theirs = main.graph, step.graph
         shapes = "/".join(str(tuple(x.shape)) for x in inputs if hasattr(x, "shape"))
+        first = "/".join(str(tuple(x.shape)) for x in main.example[:len(inputs)]
+                         if hasattr(x, "shape"))
+        try:
+            step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
+                                self.name, clip, k, autocast_dtype)
+        except CaptureError as e:
+            raise ValueError(f"a batch of shapes {shapes} (the first batch's: {first}) cannot "
+                             f"train this model: {e}") from None
+        ours, theirs = main.graph, step.graph
         if [n.op for n in ours.nodes] != [n.op for n in theirs.nodes]:
             raise ValueError(f"a batch of shapes {shapes} runs other operators than the job's "
                              "first batch (the model branches on its batch's shape): drop "
