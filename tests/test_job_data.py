@@ -324,3 +324,49 @@ def test_a_batch_the_model_cannot_take_names_both_shapes():
                  data=data)
     with pytest.raises(ValueError, match=r"shapes \(4, 7\) \(the first batch's: \(4, 16\)\)"):
         job.train(2, session=ww.TrainingSession("cpu"))
+
+
+def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync():
+    """float16 autocast with a GradScaler: the eager recipe (scale, backward,
+    unscale_, clip, step, update), against Job(grad_scaler=...). One batch
+    holds an inf, so that step is skipped and the scale backs off; the
+    scale grows after growth_interval good steps."""
+    data = list(DataLoader(dataset(n=24), batch_size=8))
+    bad = data[1][0].clone()
+    bad[0, 0] = float("inf")
+    data = [data[0], (bad, data[1][1]), data[2]]
+    model = net(0)
+    reference = copy.deepcopy(model)
+
+    def scaler():
+        return torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=2)
+
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    ref_scaler, expected, scales = scaler(), [], []
+    for i in range(7):
+        x, y = data[i % 3]
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(reference(x), y)
+        ref_scaler.scale(loss).backward()
+        ref_scaler.unscale_(ref_opt)
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+        expected.append(loss.item())
+        scales.append(ref_scaler.get_scale())
+    assert len(set(scales)) > 1  # it backed off, and grew
+    opt, our_scaler = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), scaler()
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, autocast_dtype=torch.float16,
+                 grad_scaler=our_scaler, clip_grad_norm=1.0)
+    got = job.train(7, session=ww.TrainingSession("cpu"))
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert our_scaler.get_scale() == ref_scaler.get_scale()
+    assert our_scaler.state_dict() == ref_scaler.state_dict()
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+        assert torch.equal(ref_opt.state[a]["momentum_buffer"], opt.state[b]["momentum_buffer"])
+    other = net(1)
+    with pytest.raises(CaptureError, match="GradScaler with Adam"):
+        ww.Job(other, loss_fn=loss_fn, optimizer=torch.optim.Adam(other.parameters()), data=data,
+               autocast_dtype=torch.float16, grad_scaler=scaler())

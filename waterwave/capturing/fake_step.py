@@ -86,6 +86,7 @@ class StepLayout:
     n_targets: int
     optimizer: str = ""
     micro_batches: int = 1  # batches whose gradients one update sums (accumulation)
+    scaler: bool = False    # a GradScaler's scale and growth tracker follow the scalars
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ class StepLayout:
 
     @classmethod
     def of(cls, model, optimizer, n_inputs: int, n_targets: int,
-           micro_batches: int = 1) -> "StepLayout":
+           micro_batches: int = 1, scaler: bool = False) -> "StepLayout":
         named_params = trained_parameters(model, optimizer)
         if not named_params:
             raise CaptureError("the optimizer updates none of the model's parameters")
@@ -104,12 +105,13 @@ class StepLayout:
                    [optimizers.state_names(optimizer, k) for k in groups],
                    [n for n, _ in model.named_buffers()],
                    len(scalars) * len(optimizer.param_groups), n_inputs, n_targets,
-                   type(optimizer).__name__, micro_batches)
+                   type(optimizer).__name__, micro_batches, scaler)
 
     def split(self, flat):
-        """(params, buffers, state, scalars, inputs, targets) of the flat inputs."""
+        """(params, buffers, state, scalars, scaler, inputs, targets) of the flat inputs."""
         bounds = [len(self.param_names), len(self.buffer_names),
-                  sum(len(s) for s in self.param_states), self.n_scalar, self.n_inputs]
+                  sum(len(s) for s in self.param_states), self.n_scalar, 2 * self.scaler,
+                  self.n_inputs]
         parts, start = [], 0
         for n in bounds:
             parts.append(list(flat[start:start + n]))
@@ -117,7 +119,7 @@ class StepLayout:
         return (*parts, list(flat[start:]))
 
     def roles(self) -> list[str]:
-        n_state = sum(len(s) for s in self.param_states) + self.n_scalar
+        n_state = sum(len(s) for s in self.param_states) + self.n_scalar + 2 * self.scaler
         return (["param"] * len(self.param_names) + ["buffer"] * len(self.buffer_names)
                 + ["optimizer_state"] * n_state + ["input"] * (self.n_inputs + self.n_targets))
 
@@ -127,13 +129,16 @@ class StepLayout:
         per_group = self.scalar_names
         names += [f"{self.optimizer.lower()}.group{k}.{s}"
                   for k in range(self.n_scalar // max(1, len(per_group))) for s in per_group]
+        if self.scaler:
+            names += ["grad_scaler.scale", "grad_scaler.growth_tracker"]
         names += [f"input{i}" for i in range(self.n_inputs)]
         return names + [f"target{i}" for i in range(self.n_targets)]
 
 
 def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list,
                    clip: optimizers.GradClip, shapes: list[tuple], consts: list[dict],
-                   autocast: tuple[str, Any] | None = None):
+                   autocast: tuple[str, Any] | None = None,
+                   scaling: tuple[float, float, int] | None = None):
     """The training step as a pure function of the flat inputs: forward,
     backward, and the optimizer's update in place; returns the loss."""
     torch = _torch()
@@ -142,7 +147,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     per_group = layout.scalar_names
 
     def step(*flat):
-        params, buffers, state_flat, scalars, inputs, targets = layout.split(flat)
+        params, buffers, state_flat, scalars, scaler, inputs, targets = layout.split(flat)
         tensors = dict(zip(layout.param_names, params))
         tensors.update(zip(layout.buffer_names, buffers))
         # Gradient accumulation, as eager code does it: each batch's loss / k
@@ -158,13 +163,20 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
                 out = functional_call(model, tensors, tuple(inputs[i * n_in:(i + 1) * n_in]))
                 loss = loss_fn(out, *targets[i * n_t:(i + 1) * n_t])
             losses.append(loss)
-            part = torch.autograd.grad(loss / k if k > 1 else loss, params, allow_unused=True)
+            scaled = loss / k if k > 1 else loss
+            if scaling:  # GradScaler.scale(loss): backward from loss * scale
+                scaled = scaled * scaler[0]
+            part = torch.autograd.grad(scaled, params, allow_unused=True)
             part = [g if g is not None else torch.zeros_like(p) for g, p in zip(part, params)]
             grads_seen.extend(part)
             grads = part if grads is None else [a + b for a, b in zip(grads, part)]
         if k > 1:  # the step's loss: the batches' mean
             loss = sum(losses[1:], losses[0]).detach() / k
             grads_seen.extend(grads)
+        if scaling:  # GradScaler.unscale_: the gradients / scale, and whether any is inf/NaN
+            found_inf = torch.full((), 0.0, dtype=torch.float32, device=scaler[0].device)
+            inv_scale = scaler[0].double().reciprocal().float()
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         grads = clip.apply(grads)
         states = []
         next_state = iter(state_flat)
@@ -173,8 +185,19 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
             m = len(per_group)
             st.update(zip(per_group, scalars[m * k:m * k + m]))
             states.append(st)
+        written = [p.detach() for p in params] + list(state_flat)
+        if scaling:  # what the update writes, to put back if the step is skipped
+            before = [t.clone() for t in written]
         optimizers.update(optimizer, [p.detach() for p in params], grads, states, layout.groups,
                           shapes, consts)
+        if scaling:
+            # GradScaler.step skips optimizer.step() when a gradient was inf or
+            # NaN; here, with no host sync, the update's writes are undone on
+            # the device. Then GradScaler.update's scale and growth tracker.
+            skip = found_inf > 0
+            for t, old in zip(written, before):
+                t.copy_(torch.where(skip, old, t))
+            torch._amp_update_scale_(scaler[0], scaler[1], found_inf, *scaling)
         return loss
 
     return step
@@ -193,6 +216,10 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
         if layout.n_scalar:
             steps = [1.0] * len(optimizer.param_groups)
             flat += [torch.tensor(v) for v in optimizers.scalar_inputs(optimizer, steps)]
+        if layout.scaler:
+            device = params[0].device
+            flat += [torch.full((), 65536.0, dtype=torch.float32, device=device),
+                     torch.zeros((), dtype=torch.int32, device=device)]
         flat += [x.detach().clone() if isinstance(x, torch.Tensor) else x
                  for x in (*example_inputs, *example_targets)]
     for x in flat[:len(params)]:
@@ -202,7 +229,7 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
 
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None,
-               micro_batches: int = 1, autocast_dtype=None):
+               micro_batches: int = 1, autocast_dtype=None, grad_scaler=None):
     """Trace one training step. Returns (fx GraphModule, placeholder roles,
     placeholder names, gradient tensors seen while tracing, the update's
     ``optimizers.ConstantSites``). The module's inputs are laid out as
@@ -213,7 +240,11 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     their gradients summed, then one update; the step returns their mean
     loss. ``autocast_dtype`` (bfloat16 or float16): the forward pass and the
     loss run inside ``torch.autocast`` on the model's device, as eager mixed
-    precision code runs them; backward and the update outside."""
+    precision code runs them; backward and the update outside.
+    ``grad_scaler`` (an enabled ``torch.amp.GradScaler``, with SGD): the loss
+    is scaled, the gradients unscaled and checked, a step with an inf or NaN
+    gradient undone, and the scale updated, as ``scale``, ``unscale_``,
+    ``step`` and ``update`` do, on the device, with no host sync."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
@@ -227,8 +258,17 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         raise CaptureError(f"{micro_batches} batches of accumulation need inputs and targets "
                            f"for each: got {len(example_inputs)} inputs, {len(example_targets)} "
                            "targets")
+    scaling = None
+    if grad_scaler is not None and grad_scaler.is_enabled():
+        if type(optimizer).__name__ != "SGD":
+            raise CaptureError(f"a GradScaler with {type(optimizer).__name__} is not supported yet: "
+                               "a skipped step must not count in its state's step, which is "
+                               "counted on the host; use SGD, or bfloat16 autocast (no scaling "
+                               "needed)")
+        scaling = (grad_scaler.get_growth_factor(), grad_scaler.get_backoff_factor(),
+                   grad_scaler.get_growth_interval())
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
-                           micro_batches)
+                           micro_batches, scaling is not None)
     grads_seen: list = []
     clip = clip or optimizers.GradClip()
     try:
@@ -244,7 +284,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                                f"{autocast_dtype!r}")
         autocast = (model_device(model, example_inputs), autocast_dtype)
     step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen, clip,
-                          shapes, traced_with, autocast)
+                          shapes, traced_with, autocast, scaling)
     flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
     try:
         gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)

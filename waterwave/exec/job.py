@@ -38,9 +38,12 @@ class Job:
     usual eager loop does; a step's loss is their mean. The data's batches
     an epoch must be a multiple of k. ``autocast_dtype`` (``torch.bfloat16``
     or ``torch.float16``): mixed precision, the forward pass and the loss
-    inside ``torch.autocast`` on the model's device, as eager code runs them
-    (loss scaling for float16, as ``torch.amp.GradScaler`` does, is not
-    provided yet).
+    inside ``torch.autocast`` on the model's device, as eager code runs them.
+    ``grad_scaler``: a ``torch.amp.GradScaler`` (with SGD for now), used as
+    eager code uses it (scale, unscale_ before clipping, step, update), on
+    the device with no host sync: a step with an inf or NaN gradient is
+    undone, and the scaler's scale and growth tracker move as its own
+    ``update`` moves them.
 
     ``train(steps)`` trains it, from any thread, beside the other jobs
     training on its device at the time; ``ConcurrentTrainer`` trains a
@@ -50,7 +53,7 @@ class Job:
                  loss_fn: Callable | None = None, optimizer=None, targets=None,
                  name: str | None = None, data=None, n_inputs: int = 1,
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
-                 accumulate_grad_batches: int = 1, autocast_dtype=None):
+                 accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
         k = accumulate_grad_batches
@@ -77,9 +80,9 @@ class Job:
             targets = targets or None
         self.name = name or type(model).__name__
         clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
-        self._capture = (loss_fn, clip, k, autocast_dtype)
+        self._capture = (loss_fn, clip, k, autocast_dtype, grad_scaler)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
-                                    clip, k, autocast_dtype)
+                                    clip, k, autocast_dtype, grad_scaler)
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
         self._other_shapes: dict = {}
@@ -173,13 +176,13 @@ class Job:
         main = self.step_fn
         if len(inputs) + len(targets or ()) != len(main.example):
             main._check_batch((*inputs, *(targets or ())))  # its error names the difference
-        loss_fn, clip, k, autocast_dtype = self._capture
+        loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
         shapes = "/".join(str(tuple(x.shape)) for x in inputs if hasattr(x, "shape"))
         first = "/".join(str(tuple(x.shape)) for x in main.example[:len(inputs)]
                          if hasattr(x, "shape"))
         try:
             step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
-                                self.name, clip, k, autocast_dtype)
+                                self.name, clip, k, autocast_dtype, grad_scaler)
         except CaptureError as e:
             raise ValueError(f"a batch of shapes {shapes} (the first batch's: {first}) cannot "
                              f"train this model: {e}") from None

@@ -31,7 +31,7 @@ class CapturedStep:
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  example_targets=None, name: str | None = None,
                  clip: optimizers.GradClip | None = None, micro_batches: int = 1,
-                 autocast_dtype=None):
+                 autocast_dtype=None, grad_scaler=None):
         import torch
 
         example_inputs = fake_step.as_tuple(example_inputs)
@@ -43,9 +43,13 @@ class CapturedStep:
         with _CAPTURE_LOCK:
             self.gm, roles, names, grads, self.sites = fake_step.trace_step(
                 model, example_inputs, loss_fn, optimizer, example_targets, clip, micro_batches,
-                autocast_dtype)
+                autocast_dtype, grad_scaler)
         self.device = fake_step.model_device(model, example_inputs)
         self.micro_batches = micro_batches
+        # The user's GradScaler: its scale and growth tracker are the step's
+        # inputs, updated in place, so get_scale() and state_dict() follow.
+        self.grad_scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() \
+            else None
         meta = {"optimizer": type(optimizer).__name__, "kernels": self.device,
                 "micro_batches": micro_batches,
                 "autocast_dtype": None if autocast_dtype is None else str(autocast_dtype),
@@ -98,8 +102,14 @@ class CapturedStep:
         scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(opt, steps, self.params,
                                                                       self.groups)]
         self.steps += 1
+        scaler = []
+        if self.grad_scaler is not None:
+            gs = self.grad_scaler
+            if gs._scale is None:  # as GradScaler.scale makes them, at its first use
+                gs._lazy_init_scale_growth_tracker(self.params[0].device)
+            scaler = [gs._scale, gs._growth_tracker]
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
-                + state + scalars + list(data))
+                + state + scalars + scaler + list(data))
 
     def _follow_hyperparameters(self) -> None:
         """Values the groups hold now, put where the update's constants sit in
