@@ -1,6 +1,7 @@
 """Proof of exactness (issue 24, item 5): for random combinations of
 optimizer, hyperparameters (changed between steps too, as a scheduler
-would), gradient clipping, data (a short last batch too) and schedule, every job trained beside
+would), gradient clipping, mixed precision, data (a short last batch too)
+and schedule, every job trained beside
 others (1, 2 or 4 at once) ends with the losses, parameters and optimizer
 state of plain eager PyTorch training it alone on the same batches in the
 same order."""
@@ -42,6 +43,7 @@ def job_specs(draw):
         "batch_size": draw(st.sampled_from([4, 6])),
         "lr_scale": draw(st.sampled_from([1.0, 0.5, 3.0])),  # applied at the change
         "short_last": draw(st.booleans()),  # a last batch of fewer samples, as a DataLoader's
+        "autocast": draw(st.sampled_from([None, "bfloat16"])),  # mixed precision
     }
 
 
@@ -58,6 +60,21 @@ def model_and_data(k, spec):
     return model, data
 
 
+def precision(spec):
+    """The eager loop's autocast block, if the spec trains in mixed precision."""
+    import contextlib
+
+    if spec.get("autocast") is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=getattr(torch, spec["autocast"]))
+
+
+def job_settings(spec) -> dict:
+    """The Job's settings for a spec: clipping, and mixed precision."""
+    dtype = spec.get("autocast")
+    return {**spec["clip"], "autocast_dtype": None if dtype is None else getattr(torch, dtype)}
+
+
 def change_lr(opt, spec):
     for group in opt.param_groups:
         group["lr"] *= spec["lr_scale"]
@@ -71,7 +88,8 @@ def eager(model, spec, data, steps, change_at):
             change_lr(opt, spec)
         x, y = data[i % len(data)]
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
+        with precision(spec):
+            loss = loss_fn(model(x), y)
         loss.backward()
         if "clip_grad_value" in spec["clip"]:
             torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
@@ -92,7 +110,8 @@ def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps, data)
         model, batches = model_and_data(k, spec)
         expected.append(eager(model_and_data(k, spec)[0], spec, batches, steps, change_at))
         opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
-        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches, **spec["clip"]))
+        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches,
+                           **job_settings(spec)))
     trainer = ww.ConcurrentTrainer(jobs, schedule=schedule)
     trainer.run(change_at)
     if change_at < steps:

@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from test_exactness import OPTIMIZERS, change_lr, job_specs, loss_fn, model_and_data  # noqa: E402
+from test_exactness import (  # noqa: E402
+    OPTIMIZERS,
+    change_lr,
+    job_settings,
+    job_specs,
+    loss_fn,
+    model_and_data,
+    precision,
+)
 
 import waterwave as ww  # noqa: E402
 
@@ -29,7 +37,8 @@ def eager_calls(model, spec, data, calls):
             x, y = data[i % len(data)]
             i += 1
             opt.zero_grad()
-            loss = loss_fn(model(x), y)
+            with precision(spec):
+                loss = loss_fn(model(x), y)
             loss.backward()
             if "clip_grad_value" in spec["clip"]:
                 torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
@@ -90,7 +99,8 @@ def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, s
         calls.append(c)
         expected.append(eager_calls(model_and_data(k, spec)[0], spec, batches, c))
         opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
-        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches, **spec["clip"]))
+        jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches,
+                           **job_settings(spec)))
 
     def trial(job, spec, c):
         losses = []
