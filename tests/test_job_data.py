@@ -370,3 +370,40 @@ def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync():
     with pytest.raises(CaptureError, match="GradScaler with Adam"):
         ww.Job(other, loss_fn=loss_fn, optimizer=torch.optim.Adam(other.parameters()), data=data,
                autocast_dtype=torch.float16, grad_scaler=scaler())
+
+
+def test_training_in_eval_mode_follows_the_modes_set_when_train_is_called():
+    """Eager code may train with batch norm frozen (model.eval(), or one
+    module's): train() captures the step in the modes the model is in when
+    it is called, and goes back when they do."""
+    def bn_net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
+                                   torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    data = list(DataLoader(dataset(n=24), batch_size=8))
+    model, reference = bn_net(), bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data)
+    session = ww.TrainingSession("cpu")
+    plan = [("train", 2), ("eval", 2), ("bn-frozen", 2), ("train", 1)]
+    got, expected, i = [], [], 0
+    for mode, n in plan:
+        for m in (model, reference):
+            m.train(mode != "eval")
+            if mode == "bn-frozen":
+                m[1].eval()
+        got += job.train(n, session=session)
+        for _ in range(n):
+            x, y = data[i % 3]
+            i += 1
+            ref_opt.zero_grad()
+            loss = loss_fn(reference(x), y)
+            loss.backward()
+            ref_opt.step()
+            expected.append(loss.item())
+    assert got == expected
+    for a, b in zip(reference.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)  # parameters and batch norm's running statistics
+    assert len(job._by_modes) == 2  # three sets of modes captured, one in use

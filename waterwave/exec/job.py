@@ -81,11 +81,14 @@ class Job:
         self.name = name or type(model).__name__
         clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
         self._capture = (loss_fn, clip, k, autocast_dtype, grad_scaler)
+        self._example = (example_inputs, targets)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
                                     clip, k, autocast_dtype, grad_scaler)
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
         self._other_shapes: dict = {}
+        # Captures in other train/eval modes: modes -> (capture, its other shapes)
+        self._by_modes: dict = {}
         self.losses: list[float] = []
         self.error: BaseException | None = None
         self.runner: GroupRunner | None = None
@@ -108,9 +111,33 @@ class Job:
             raise RuntimeError(f"job {self.name!r} failed earlier ({self.error!r}); its model may "
                                "hold half a step: make a new Job from a checkpoint") from self.error
         session = session if session is not None else training_session(self.device)
+        self._follow_modes()
         before = len(self.losses)
         session.train(self, steps)
         return self.losses[before:]
+
+    def _follow_modes(self) -> None:
+        """The step for the model's train/eval modes now, as eager training
+        runs in whatever modes the model is in: captured once per set of
+        modes (a model in eval mode, batch norms frozen), the job then cut
+        into the session's node groups again."""
+        import torch
+
+        modes = tuple((name, m.training) for name, m in self.model.named_modules())
+        if modes == self.step_fn.guard.training:
+            return
+        self._by_modes[self.step_fn.guard.training] = (self.step_fn, self._other_shapes)
+        found = self._by_modes.pop(modes, None)
+        if found is None:
+            loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
+            inputs, targets = self._example
+            with torch.enable_grad():
+                step = CapturedStep(self.model, inputs, loss_fn, self.step_fn.optimizer, targets,
+                                    self.name, clip, k, autocast_dtype, grad_scaler)
+            found = (step, {})
+        self.step_fn, self._other_shapes = found
+        self.graph = self.step_fn.graph
+        self.session = self.partition = self.runner = self.plan = self.measured = None
 
     @property
     def device(self):
