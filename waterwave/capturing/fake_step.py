@@ -90,8 +90,13 @@ class StepLayout:
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
-        """Each group's 0-d inputs (``optimizers.SCALARS``)."""
-        return optimizers.SCALARS.get(self.optimizer, ())
+        """Each group's 0-d inputs (``optimizers.SCALARS``); none where the
+        device counts the steps."""
+        return optimizers.SCALARS.get(self.optimizer, ()) if self.n_scalar else ()
+
+    @property
+    def device_steps(self) -> bool:
+        return any("step" in names for names in self.param_states)
 
     @classmethod
     def of(cls, model, optimizer, n_inputs: int, n_targets: int,
@@ -100,9 +105,12 @@ class StepLayout:
         if not named_params:
             raise CaptureError("the optimizer updates none of the model's parameters")
         groups = [k for _, _, k in named_params]
-        scalars = optimizers.SCALARS.get(type(optimizer).__name__, ())
+        # With a GradScaler, Adam counts its steps on the device (a skipped
+        # step must not count): its step tensors are inputs, no scalars.
+        device_steps = scaler and type(optimizer).__name__ in optimizers.ADAM
+        scalars = () if device_steps else optimizers.SCALARS.get(type(optimizer).__name__, ())
         return cls([n for n, _, _ in named_params], groups,
-                   [optimizers.state_names(optimizer, k) for k in groups],
+                   [optimizers.state_names(optimizer, k, device_steps) for k in groups],
                    [n for n, _ in model.named_buffers()],
                    len(scalars) * len(optimizer.param_groups), n_inputs, n_targets,
                    type(optimizer).__name__, micro_batches, scaler)
@@ -212,7 +220,8 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
         flat = [p.detach().clone() for p in params]
         flat += [b.detach().clone() for _, b in model.named_buffers()]
         for p, names in zip(params, layout.param_states):
-            flat += [torch.zeros_like(p) for _ in names]
+            flat += [torch.zeros((), device=p.device) if n == "step" else torch.zeros_like(p)
+                     for n in names]
         if layout.n_scalar:
             steps = [1.0] * len(optimizer.param_groups)
             flat += [torch.tensor(v) for v in optimizers.scalar_inputs(optimizer, steps)]
@@ -260,11 +269,11 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                            "targets")
     scaling = None
     if grad_scaler is not None and grad_scaler.is_enabled():
-        if type(optimizer).__name__ != "SGD":
-            raise CaptureError(f"a GradScaler with {type(optimizer).__name__} is not supported yet: "
-                               "a skipped step must not count in its state's step, which is "
-                               "counted on the host; use SGD, or bfloat16 autocast (no scaling "
-                               "needed)")
+        if type(optimizer).__name__ not in ("SGD", *optimizers.ADAM):
+            raise CaptureError(f"a GradScaler with {type(optimizer).__name__} is not supported yet "
+                               "(a skipped step must not count in its state's step, counted on "
+                               "the host for it): use SGD, Adam or AdamW, or bfloat16 autocast "
+                               "(no scaling needed)")
         scaling = (grad_scaler.get_growth_factor(), grad_scaler.get_backoff_factor(),
                    grad_scaler.get_growth_interval())
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),

@@ -118,7 +118,7 @@ def constants(optimizer) -> list[dict[str, float]]:
         else:
             b1, b2 = g["betas"]
             out.append({"one_minus_b1": 1 - b1, "b2": b2, "one_minus_b2": 1 - b2, "eps": g["eps"],
-                        "weight_decay": wd, "decay": 1 - lr * wd})
+                        "weight_decay": wd, "decay": 1 - lr * wd, "b1": b1, "lr": lr})
     return out
 
 
@@ -257,9 +257,13 @@ def begin_step(optimizer, captured: list[tuple]) -> None:
     optimizer._opt_called = True
 
 
-def state_names(optimizer, group: int) -> list[str]:
-    """The state tensors the optimizer keeps per parameter of ``group``."""
+def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
+    """The state tensors the optimizer keeps per parameter of ``group`` that
+    the step updates; ``device_steps``: Adam's ``step`` too (counted on the
+    device, where a GradScaler's skipped step must not count it)."""
     name, g = kind(optimizer), optimizer.param_groups[group]
+    if device_steps and name in ADAM:
+        return ["exp_avg", "exp_avg_sq", "step"]
     if name == "SGD":
         return ["momentum_buffer"] if g["momentum"] else []
     if name == "RMSprop":
@@ -272,7 +276,7 @@ def state_names(optimizer, group: int) -> list[str]:
     return ["exp_avg", "exp_avg_sq"]  # Adam, AdamW, NAdam (whose mu_product the host keeps)
 
 
-def step_tensors(optimizer, params: list, groups: list[int]) -> list:
+def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool = False) -> list:
     """The state tensors of the next step, each parameter's in
     ``state_names`` order, as they are in ``optimizer.state`` now; missing
     ones are made (zeros, as PyTorch starts Adam's moments) and put there.
@@ -284,11 +288,16 @@ def step_tensors(optimizer, params: list, groups: list[int]) -> list:
 
     out = []
     for p, k in zip(params, groups):
-        names = state_names(optimizer, k)
+        names = state_names(optimizer, k, device_steps)
         if not names:  # no entry at all, as eager leaves SGD without momentum
             continue
         st = optimizer.state[p]
         for n in names:
+            if n == "step":  # counted where the step runs, as a float tensor like eager's
+                if not isinstance(st.get("step"), torch.Tensor) or st["step"].device != p.device:
+                    st["step"] = torch.tensor(float(st.get("step", 0)), device=p.device)
+                out.append(st["step"])
+                continue
             if n not in st:
                 if n == "momentum_buffer" and optimizer.param_groups[k].get("dampening"):
                     raise OptimizerError(
@@ -424,8 +433,30 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                     p.mul_(c["decay"])
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
+                if "step" in st:  # counted on the device: the corrections computed there
+                    st["neg_step_size"], st["bc2_sqrt"] = _adam_corrections(st["step"], c)
                 # Bias corrections change every step: 0-d tensor inputs
                 # (-lr / (1 - b1^t) and (1 - b2^t) ** 0.5), not constants.
                 # torch: p.addcdiv_(exp_avg, denom, value=-step_size), p + (v * a) / b
                 denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(c["eps"])
                 p.add_(st["exp_avg"] * st["neg_step_size"] / denom)
+
+
+def _adam_corrections(step, c: dict[str, float]) -> tuple:
+    """Adam's -lr / (1 - b1^t) and (1 - b2^t) ** 0.5 from its step tensor, on
+    the device, moving the step on (t = step + 1), in float64 as torch's
+    host code computes them (a tensor exponent: ``** 0.5`` is libm's pow,
+    not a square root), then float32 as the kernels take them."""
+    import torch
+
+    t = step + 1
+    step.copy_(t)
+    td = t.double()
+
+    def full(v: float):
+        return torch.full((), v, dtype=torch.float64, device=step.device)
+
+    bc1 = 1 - torch.pow(full(c["b1"]), td)
+    bc2 = 1 - torch.pow(full(c["b2"]), td)
+    neg_step_size = -(full(c["lr"]) / bc1)
+    return neg_step_size.float(), torch.pow(bc2, full(0.5)).float()

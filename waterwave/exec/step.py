@@ -97,10 +97,13 @@ class CapturedStep:
         opt = self.optimizer
         optimizers.begin_step(opt, self.shapes)
         self._follow_hyperparameters()
-        state = optimizers.step_tensors(opt, self.params, self.groups)
-        steps = optimizers.count_step(opt, self.params, self.groups)
-        scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(opt, steps, self.params,
-                                                                      self.groups)]
+        device_steps = self.grad_scaler is not None and type(opt).__name__ in optimizers.ADAM
+        state = optimizers.step_tensors(opt, self.params, self.groups, device_steps)
+        scalars = []
+        if not device_steps:  # else the step counts and corrects on the device
+            steps = optimizers.count_step(opt, self.params, self.groups)
+            scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(opt, steps, self.params,
+                                                                          self.groups)]
         self.steps += 1
         scaler = []
         if self.grad_scaler is not None:
