@@ -107,7 +107,7 @@ class StepLayout:
         groups = [k for _, _, k in named_params]
         # With a GradScaler, Adam counts its steps on the device (a skipped
         # step must not count): its step tensors are inputs, no scalars.
-        device_steps = scaler and type(optimizer).__name__ in optimizers.ADAM
+        device_steps = scaler and type(optimizer).__name__ in optimizers.DEVICE_STEPS
         scalars = () if device_steps else optimizers.SCALARS.get(type(optimizer).__name__, ())
         return cls([n for n, _, _ in named_params], groups,
                    [optimizers.state_names(optimizer, k, device_steps) for k in groups],
@@ -269,11 +269,11 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                            "targets")
     scaling = None
     if grad_scaler is not None and grad_scaler.is_enabled():
-        if type(optimizer).__name__ not in ("SGD", *optimizers.ADAM):
+        if type(optimizer).__name__ not in optimizers.SCALED:
             raise CaptureError(f"a GradScaler with {type(optimizer).__name__} is not supported yet "
                                "(a skipped step must not count in its state's step, counted on "
-                               "the host for it): use SGD, Adam or AdamW, or bfloat16 autocast "
-                               "(no scaling needed)")
+                               f"the host for it): use {', '.join(optimizers.SCALED)}, or "
+                               "bfloat16 autocast (no scaling needed)")
         scaling = (grad_scaler.get_growth_factor(), grad_scaler.get_backoff_factor(),
                    grad_scaler.get_growth_interval())
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),

@@ -44,6 +44,11 @@ from dataclasses import dataclass
 SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam")
 ADAM = ("Adam", "AdamW")
 # The 0-d tensor inputs each group's update takes every step, by optimizer.
+# The optimizers whose steps a GradScaler can skip: their step count, where
+# they keep one, then moves on the device (DEVICE_STEPS), so a skipped step
+# does not count.
+DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad")
+SCALED = ("SGD", *DEVICE_STEPS)
 SCALARS = {"Adam": ("neg_step_size", "bc2_sqrt"), "AdamW": ("neg_step_size", "bc2_sqrt"),
            "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef")}
 
@@ -262,8 +267,8 @@ def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
     the step updates; ``device_steps``: Adam's ``step`` too (counted on the
     device, where a GradScaler's skipped step must not count it)."""
     name, g = kind(optimizer), optimizer.param_groups[group]
-    if device_steps and name in ADAM:
-        return ["exp_avg", "exp_avg_sq", "step"]
+    if device_steps and name in DEVICE_STEPS:
+        return [*state_names(optimizer, group), "step"]
     if name == "SGD":
         return ["momentum_buffer"] if g["momentum"] else []
     if name == "RMSprop":
@@ -396,6 +401,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                     g = g.add(buf, alpha=c["momentum"]) if on["nesterov"] else buf
                 p.add_(g, alpha=c["neg_lr"])
             elif name == "RMSprop":
+                if "step" in st:  # counted on the device (a GradScaler may skip the step)
+                    st["step"].add_(1)
                 square_avg = st["square_avg"]
                 square_avg.mul_(c["alpha"]).addcmul_(g, g, value=c["one_minus_alpha"])
                 if on["centered"]:
@@ -411,6 +418,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 else:
                     p.addcdiv_(g, avg, value=c["neg_lr"])
             elif name == "Adagrad":
+                if "step" in st:  # counted on the device (a GradScaler may skip the step)
+                    st["step"].add_(1)
                 st["sum"].addcmul_(g, g, value=1)
                 std = st["sum"].sqrt().add_(c["eps"])
                 p.addcdiv_(g, std, value=c["neg_lr"])  # lr_decay=0: the rate is lr every step

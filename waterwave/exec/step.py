@@ -97,7 +97,8 @@ class CapturedStep:
         opt = self.optimizer
         optimizers.begin_step(opt, self.shapes)
         self._follow_hyperparameters()
-        device_steps = self.grad_scaler is not None and type(opt).__name__ in optimizers.ADAM
+        device_steps = (self.grad_scaler is not None
+                        and type(opt).__name__ in optimizers.DEVICE_STEPS)
         state = optimizers.step_tensors(opt, self.params, self.groups, device_steps)
         scalars = []
         if not device_steps:  # else the step counts and corrects on the device
