@@ -269,11 +269,6 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                            "targets")
     scaling = None
     if grad_scaler is not None and grad_scaler.is_enabled():
-        if type(optimizer).__name__ not in optimizers.SCALED:
-            raise CaptureError(f"a GradScaler with {type(optimizer).__name__} is not supported yet "
-                               "(a skipped step must not count in its state's step, counted on "
-                               f"the host for it): use {', '.join(optimizers.SCALED)}, or "
-                               "bfloat16 autocast (no scaling needed)")
         scaling = (grad_scaler.get_growth_factor(), grad_scaler.get_backoff_factor(),
                    grad_scaler.get_growth_interval())
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),

@@ -44,11 +44,10 @@ from dataclasses import dataclass
 SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam")
 ADAM = ("Adam", "AdamW")
 # The 0-d tensor inputs each group's update takes every step, by optimizer.
-# The optimizers whose steps a GradScaler can skip: their step count, where
-# they keep one, then moves on the device (DEVICE_STEPS), so a skipped step
-# does not count.
-DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad")
-SCALED = ("SGD", *DEVICE_STEPS)
+# With a GradScaler, which may skip a step, these count their steps (and
+# compute what depends on them) on the device, so a skipped step does not
+# count; SGD keeps no count.
+DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam")
 SCALARS = {"Adam": ("neg_step_size", "bc2_sqrt"), "AdamW": ("neg_step_size", "bc2_sqrt"),
            "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef")}
 
@@ -119,11 +118,14 @@ def constants(optimizer) -> list[dict[str, float]]:
             out.append({"weight_decay": wd, "eps": g["eps"], "neg_lr": -lr})
         elif name == "Adamax":
             b1, b2 = g["betas"]
-            out.append({"weight_decay": wd, "one_minus_b1": 1 - b1, "b2": b2, "eps": g["eps"]})
+            out.append({"weight_decay": wd, "one_minus_b1": 1 - b1, "b2": b2, "eps": g["eps"],
+                        "b1": b1, "lr": lr})
         else:
             b1, b2 = g["betas"]
             out.append({"one_minus_b1": 1 - b1, "b2": b2, "one_minus_b2": 1 - b2, "eps": g["eps"],
                         "weight_decay": wd, "decay": 1 - lr * wd, "b1": b1, "lr": lr})
+            if name == "NAdam":
+                out[-1]["momentum_decay"] = g["momentum_decay"]
     return out
 
 
@@ -268,7 +270,7 @@ def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
     device, where a GradScaler's skipped step must not count it)."""
     name, g = kind(optimizer), optimizer.param_groups[group]
     if device_steps and name in DEVICE_STEPS:
-        return [*state_names(optimizer, group), "step"]
+        return [*state_names(optimizer, group), "step", *(["mu_product"] if name == "NAdam" else [])]
     if name == "SGD":
         return ["momentum_buffer"] if g["momentum"] else []
     if name == "RMSprop":
@@ -298,10 +300,11 @@ def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool 
             continue
         st = optimizer.state[p]
         for n in names:
-            if n == "step":  # counted where the step runs, as a float tensor like eager's
-                if not isinstance(st.get("step"), torch.Tensor) or st["step"].device != p.device:
-                    st["step"] = torch.tensor(float(st.get("step", 0)), device=p.device)
-                out.append(st["step"])
+            if n in ("step", "mu_product"):  # kept where the step runs, as eager's floats
+                start = 0.0 if n == "step" else 1.0
+                if not isinstance(st.get(n), torch.Tensor) or st[n].device != p.device:
+                    st[n] = torch.tensor(float(st.get(n, start)), device=p.device)
+                out.append(st[n])
                 continue
             if n not in st:
                 if n == "momentum_buffer" and optimizer.param_groups[k].get("dampening"):
@@ -427,11 +430,15 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_inf"].copy_(torch.maximum(st["exp_inf"].mul_(c["b2"]),
                                                   g.abs().add_(c["eps"])))
+                if "step" in st:  # counted on the device: the correction computed there
+                    st["neg_clr"], _ = _adam_corrections(st["step"], c)
                 # torch: p.addcdiv_(exp_avg, exp_inf, value=-clr), i.e. p + (v * a) / b
                 p.add_(st["exp_avg"] * st["neg_clr"] / st["exp_inf"])
             elif name == "NAdam":
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
+                if "step" in st:  # counted on the device: the schedule computed there
+                    st["bc2"], st["grad_coef"], st["avg_coef"] = _nadam_coefficients(st, c)
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 denom = st["exp_avg_sq"].div(st["bc2"]).sqrt().add_(c["eps"])
@@ -469,3 +476,29 @@ def _adam_corrections(step, c: dict[str, float]) -> tuple:
     bc2 = 1 - torch.pow(full(c["b2"]), td)
     neg_step_size = -(full(c["lr"]) / bc1)
     return neg_step_size.float(), torch.pow(bc2, full(0.5)).float()
+
+
+def _nadam_coefficients(st: dict, c: dict[str, float]) -> tuple:
+    """NAdam's 1 - b2^t and its two update coefficients from its step and
+    mu_product tensors, on the device, moving both on, in float64 as
+    torch's host code computes them (mu_product itself float32, as eager
+    keeps it), then float32 as the kernels take them."""
+    import torch
+
+    step, product = st["step"], st["mu_product"]
+    t = step + 1
+    step.copy_(t)
+    td = t.double()
+
+    def full(v: float):
+        return torch.full((), v, dtype=torch.float64, device=step.device)
+
+    decay, b1 = full(c["momentum_decay"]), full(c["b1"])
+    mu = b1 * (1.0 - 0.5 * torch.pow(full(0.96), td * decay))
+    mu_next = b1 * (1.0 - 0.5 * torch.pow(full(0.96), (td + 1) * decay))
+    product.mul_(mu.float())
+    p = product.double()
+    neg_lr = -full(c["lr"])
+    bc2 = 1 - torch.pow(full(c["b2"]), td)
+    return (bc2.float(), (neg_lr * (1.0 - mu) / (1.0 - p)).float(),
+            ((neg_lr * mu_next) / (1.0 - p * mu_next)).float())
