@@ -250,7 +250,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     loss. ``autocast_dtype`` (bfloat16 or float16): the forward pass and the
     loss run inside ``torch.autocast`` on the model's device, as eager mixed
     precision code runs them; backward and the update outside.
-    ``grad_scaler`` (an enabled ``torch.amp.GradScaler``, with SGD): the loss
+    ``grad_scaler`` (an enabled ``torch.amp.GradScaler``): the loss
     is scaled, the gradients unscaled and checked, a step with an inf or NaN
     gradient undone, and the scale updated, as ``scale``, ``unscale_``,
     ``step`` and ``update`` do, on the device, with no host sync."""

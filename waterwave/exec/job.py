@@ -39,7 +39,7 @@ class Job:
     an epoch must be a multiple of k. ``autocast_dtype`` (``torch.bfloat16``
     or ``torch.float16``): mixed precision, the forward pass and the loss
     inside ``torch.autocast`` on the model's device, as eager code runs them.
-    ``grad_scaler``: a ``torch.amp.GradScaler`` (with SGD for now), used as
+    ``grad_scaler``: a ``torch.amp.GradScaler``, used as
     eager code uses it (scale, unscale_ before clipping, step, update), on
     the device with no host sync: a step with an inf or NaN gradient is
     undone, and the scaler's scale and growth tracker move as its own
