@@ -307,3 +307,44 @@ def test_the_optuna_objective_searches_on_the_gpu():
     assert "on cuda" in r.stdout, r.stdout[-2000:]
     best = float(r.stdout.split("best held-out accuracy ")[1].split("%")[0])
     assert best >= 90, r.stdout[-2000:]
+
+
+def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
+    """Job(autocast_dtype=float16, grad_scaler=...) on CUDA against the eager
+    recipe (scale, backward, unscale_, clip, step, update): the same losses
+    and scale, parameters to float rounding (CUDA's pow computes Adam's
+    corrections on the device, the host's in eager)."""
+    code = TRAIN + textwrap.dedent("""
+    import waterwave as ww
+    ww.install_allocator(policy="waterwave")
+    def run(ours):
+        net, _, x, y = setup()
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 16, growth_interval=2)
+        losses = []
+        if ours:
+            job = ww.Job(net, loss_fn=torch.nn.functional.cross_entropy, optimizer=opt,
+                         data=[(x, y)], autocast_dtype=torch.float16, grad_scaler=scaler,
+                         clip_grad_norm=1.0)
+            losses = job.train(6)
+        else:
+            for _ in range(6):
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.cross_entropy(net(x), y)
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+                scaler.step(opt)
+                scaler.update()
+                losses.append(loss.item())
+        torch.cuda.synchronize()
+        return losses, scaler.get_scale(), [p.detach().double().norm().item() for p in net.parameters()]
+    eager, ours = run(False), run(True)
+    print(json.dumps({'eager': eager, 'ours': ours}))
+    """)
+    out = run(code)
+    (e_losses, e_scale, e_norms), (o_losses, o_scale, o_norms) = out["eager"], out["ours"]
+    assert o_scale == e_scale
+    assert o_losses == pytest.approx(e_losses, rel=1e-2)
+    assert o_norms == pytest.approx(e_norms, rel=1e-3)
