@@ -205,7 +205,7 @@ def test_stream_plans_never_overlap_each_other_or_the_policy(program, unit):
     record_stream and kernels: no two live blocks ever overlap, no hazards."""
     a = ww.Allocator("waterwave", ww.SimDevice(64 * MiB, 1.0))
     a.set_plan(0, [(512 * unit, 512 * k) for k in range(4)])
-    a.set_plan(1, [(512 * unit, 0), (512 * unit, 256)])
+    a.set_plan(1, [(512 * unit, 0), (512 * unit, 512 * (unit - 1))])  # overlapping slots
     live = {}
     for stream, size, action in program:
         if action == 0 or not live:
@@ -226,3 +226,24 @@ def test_stream_plans_never_overlap_each_other_or_the_policy(program, unit):
             a.begin_step(stream % 2)
         a.check_invariants()
     assert a.hazards() == []
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.integers(1, 64).map(lambda n: 512 * n),
+                          st.one_of(st.integers(0, 1 << 16),
+                                    st.integers(2 ** 64 - (1 << 20), 2 ** 64 - 1))),
+                min_size=1, max_size=6),
+       st.integers(1, 64).map(lambda n: 512 * n))
+def test_a_slot_outside_the_arena_or_unaligned_is_refused_never_served(slots, arena):
+    """set_plan's check is overflow-free: an offset near 2^64 once wrapped
+    offset + size past the arena's end and put the slot before the arena,
+    over live memory. A slot is accepted only inside the arena and aligned."""
+    a = ww.Allocator("waterwave", device=ww.SimDevice(1 << 30))
+    inside = all(o <= arena and s <= arena - o and o % 512 == 0 for s, o in slots)
+    if inside:
+        a.set_plan(0, slots, arena=arena)
+        a.clear_plan(0)
+    else:
+        with pytest.raises(ww.ConfigError, match="the plan is corrupt"):
+            a.set_plan(0, slots, arena=arena)
+        assert not a.has_plan(0)

@@ -10,10 +10,18 @@ namespace {
 const std::vector<PlanSlot>& checked(const std::vector<PlanSlot>& slots, std::size_t arena_bytes) {
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const PlanSlot& s = slots[i];
-    if (s.size == 0 || s.offset + s.size > arena_bytes) {
+    // offset + size could wrap past 2^64 and pass a plain sum's check, putting
+    // the slot before the arena, over other memory: compare without the sum.
+    if (s.size == 0 || s.offset > arena_bytes || s.size > arena_bytes - s.offset) {
       throw ConfigError("plan slot " + std::to_string(i) + " (offset " + std::to_string(s.offset) +
                         ", size " + std::to_string(s.size) + ") does not lie inside the " +
                         std::to_string(arena_bytes) + "-byte arena: the plan is corrupt");
+    }
+    if (s.offset % kMinBlockSize != 0) {
+      throw ConfigError("plan slot " + std::to_string(i) + " has offset " +
+                        std::to_string(s.offset) + ", not a multiple of " +
+                        std::to_string(kMinBlockSize) + " bytes (blocks are aligned so): the " +
+                        "plan is corrupt");
     }
   }
   return slots;
