@@ -259,3 +259,14 @@ def test_simulate_and_replay_answer_bad_input_in_one_line(argv, says, capsys, tm
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "soon"])
+def test_a_time_limit_must_be_positive_and_finite(value, capsys):
+    from waterwave.tools.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["pack", "missing.csv", "--time-limit", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "seconds" in err and "Traceback" not in err

@@ -536,3 +536,12 @@ def test_ctrl_c_reaches_the_caller_and_stops_every_job(schedule):
     assert out["waited"] < 5 and out["left"] == [] and out["errors"] == []
     assert out["steps"] == out["still"]  # nothing trained on behind the caller
     assert out["after"] == [n + 2 for n in out["steps"]]
+
+
+def test_removing_a_job_that_is_not_there_names_the_jobs_that_are():
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Linear(4, 2)
+    job = ww.Job(net, (torch.randn(3, 4),), None, torch.optim.SGD(net.parameters(), lr=0.1))
+    trainer = ww.ConcurrentTrainer([])
+    with pytest.raises(ValueError, match="is not training here: this trainer has no jobs"):
+        trainer.remove(job)

@@ -555,3 +555,11 @@ def test_a_held_allocator_outlives_a_reset_safely(fake):
     old.check_invariants()
     del old  # gives its cache back to the driver
     new.check_invariants()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:x", -1, True, "gpu"])
+def test_a_device_that_is_not_cuda_is_a_clear_error_not_device_0(device):
+    import waterwave.cuda as wc
+
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        wc.memory_allocated(device)

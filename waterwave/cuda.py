@@ -51,12 +51,23 @@ def _device_index(device) -> int:
         import torch
 
         return torch.cuda.current_device()
+    if isinstance(device, bool):
+        raise ValueError(f"not a CUDA device: {device!r}; give an index, 'cuda:N' or a "
+                         "torch.device")
     if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"not a CUDA device index: {device}; indices start at 0")
         return device
     if isinstance(device, str):  # "cuda", "cuda:1" (a str's .index is a method, not an index)
-        _, _, tail = device.partition(":")
+        kind, _, tail = device.partition(":")
+        if kind != "cuda" or (tail and not tail.isdigit()):
+            raise ValueError(f"not a CUDA device: {device!r}; give 'cuda', 'cuda:N' or an index "
+                             "(waterwave.cuda reports the GPU allocator, not the CPU's)")
         return int(tail) if tail else 0
-    index = getattr(device, "index", None)  # torch.device
+    kind = getattr(device, "type", None)  # torch.device
+    if kind is not None and kind != "cuda":
+        raise ValueError(f"not a CUDA device: {device}; waterwave.cuda reports the GPU allocator")
+    index = getattr(device, "index", None)
     return 0 if index is None else int(index)
 
 

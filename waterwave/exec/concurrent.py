@@ -108,6 +108,9 @@ class ConcurrentTrainer:
         self.jobs.append(job)
 
     def remove(self, job: Job) -> None:
+        if job not in self.jobs:
+            raise ValueError(f"{job!r} is not training here: this trainer has "
+                             f"{', '.join(j.name for j in self.jobs) or 'no jobs'}")
         self.jobs.remove(job)
 
     @property

@@ -20,6 +20,19 @@ from .plots import plan_memory
 from .sim_commands import parse_size
 
 
+def _seconds(text: str) -> float:
+    """A time limit: a positive, finite number of seconds (argparse says so otherwise)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive, finite number of seconds")
+    return value
+
+
 def _bench_alloc(args) -> int:
     allocators = args.allocators.split(",")
     if args.gpu:  # a wrong name is refused before anything runs
@@ -242,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                       "graph .json")
     plan.add_argument("--batch-size", type=int, default=1)
     plan.add_argument("--strategy", default="model", choices=STRATEGIES)
-    plan.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
+    plan.add_argument("--time-limit", type=_seconds, default=10.0, help="solver time limit (s)")
     plan.add_argument("--gap-limit", type=float, default=1e-3,
                       help="model: skip CP-SAT once within this relative gap of the proven bound "
                            "(0 to insist on a proof of optimality)")
@@ -258,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pk = sub.add_parser("pack", help="offsets for buffers with fixed lifetimes (id,lower,upper,size CSV)")
     pk.add_argument("file")
-    pk.add_argument("--time-limit", type=float, default=10.0)
+    pk.add_argument("--time-limit", type=_seconds, default=10.0, help="time limit (s)")
     pk.set_defaults(func=_pack)
 
     sim_commands.add_parsers(sub)
