@@ -10,7 +10,7 @@ Families:
     max-live bound (tests/test_planner.py::slack_at_peak), tight only at the
     peak, as in MiniMalloc's benchmarks;
   * CSV files given with --csv (id,lower,upper,size or MiniMalloc's
-    buffer,start,end,size), e.g. MiniMalloc's benchmarks/asplos2024/*.csv from
+    buffer,start,end,size), e.g. MiniMalloc's benchmarks/challenging/*.csv (once asplos2024) from
     github.com/google/minimalloc (not shipped here).
 
     python bench/pack.py [--time-limit 10] [--seeds 6] [--csv FILE ...]

@@ -153,12 +153,30 @@ def test_pack_csv(tmp_path, capsys):
 
 
 def test_pack_reads_minimalloc_benchmark_csv(tmp_path, capsys):
-    """MiniMalloc's benchmark files name the columns buffer,start,end,size."""
+    """MiniMalloc's benchmark files name the columns buffer,start,end,size,
+    and its reader takes end as the last live step: 0 and 2 are both live at
+    10, so all three need their own place."""
     header, rows, err = run_pack(tmp_path, capsys,
                                  "buffer,start,end,size\n0,0,10,4\n1,5,15,4\n2,10,20,4\n")
     assert header == "buffer,start,end,size,offset"
-    assert rows["1"] != rows["0"] and rows["1"] != rows["2"]
-    assert "arena 8 bytes" in err and "optimal" in err
+    assert len(set(rows.values())) == 3
+    assert "arena 12 bytes" in err and "optimal" in err
+
+
+def test_minimalloc_ends_are_inclusive_and_written_back_as_read(tmp_path, capsys):
+    """Issue 26: a,0,5,4 and b,5,9,4 are both live at 5 in MiniMalloc's
+    reading; read half-open they shared offset 0."""
+    f = tmp_path / "b.csv"
+    f.write_text("buffer,start,end,size\na,0,5,4\nb,5,9,4\n")
+    assert cli.main(["pack", str(f)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = {r.split(",")[0]: r.split(",") for r in lines[1:]}
+    assert rows["a"][4] != rows["b"][4]
+    assert rows["a"][:4] == ["a", "0", "5", "4"] and rows["b"][:4] == ["b", "5", "9", "4"]
+    f.write_text("id,lower,upper,size\na,0,5,4\nb,5,9,4\n")  # half-open: they may share
+    assert cli.main(["pack", str(f)]) == 0
+    out = capsys.readouterr()
+    assert "arena 4 bytes" in out.err
 
 
 @pytest.mark.parametrize("text, message", [

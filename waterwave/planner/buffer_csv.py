@@ -1,8 +1,10 @@
 """The buffer CSV that offset-packing solvers share: one buffer per row,
 ``id,lower,upper,size`` with half-open lifetimes [lower, upper). MiniMalloc's
-benchmark files name the same columns ``buffer,start,end,size``; both are
-read, and a packing is written back under the names it was read with, plus
-an ``offset`` column."""
+benchmark files name the columns ``buffer,start,end,size`` and read ``end``
+as the last step a buffer is live (its reader, ``src/converter.cc``, adds
+one): so ``a,0,5,4`` and ``b,5,9,4`` are both live at 5 there, and here too.
+Both forms are read, and a packing is written back in the form and under
+the names it was read with, plus an ``offset`` column."""
 from __future__ import annotations
 
 import csv
@@ -36,13 +38,14 @@ def read_buffer_csv(path: str) -> BufferTable:
         raise ValueError(f"{path} needs a header with columns id,lower,upper,size (half-open "
                          "lifetimes [lower, upper)); MiniMalloc's buffer,start,end,size also "
                          f"works. Missing: {', '.join(missing)}")
+    inclusive = names[where["upper"]] == "end"  # MiniMalloc's: end is the last live step
     buffers = []
     for line, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
         try:
             bid, lower, upper, size = (row[where[c]].strip() for c in COLUMNS)
-            buffers.append(Buffer(bid, int(lower), int(upper), int(size)))
+            buffers.append(Buffer(bid, int(lower), int(upper) + inclusive, int(size)))
         except IndexError:
             raise ValueError(f"{path}, line {line}: expected {len(names)} columns, got {len(row)}")
         except ValueError as e:
@@ -55,5 +58,6 @@ def read_buffer_csv(path: str) -> BufferTable:
 def write_buffer_csv(out, table: BufferTable, offsets: dict) -> None:
     w = csv.writer(out, lineterminator="\n")
     w.writerow([*table.header, "offset"])
+    inclusive = table.header[2] == "end"
     for b in table.buffers:
-        w.writerow([b.id, b.lower, b.upper, b.size, offsets[b.id]])
+        w.writerow([b.id, b.lower, b.upper - inclusive, b.size, offsets[b.id]])
