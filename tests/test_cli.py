@@ -288,3 +288,23 @@ def test_a_time_limit_must_be_positive_and_finite(value, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "seconds" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def build(batch_size:\n", "importing 'usermod_{n}' failed: SyntaxError"),
+    ("raise RuntimeError('no GPU here')\n", "importing 'usermod_{n}' failed: RuntimeError: no GPU"),
+    ("def build(batch_size):\n    raise KeyError('width')\n", "build(2) raised KeyError"),
+    ("import torch\ndef build(batch_size):\n    m = torch.nn.Linear(4, 3)\n"
+     "    return m, (torch.randn(batch_size, 4),), lambda out: out\n", "tracing the training step"),
+])
+def test_a_user_model_that_fails_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys,
+                                                             source, message):
+    """module:callable models that do not import, raise, or give a non-scalar
+    loss: one line naming the problem, exit code 2 (issue 26)."""
+    n = abs(hash(source)) % 10**8
+    (tmp_path / f"usermod_{n}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["plan", f"usermod_{n}:build", "--batch-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message.format(n=n) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

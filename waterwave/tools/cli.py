@@ -9,7 +9,7 @@ import sys
 import time
 
 from .. import _C
-from ..capturing import KERNELS, capture
+from ..capturing import KERNELS, CaptureError, capture
 from ..graph import Graph
 from ..planner import STRATEGIES, check_plan, pack, plan
 from ..planner.baseline import replay
@@ -286,13 +286,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def one_line_errors(fn, command: str):
     """Run a command, turning a bad name or file (a ValueError, which the
-    trace, graph and plan errors are, or an OSError) into one line on stderr
-    and exit code 2: never a traceback for what the user can fix."""
+    trace, graph and plan errors are, or an OSError) or a step that cannot be
+    captured (a CaptureError: the model's loss is not a scalar, its forward
+    raises) into one line on stderr and exit code 2: never a traceback for
+    what the user can fix."""
 
     def run(args) -> int:
         try:
             return fn(args)
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, CaptureError) as e:
             print(f"waterwave {command}: {e}", file=sys.stderr)
             return 2
 

@@ -56,10 +56,17 @@ def _user_model(spec: str, batch_size: int):
     except ImportError as e:
         raise ValueError(f"model {spec!r}: cannot import {module_name!r} ({e}); run from the "
                          "directory that holds it or add it to PYTHONPATH") from None
+    except Exception as e:  # the user's module: a syntax error, or raising as it loads
+        raise ValueError(f"model {spec!r}: importing {module_name!r} failed: "
+                         f"{type(e).__name__}: {e}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"model {spec!r}: {module_name} has no callable {attr!r}")
-    built = fn(batch_size)
+    try:
+        built = fn(batch_size)
+    except Exception as e:  # the user's builder raised: say so in one line, with its error
+        raise ValueError(f"model {spec!r}: {attr}({batch_size}) raised "
+                         f"{type(e).__name__}: {e}") from None
     if not (isinstance(built, (tuple, list)) and len(built) == 3 and callable(built[2])):
         raise ValueError(f"model {spec!r}: {attr}(batch_size) must return (model, "
                          "example_inputs, loss_fn), with loss_fn(model(*example_inputs)) the loss")
