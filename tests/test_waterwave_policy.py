@@ -284,3 +284,40 @@ def test_threads_on_different_streams_allocate_concurrently():
     a.check_invariants()
     assert a.stats()["allocated_bytes.all.current"] == 0
     assert a.hazards() == []
+
+
+def test_check_invariants_while_other_threads_reserve_segments_reports_no_false_failure():
+    """Issue 26: a segment's bytes are counted before the lock is dropped
+    around the device call, so check_invariants between them saw
+    "reserved_total_ drifted". Threads that keep reserving new segments
+    (the cache emptied each time) beside one checking: no failure."""
+    import threading
+    import time
+
+    a = ww.Allocator("waterwave", ww.SimDevice(1 << 30, 1.0))
+    stop, errors, reserved = threading.Event(), [], [0, 0]
+
+    def churn(stream):
+        while not stop.is_set():
+            p = a.alloc(4 << 20, stream)
+            a.free(p)
+            a.synchronize()
+            a.empty_cache()
+            reserved[stream] += 1
+
+    threads = [threading.Thread(target=churn, args=(s,), daemon=True) for s in (0, 1)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    try:
+        while sum(reserved) < 3000 and time.monotonic() < deadline:
+            try:
+                a.check_invariants()
+            except ww.InvariantError as e:
+                errors.append(str(e))
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert errors == [] and sum(reserved) >= 3000

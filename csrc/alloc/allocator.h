@@ -185,7 +185,8 @@ class Allocator {
   std::mutex mu_;
   AllocatorStats stats_;
   std::map<Addr, Segment*> segments_;
-  std::size_t reserved_total_ = 0;      // == stats_.reserved_bytes.all().current
+  std::size_t reserved_total_ = 0;      // == stats_.reserved_bytes.all().current + reserving_
+  std::size_t reserving_ = 0;           // bytes of segments whose device call is in flight
   std::size_t allowed_max_ = SIZE_MAX;  // from per_process_memory_fraction
   std::unordered_map<EventId, int> event_refs_;
 
