@@ -80,24 +80,44 @@ def change_lr(opt, spec):
         group["lr"] *= spec["lr_scale"]
 
 
+def eager_step(model, opt, spec, x, y) -> float:
+    """One eager training step as the spec trains: autocast, clipping."""
+    opt.zero_grad()
+    with precision(spec):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    if "clip_grad_value" in spec["clip"]:
+        torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
+    if "clip_grad_norm" in spec["clip"]:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"])
+    opt.step()
+    return loss.item()
+
+
 def eager(model, spec, data, steps, change_at):
     opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
     losses = []
     for i in range(steps):
         if i == change_at:
             change_lr(opt, spec)
-        x, y = data[i % len(data)]
-        opt.zero_grad()
-        with precision(spec):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        if "clip_grad_value" in spec["clip"]:
-            torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
-        if "clip_grad_norm" in spec["clip"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"])
-        opt.step()
-        losses.append(loss.item())
+        losses.append(eager_step(model, opt, spec, *data[i % len(data)]))
     return losses, opt
+
+
+def assert_trains_as_eager(job, losses, eager_opt, got_losses) -> None:
+    """The job's losses, parameters and optimizer state are eager's."""
+    torch.testing.assert_close(got_losses, losses, rtol=1e-5, atol=1e-6)
+    ours = job.step_fn.optimizer
+    for a, b in zip([p for g in eager_opt.param_groups for p in g["params"]],
+                    [p for g in ours.param_groups for p in g["params"]]):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
+    sa, sb = eager_opt.state_dict()["state"], ours.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for i in sa:
+        assert sa[i].keys() == sb[i].keys()
+        for name in sa[i]:
+            torch.testing.assert_close(torch.as_tensor(sb[i][name]), torch.as_tensor(sa[i][name]),
+                                       rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=12)
@@ -120,16 +140,4 @@ def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps, data)
         trainer.run(steps - change_at)
     for job, (losses, eager_opt), spec in zip(jobs, expected, specs):
         assert job.error is None, (spec, job.error)
-        torch.testing.assert_close(job.losses, losses, rtol=1e-5, atol=1e-6)
-        eager_params = [p for g in eager_opt.param_groups for p in g["params"]]
-        ours = [p for g in job.step_fn.optimizer.param_groups for p in g["params"]]
-        for a, b in zip(eager_params, ours):
-            torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
-        sa = eager_opt.state_dict()["state"]
-        sb = job.step_fn.optimizer.state_dict()["state"]
-        assert sa.keys() == sb.keys()
-        for i in sa:
-            assert sa[i].keys() == sb[i].keys(), spec
-            for name in sa[i]:
-                torch.testing.assert_close(torch.as_tensor(sb[i][name]), torch.as_tensor(sa[i][name]),
-                                           rtol=1e-5, atol=1e-6)
+        assert_trains_as_eager(job, losses, eager_opt, job.losses)

@@ -14,12 +14,13 @@ torch = pytest.importorskip("torch")
 
 from test_exactness import (  # noqa: E402
     OPTIMIZERS,
+    assert_trains_as_eager,
     change_lr,
+    eager_step,
     job_settings,
     job_specs,
     loss_fn,
     model_and_data,
-    precision,
 )
 
 import waterwave as ww  # noqa: E402
@@ -34,34 +35,9 @@ def eager_calls(model, spec, data, calls):
         if c:
             change_lr(opt, spec)
         for _ in range(n):
-            x, y = data[i % len(data)]
+            losses.append(eager_step(model, opt, spec, *data[i % len(data)]))
             i += 1
-            opt.zero_grad()
-            with precision(spec):
-                loss = loss_fn(model(x), y)
-            loss.backward()
-            if "clip_grad_value" in spec["clip"]:
-                torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
-            if "clip_grad_norm" in spec["clip"]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"])
-            opt.step()
-            losses.append(loss.item())
     return losses, opt
-
-
-def assert_same_training(job, losses, eager_opt, got_losses):
-    torch.testing.assert_close(got_losses, losses, rtol=1e-5, atol=1e-6)
-    ours = job.step_fn.optimizer
-    for a, b in zip([p for g in eager_opt.param_groups for p in g["params"]],
-                    [p for g in ours.param_groups for p in g["params"]]):
-        torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
-    sa, sb = eager_opt.state_dict()["state"], ours.state_dict()["state"]
-    assert sa.keys() == sb.keys()
-    for i in sa:
-        assert sa[i].keys() == sb[i].keys()
-        for name in sa[i]:
-            torch.testing.assert_close(torch.as_tensor(sb[i][name]), torch.as_tensor(sa[i][name]),
-                                       rtol=1e-5, atol=1e-6)
 
 
 def run_in_threads(fns):
@@ -114,7 +90,7 @@ def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, s
                               for j, s, c in zip(jobs, specs, calls)])
     for job, (losses, eager_opt), got in zip(jobs, expected, results):
         assert not isinstance(got, BaseException), got
-        assert_same_training(job, losses, eager_opt, got)
+        assert_trains_as_eager(job, losses, eager_opt, got)
     assert session.training == [] and session.stats()["steps_run"] == sum(map(sum, calls))
 
 
@@ -168,8 +144,8 @@ def test_a_job_joins_while_another_trains_and_evaluates_between_calls():
                 opt.step()
                 losses.append(loss.item())
         expected.append((losses, opt))
-    assert_same_training(long_job, *expected[0], long_losses)
-    assert_same_training(short_job, *expected[1], short_losses)
+    assert_trains_as_eager(long_job, *expected[0], long_losses)
+    assert_trains_as_eager(short_job, *expected[1], short_losses)
     assert all(names in (["long"], []) for names in seen_training)  # short had left
     assert session.training == [] and session.stats()["steps_run"] == 46
 

@@ -468,10 +468,7 @@ def _adam_corrections(step, c: dict[str, float]) -> tuple:
     t = step + 1
     step.copy_(t)
     td = t.double()
-
-    def full(v: float):
-        return torch.full((), v, dtype=torch.float64, device=step.device)
-
+    full = _float64_on(step.device)
     bc1 = 1 - torch.pow(full(c["b1"]), td)
     bc2 = 1 - torch.pow(full(c["b2"]), td)
     neg_step_size = -(full(c["lr"]) / bc1)
@@ -489,10 +486,7 @@ def _nadam_coefficients(st: dict, c: dict[str, float]) -> tuple:
     t = step + 1
     step.copy_(t)
     td = t.double()
-
-    def full(v: float):
-        return torch.full((), v, dtype=torch.float64, device=step.device)
-
+    full = _float64_on(step.device)
     decay, b1 = full(c["momentum_decay"]), full(c["b1"])
     mu = b1 * (1.0 - 0.5 * torch.pow(full(0.96), td * decay))
     mu_next = b1 * (1.0 - 0.5 * torch.pow(full(0.96), (td + 1) * decay))
@@ -502,3 +496,14 @@ def _nadam_coefficients(st: dict, c: dict[str, float]) -> tuple:
     bc2 = 1 - torch.pow(full(c["b2"]), td)
     return (bc2.float(), (neg_lr * (1.0 - mu) / (1.0 - p)).float(),
             ((neg_lr * mu_next) / (1.0 - p * mu_next)).float())
+
+
+def _float64_on(device):
+    """A maker of 0-d float64 tensors on ``device``: the host's arithmetic of
+    the step-dependent factors, done where the step count lives."""
+    import torch
+
+    def full(v: float):
+        return torch.full((), v, dtype=torch.float64, device=device)
+
+    return full

@@ -179,10 +179,8 @@ class Job:
         a clear error otherwise."""
         import torch
 
-        data = (*inputs, *(targets or ()))
-        key = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x)
-                    for x in data)
-        if not inputs or key == self._shape_key():
+        key = _shapes((*inputs, *(targets or ())))
+        if not inputs or key == _shapes(self.step_fn.example):
             return self.step_fn, self.runner
         found = self._other_shapes.get(key)
         if found is None:
@@ -192,12 +190,6 @@ class Job:
         if found[2] is not self.partition:  # cut into this trainer's or session's groups
             found[1], found[2] = GroupRunner(found[0], self.partition), self.partition
         return found[0], found[1]
-
-    def _shape_key(self) -> tuple:
-        import torch
-
-        return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x)
-                     for x in self.step_fn.example)
 
     def _capture_at(self, inputs: tuple, targets) -> CapturedStep:
         main = self.step_fn
@@ -230,3 +222,11 @@ class Job:
     def __repr__(self) -> str:
         state = f"failed: {self.error!r}" if self.failed else f"{len(self.losses)} steps"
         return f"Job({self.name!r}, {state})"
+
+
+def _shapes(data: tuple) -> tuple:
+    """What a batch's capture depends on: each tensor's shape and dtype."""
+    import torch
+
+    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x)
+                 for x in data)
