@@ -18,7 +18,7 @@ from waterwave.planner import (
     plan,
 )
 from waterwave.planner.baseline import replay
-from waterwave.planner.offsets import greedy_pack, max_live
+from waterwave.planner.offsets import best_fit, greedy_pack, max_live
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -404,11 +404,82 @@ def test_pack_solves_zero_slack_instances_that_greedy_cannot(seed):
     assert arena == lb and status == "optimal"
 
 
+def reference_best_fit(bufs, visit):
+    """Best fit as written first, scanning every placed buffer: the C++
+    pass (csrc/planner/best_fit.cpp), which finds the overlapping ones with
+    a segment tree, must place every buffer where this does."""
+    offsets, placed = {}, []
+    for i in visit:
+        b = bufs[i]
+        if b.size == 0:
+            offsets[i] = 0
+            continue
+        busy = sorted((offsets[j], offsets[j] + bufs[j].size) for j in placed
+                      if bufs[j].lower < b.upper and b.lower < bufs[j].upper)
+        best_gap, best_off, cursor = None, None, 0
+        for lo, hi in busy:
+            if lo - cursor >= b.size and (best_gap is None or lo - cursor < best_gap):
+                best_gap, best_off = lo - cursor, cursor
+            cursor = max(cursor, hi)
+        offsets[i] = cursor if best_off is None else best_off
+        placed.append(i)
+    return offsets
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(0, 9)), min_size=1,
+                max_size=40), st.randoms(use_true_random=False))
+@FAST
+def test_best_fit_places_every_buffer_where_a_full_scan_does(rows, rng):
+    bufs = [Buffer(i, lo, lo + length, 512 * units) for i, (lo, length, units) in enumerate(rows)]
+    visit = list(range(len(bufs)))
+    rng.shuffle(visit)
+    assert best_fit(bufs, visit) == reference_best_fit(bufs, visit)
+
+
+def test_best_fit_past_its_deadline_stacks_the_rest_validly():
+    bufs = [Buffer(i, i % 50, i % 50 + 7, 512 * (1 + i % 5)) for i in range(300)]
+    offs = best_fit(bufs, list(range(300)), seconds=0.0)
+    assert not overlaps(bufs, offs)
+    with pytest.raises(ValueError, match="every buffer once"):
+        best_fit(bufs, [0] * 300)
+
+
+def test_time_limits_hold_on_large_inputs():
+    """Before best fit was bounded (and its overlap search sublinear) a
+    5-second limit took 79 s on these 20,000 buffers and 146 s on this
+    20,000-node chain; the bounds here are loose (a 2-core machine under
+    load) and still fail on that code."""
+    import random
+    import time
+
+    rng = random.Random(1)
+    bufs = []
+    for i in range(20_000):
+        lo = rng.randrange(20_000)
+        bufs.append(Buffer(i, lo, lo + rng.randrange(1, 2000), rng.randrange(1, 1 << 20)))
+    t0 = time.monotonic()
+    offs, arena, bound, _ = pack(bufs, time_limit=1.0)
+    assert time.monotonic() - t0 < 15
+    assert bound <= arena == max(offs[b.id] + b.size for b in bufs)
+    g = Graph("chain")
+    prev = g.add_tensor("x", 1024, "input")
+    for i in range(20_000):
+        t = g.add_tensor(f"t{i}", 4096 * (1 + i % 7))
+        g.add_node(f"n{i}", "aten.relu", [prev], [t])
+        prev = t
+    t0 = time.monotonic()
+    p = plan(g, strategy="model", time_limit=1.0)
+    assert time.monotonic() - t0 < 30
+    check_plan(g, p)
+
+
 def test_pack_rejects_bad_buffers():
     with pytest.raises(ValueError, match="empty lifetime"):
         pack([Buffer(0, 3, 3, 512)])
     with pytest.raises(ValueError, match="twice"):
         pack([Buffer(0, 0, 1, 512), Buffer(0, 1, 2, 512)])
+    with pytest.raises(ValueError, match="within 2\\^62"):
+        pack([Buffer(0, 0, 1, 1 << 70)])
 
 
 def test_baseline_replay_counts_fragmentation():

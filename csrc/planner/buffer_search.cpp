@@ -139,7 +139,7 @@ class BufferSearch {
   Outcome dfs(const std::vector<int>& part, int lo, int hi, std::int64_t last_offset, int last_rank) {
     if (--node_budget_ < 0) return Outcome::kAborted;
     if (depth_ >= kMaxDepth) return Outcome::kTimeout;
-    if ((++nodes_ & 255) == 0 && limits_.reached()) return Outcome::kTimeout;
+    if (limits_.due(++nodes_)) return Outcome::kTimeout;
     const DepthGuard deeper(depth_);
 
     // Each unplaced buffer's lowest offset: the highest top across its

@@ -65,7 +65,7 @@ SearchResult search_offsets(const std::vector<PackBuffer>& buffers, std::int64_t
   const Limits limits{std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(std::max(seconds, 0.0))),
-                      &stop};
+                      &stop, Limits::mask_for(buffers.size())};
   const Sweep sweep(buffers);
   std::vector<Job> jobs;
   if (strategy != SearchStrategy::kBuffer)

@@ -156,7 +156,7 @@ class SpotSearch {
     if (--node_budget_ < 0) return Outcome::kAborted;
     if (depth_ >= kMaxDepth) return Outcome::kTimeout;
     const DepthGuard deeper(depth_);
-    if ((++nodes_ & 255) == 0 && limits_.reached()) return Outcome::kTimeout;
+    if (limits_.due(++nodes_)) return Outcome::kTimeout;
     const auto key = state_key(lo, hi);
     auto& slot = failed_[key.first & (kFailedSlots - 1)];
     if (slot == key) return Outcome::kNotFound;

@@ -1,6 +1,8 @@
-// The offset searches on many random instances, under ASan and UBSan (built
-// by `make test`). Every layout it returns is checked for overlaps and for
-// staying under the capacity; zero-slack tilings must be found.
+// The offset searches and best fit on many random instances, under ASan and
+// UBSan (built by `make test`). Every layout either returns is checked for
+// overlaps and for staying under the capacity (best fit's under its own
+// arena, with and without a deadline that cuts it short); zero-slack
+// tilings must be found.
 //
 //   offset_search_run INSTANCES SEED
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../../csrc/planner/best_fit.h"
 #include "../../csrc/planner/offset_search.h"
 
 using waterwave::planner::PackBuffer;
@@ -97,6 +100,18 @@ int main(int argc, char** argv) {
     const auto bufs = tile ? tiling(rng, 10 + static_cast<int>(rng() % 50), 20, 32)
                            : random_buffers(rng, 5 + static_cast<int>(rng() % 40));
     const std::int64_t bound = max_live(bufs);
+    std::vector<std::int64_t> visit(bufs.size());
+    for (std::size_t i = 0; i < visit.size(); ++i) visit[i] = static_cast<std::int64_t>(i);
+    std::shuffle(visit.begin(), visit.end(), rng);
+    for (double seconds : {10.0, 0.0}) {
+      const auto fit = waterwave::planner::best_fit(bufs, visit, seconds);
+      const std::string err = check(bufs, fit.offsets, fit.arena);
+      if (!err.empty() || fit.arena < bound) {
+        std::fprintf(stderr, "FAILED instance %d: best fit (%.0f s): %s\n", k, seconds,
+                     err.empty() ? "below the max-live bound" : err.c_str());
+        return 1;
+      }
+    }
     // Each search alone, then both side by side (threads racing to answer).
     const SearchStrategy strategy = k % 3 == 0 ? SearchStrategy::kSpot
                                     : k % 3 == 1 ? SearchStrategy::kBuffer

@@ -32,7 +32,7 @@ import time
 
 from ..graph import Graph
 from .inplace import inplace_pairs
-from .lifetimes import live_profile, must_live_bound, reachability
+from .lifetimes import REACHABILITY_MAX_NODES, live_profile, must_live_bound, reachability, related
 
 
 class _CutNetwork:
@@ -79,7 +79,10 @@ class _CutNetwork:
         self.tails = np.asarray(tails, dtype=np.int32)
         self.heads = np.asarray(heads, dtype=np.int32)
         self.caps = np.asarray(caps, dtype=np.int64)
-        self.reach, self.ancestors = reachability(g)
+        self.g = g
+        self.reach = self.ancestors = None
+        if n <= REACHABILITY_MAX_NODES:
+            self.reach, self.ancestors = reachability(g)
 
     def least_live(self, v: int) -> int:
         """The fewest non-persistent bytes live while v runs, over all orders."""
@@ -92,8 +95,11 @@ class _CutNetwork:
             touching += size
             if cut_arc is not None:
                 caps[cut_arc] = 0
-        before = np.flatnonzero(self.ancestors[v]).astype(np.int32)  # v included
-        after = np.flatnonzero(self.reach[v]).astype(np.int32)
+        if self.reach is None:  # too many nodes for the matrices
+            before, after = related(self.g, v, forward=False), related(self.g, v, forward=True)
+        else:
+            before = np.flatnonzero(self.ancestors[v]).astype(np.int32)  # v included
+            after = np.flatnonzero(self.reach[v]).astype(np.int32)
         after = after[after != v]
         flow = max_flow.SimpleMaxFlow()
         flow.add_arcs_with_capacity(self.tails, self.heads, caps)

@@ -68,6 +68,28 @@ def node_lower_bound(g: Graph) -> int:
     return persistent + best
 
 
+# The reachability matrices take n^2 bytes each: above this many nodes (256
+# MiB a matrix) they are not built, and the bounds that need them fall back
+# to what a node's own tensors prove (must_live_bound) or to one node's
+# ancestors and descendants at a time (cut_bound.py).
+REACHABILITY_MAX_NODES = 16384
+
+
+def related(g: Graph, v: int, forward: bool):
+    """v and its descendants (``forward``) or its ancestors, as a sorted
+    int32 array: one row of ``reachability`` without the matrix."""
+    import numpy as np
+
+    seen, stack = {v}, [v]
+    step = g.succs if forward else g.preds
+    while stack:
+        for w in step(stack.pop()):
+            if w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return np.array(sorted(seen), dtype=np.int32)
+
+
 def reachability(g: Graph):
     """Two n x n boolean matrices: ``reach[u, v]`` when v == u or v depends
     on u (a descendant), and its transpose ``ancestors[c, v]`` when v == c
@@ -89,12 +111,15 @@ def must_live_bound(g: Graph) -> int:
     node v runs, every tensor made by v or an ancestor of v and used by v or
     a descendant of v is live in *every* topological order (at the loss,
     that is all the activations saved for backward). Persistent memory plus
-    the largest such sum over nodes; never below ``node_lower_bound``."""
+    the largest such sum over nodes; never below ``node_lower_bound``, which
+    it is on graphs of more than ``REACHABILITY_MAX_NODES`` nodes."""
     import numpy as np
 
     n = len(g.nodes)
     if n == 0:
         return g.persistent_bytes()
+    if n > REACHABILITY_MAX_NODES:
+        return node_lower_bound(g)
     reach, ancestors = reachability(g)
     keep = set(g.meta.get("outputs", []))
     live = np.zeros(n, dtype=np.int64)

@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 from .. import _C
 
+# Sizes, offsets and steps are 64-bit signed in the search (csrc/planner):
+# a buffer of more than 2^62 bytes (4 EiB) is refused, so sums of two fit.
+MAX_VALUE = 1 << 62
+MAX_SECONDS = 1e9  # "no limit", as a finite number the C++ clock can add
+
 
 @dataclass(frozen=True)
 class Buffer:
@@ -41,44 +46,39 @@ def max_live(buffers: list[Buffer]) -> int:
     return best
 
 
-def best_fit(buffers: list[Buffer], visit: list[int]) -> dict[int, int]:
-    """Place buffers (indices into ``buffers``) in the visiting order given."""
-    offsets: dict[int, int] = {}
-    placed: list[int] = []
-    # Buckets by time let us find placed buffers overlapping in time quickly.
-    for i in visit:
-        b = buffers[i]
-        if b.size == 0:
-            offsets[i] = 0
-            continue
-        busy = sorted((offsets[j], offsets[j] + buffers[j].size) for j in placed
-                      if buffers[j].lower < b.upper and b.lower < buffers[j].upper)
-        best_gap, best_off, cursor = None, None, 0
-        for lo, hi in busy:
-            gap = lo - cursor
-            if gap >= b.size and (best_gap is None or gap < best_gap):
-                best_gap, best_off = gap, cursor
-            cursor = max(cursor, hi)
-        offsets[i] = best_off if best_off is not None else cursor
-        placed.append(i)
-    return offsets
+def best_fit(buffers: list[Buffer], visit: list[int], seconds: float = math.inf) -> dict[int, int]:
+    """Place buffers (indices into ``buffers``) in the visiting order given,
+    each in the smallest gap between placed buffers overlapping it in time
+    (csrc/planner/best_fit.h). Past ``seconds``, the rest are stacked on top:
+    still a valid layout, so a time limit holds on any input size."""
+    return _best_fit(buffers, visit, seconds)[0]
 
 
-def greedy_pack(buffers: list[Buffer]) -> tuple[dict[int, int], int, str]:
-    """The better of best fit by size and by time: (offsets by index, arena, order name)."""
+def _best_fit(buffers: list[Buffer], visit: list[int], seconds: float) -> tuple[dict[int, int], int]:
+    offsets, arena, _ = _C.best_fit([b.lower for b in buffers], [b.upper for b in buffers],
+                                    [b.size for b in buffers], visit, min(seconds, MAX_SECONDS))
+    return dict(enumerate(offsets)), arena
+
+
+def greedy_pack(buffers: list[Buffer], seconds: float = math.inf) -> tuple[dict[int, int], int, str]:
+    """The best of best fit by size, by time and by length: (offsets by
+    index, arena, order name). The first order always runs (cut short past
+    ``seconds``); the others only while time is left."""
+    deadline = time.monotonic() + min(seconds, MAX_SECONDS)
     orders = {
-        "by_size": sorted(range(len(buffers)),
-                          key=lambda i: (-buffers[i].size, -(buffers[i].upper - buffers[i].lower),
-                                         buffers[i].lower)),
-        "by_time": sorted(range(len(buffers)),
-                          key=lambda i: (buffers[i].lower, -buffers[i].size)),
-        "by_length": sorted(range(len(buffers)),
-                            key=lambda i: (-(buffers[i].upper - buffers[i].lower), -buffers[i].size)),
+        "by_size": lambda: sorted(range(len(buffers)),
+                                  key=lambda i: (-buffers[i].size, -(buffers[i].upper - buffers[i].lower),
+                                                 buffers[i].lower)),
+        "by_time": lambda: sorted(range(len(buffers)), key=lambda i: (buffers[i].lower, -buffers[i].size)),
+        "by_length": lambda: sorted(range(len(buffers)),
+                                    key=lambda i: (-(buffers[i].upper - buffers[i].lower), -buffers[i].size)),
     }
     best = None
     for name, visit in orders.items():
-        offs = best_fit(buffers, visit)
-        arena = max((offs[i] + buffers[i].size for i in range(len(buffers))), default=0)
+        left = deadline - time.monotonic()
+        if best is not None and left <= 0:
+            break
+        offs, arena = _best_fit(buffers, visit(), left)
         if best is None or arena < best[1]:
             best = (offs, arena, name)
     return best
@@ -92,6 +92,9 @@ def validate_buffers(buffers: list[Buffer]) -> None:
         seen.add(b.id)
         if b.size < 0:
             raise ValueError(f"buffer {b.id!r} has a negative size ({b.size})")
+        if max(b.size, abs(b.lower), abs(b.upper)) > MAX_VALUE:
+            raise ValueError(f"buffer {b.id!r}: size, lower and upper must be within 2^62 "
+                             f"(got {b.size}, {b.lower}, {b.upper})")
         if b.upper <= b.lower:
             raise ValueError(f"buffer {b.id!r} has an empty lifetime [{b.lower}, {b.upper}): "
                              "upper must be greater than lower (ranges are half-open)")
@@ -103,7 +106,7 @@ def exact_pack(buffers: list[Buffer], time_limit: float = 10.0):
     ``heuristic`` (the best layout found in time)."""
 
     deadline = time.monotonic() + time_limit
-    offs, arena, _ = greedy_pack(buffers)
+    offs, arena, _ = greedy_pack(buffers, time_limit)
     bound = max_live(buffers)
     if arena == bound:
         return offs, arena, bound, "optimal"
