@@ -308,3 +308,102 @@ def test_a_user_model_that_fails_is_one_line_not_a_traceback(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert message.format(n=n) in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def _untrusted_files(tmp_path):
+    """Files an attacker (or a broken disk) could hand the CLI, each with what
+    the one-line answer must say (issue 26, items 4 and 5)."""
+    import gzip
+    import pickle
+
+    def snapshot(name, events):
+        path = tmp_path / name
+        path.write_bytes(pickle.dumps({"segments": [], "device_traces": [events]}))
+        return str(path)
+
+    bomb = tmp_path / "bomb.pickle.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:  # 64 MiB of zeros in 64 KiB
+        for _ in range(64):
+            f.write(bytes(1 << 20))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    build = tmp_path / "build.pickle"
+    build.write_bytes(b"(}(dS'a'\nI1\nsb.")  # a BUILD opcode on a dict
+    wide = tmp_path / "wide.csv"
+    wide.write_text("id,lower,upper,size\n" + "a" * 200_000 + ",0,1,512\n")
+    many = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": i} for i in range(2000)]
+    huge = [{"action": "alloc", "addr": 1, "size": 2**70, "stream": 0}]
+    return [
+        (["replay", snapshot("streams.pickle", many)], "more than 1024 streams"),
+        (["replay", snapshot("huge.pickle", huge)], "over the limit"),
+        (["replay", str(bomb)], "decompresses to more than"),
+        (["replay", str(build)], "not a PyTorch memory snapshot"),
+        (["replay", str(deep)], "nested too deeply"),
+        (["plan", str(deep)], "nested too deeply"),
+        (["pack", str(wide)], "not a buffer CSV"),
+    ]
+
+
+def test_untrusted_files_are_refused_in_one_line_within_their_limits(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WATERWAVE_MAX_FILE_BYTES", str(32 << 20))  # below the bomb's content
+    for argv, says in _untrusted_files(tmp_path):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_input_limits_are_overridable_and_checked(tmp_path, capsys, monkeypatch):
+    import waterwave as ww
+
+    many = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": i} for i in range(1100)]
+    path = tmp_path / "streams.pickle"
+    import pickle
+
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [many]}))
+    assert cli.main(["replay", str(path), "--json"]) == 2
+    monkeypatch.setenv("WATERWAVE_MAX_STREAMS", "2000")
+    assert cli.main(["replay", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["streams"] == 1100
+    before = ww.set_input_limits(streams=4)
+    try:
+        assert ww.input_limits().streams == 2000  # the environment's is on top
+        monkeypatch.delenv("WATERWAVE_MAX_STREAMS")
+        assert ww.input_limits().streams == 4
+    finally:
+        ww.set_input_limits(**vars(before))
+    with pytest.raises(ValueError, match="unknown input limit"):
+        ww.set_input_limits(stream=4)
+    with pytest.raises(ValueError, match="positive whole number"):
+        ww.set_input_limits(file_bytes=-1)
+    monkeypatch.setenv("WATERWAVE_MAX_FILE_BYTES", "lots")
+    with pytest.raises(ValueError, match="WATERWAVE_MAX_FILE_BYTES"):
+        ww.input_limits()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "hf:gpt2,n_layer=abc"], "n_layer must be a number"),
+    (["plan", "hf:gpt2,n_layer=1.5"], "refused by GPT2Config"),
+    (["plan", "hf:gpt2,n_layer=1,n_embd=7"], "embed_dim` must be divisible"),
+    (["simulate", "resnet18", "--memory-limit", "1e999"], "cannot read '1e999' as a size"),
+    (["simulate", "resnet18", "--memory-limit", "99999999999999999999GiB"], "between 1 byte"),
+])
+def test_bad_values_are_one_line(argv, says, capsys):
+    if argv[1].startswith("hf:"):
+        pytest.importorskip("transformers")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_bug_of_ours_is_one_line_and_its_traceback_is_behind_debug(capsys, monkeypatch):
+    def broken(args):
+        raise ZeroDivisionError("a slip")
+
+    monkeypatch.setattr(cli, "_pack", broken)
+    assert cli.main(["pack", "x.csv"]) == cli.BUG
+    err = capsys.readouterr().err.strip()
+    assert "internal error" in err and "ZeroDivisionError: a slip" in err and "--debug" in err
+    assert len(err.splitlines()) == 1
+    for argv in (["--debug", "pack", "x.csv"], ["pack", "x.csv", "--debug"]):
+        with pytest.raises(ZeroDivisionError):
+            cli.main(argv)

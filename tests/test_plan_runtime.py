@@ -247,3 +247,41 @@ def test_a_slot_outside_the_arena_or_unaligned_is_refused_never_served(slots, ar
         with pytest.raises(ww.ConfigError, match="the plan is corrupt"):
             a.set_plan(0, slots, arena=arena)
         assert not a.has_plan(0)
+
+
+def test_a_plan_the_checker_rejects_is_refused_not_renormalised():
+    """A plan whose tensors overlap (here, two live together moved onto one
+    offset) was turned into slots anyway; now its PlanError comes through
+    (issue 26, item 1)."""
+    from test_planner import chain
+
+    from waterwave.planner import PlanError
+
+    g = chain()
+    p = plan(g, "greedy")
+    live = [t.id for t in g.tensors if not t.persistent and t.size]
+    p.offsets[live[1]] = p.offsets[live[0]]
+    with pytest.raises(PlanError, match="overlap"):
+        ww.PlanAllocator(p, graph=g)
+    p.offsets[live[0]] = -(1 << 70)
+    with pytest.raises(PlanError):
+        ww.PlanAllocator(p, graph=g)
+
+
+def test_bad_numbers_and_streams_are_value_errors_naming_them():
+    a = ww.Allocator("waterwave", device=ww.SimDevice(64 * MiB))
+    with pytest.raises(ValueError, match="negative size"):
+        a.alloc(-5)
+    with pytest.raises(ValueError, match="the stream must be .* got -1"):
+        a.alloc(512, -1)
+    with pytest.raises(ValueError, match="the size must be .* got 1180591620717411303424"):
+        a.alloc(1 << 70)
+    with pytest.raises(ValueError, match="the pointer must be"):
+        a.free(-1)
+    with pytest.raises(TypeError, match="whole number"):
+        a.alloc(512, 1.5)
+    with pytest.raises(ww.ConfigError, match="stream 999 has no plan"):
+        a.clear_plan(999)
+    a.set_plan(3, [(512, 0)])
+    a.clear_plan(3)
+    assert not a.has_plan()

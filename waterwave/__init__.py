@@ -41,7 +41,7 @@ from .exec import (  # noqa: F401  (torch only when called)
     optimize,
     training_session,
 )
-from .graph import Graph  # noqa: F401
+from .graph import Graph, InputLimits, input_limits, set_input_limits  # noqa: F401
 from .planner import Plan, pack, plan  # noqa: F401
 
 __all__ = [
@@ -60,6 +60,9 @@ __all__ = [
     "cupy",
     "trace",
     "Graph",
+    "InputLimits",
+    "input_limits",
+    "set_input_limits",
     "Plan",
     "plan",
     "pack",

@@ -179,6 +179,7 @@ void AllocatorStack::set_plan(StreamId stream, std::vector<PlanSlot> slots,
 
 void AllocatorStack::clear_plan(std::optional<StreamId> stream) {
   UniqueLock g(mu_);
+  if (stream) pick_locked(stream, true);  // a stream named without a plan: say so
   for (StreamAdaptor& a : adaptors_) {
     if (!stream || a.stream == *stream) drop_plan_locked(a, "remove the plan");
   }

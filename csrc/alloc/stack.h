@@ -69,7 +69,8 @@ class AllocatorStack {
   // policy's cache is released first, so the arena takes its place.
   void set_plan(StreamId stream, std::vector<PlanSlot> slots, std::size_t arena_bytes,
                 PlanScope scope, bool give_back_cache);
-  // Removes the plan (every plan, for nullopt); refused while its blocks live.
+  // Removes the plan (every plan, for nullopt); refused while its blocks live,
+  // and for a stream named that has none (ConfigError).
   void clear_plan(std::optional<StreamId> stream);
   bool has_plan(std::optional<StreamId> stream);
   void begin_step(std::optional<StreamId> stream);

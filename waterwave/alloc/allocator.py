@@ -53,11 +53,31 @@ class Allocator(_C.AllocatorStack):
         return stack
 
     # Allocation -----------------------------------------------------------
+    # The C++ methods take unsigned 64-bit values; these check them first, so
+    # a negative or huge one is a ValueError naming it, not pybind's
+    # "incompatible function arguments".
     def alloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate ``nbytes`` for use on ``stream``; returns the address (0 for 0 bytes)."""
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
-        return super().alloc(nbytes, stream)
+        return super().alloc(_unsigned(nbytes, "size"), _unsigned(stream, "stream"))
+
+    def free(self, ptr: int) -> None:
+        """Free the allocation at ``ptr`` (a PointerError if it is not one)."""
+        super().free(_unsigned(ptr, "pointer"))
+
+    def record_stream(self, ptr: int, stream: int) -> None:
+        """The allocation at ``ptr`` is also used on ``stream`` (torch's ``Tensor.record_stream``)."""
+        super().record_stream(_unsigned(ptr, "pointer"), _unsigned(stream, "stream"))
+
+    def allocation_size(self, ptr: int) -> int:
+        """The bytes handed out at ``ptr`` (a PointerError if it is not an allocation)."""
+        return super().allocation_size(_unsigned(ptr, "pointer"))
+
+    def clear_plan(self, stream: int | None = None) -> None:
+        """Remove ``stream``'s plan (every plan, by default); refused while its
+        blocks live, and for a stream that has no plan."""
+        super().clear_plan(None if stream is None else _unsigned(stream, "stream"))
 
     # Plans, per stream --------------------------------------------------------
     def set_plan(self, stream: int, slots, arena: int | None = None, scope: str = "stream",
@@ -133,6 +153,18 @@ class Allocator(_C.AllocatorStack):
         return (f"{type(self).__name__}(policy={self.policy!r}, "
                 f"allocated={s['allocated_bytes.all.current']}, "
                 f"reserved={s['reserved_bytes.all.current']})")
+
+
+def _unsigned(value: int, what: str) -> int:
+    """``value`` as an unsigned 64-bit argument, or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()
+        except AttributeError:
+            raise TypeError(f"the {what} must be a whole number, got {value!r}") from None
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"the {what} must be a whole number in 0..2^64-1, got {value}")
+    return value
 
 
 class PlanAllocator(Allocator):

@@ -1,7 +1,7 @@
 """The graph of one training step: operators in program order, tensors as
 storages, sizes as the caching allocator rounds them, and its JSON format
-(``graph.py``). Capture makes it; the planner, the executors and the
-simulator read it.
+(``graph.py``); the limits on files read from elsewhere (``input_limits.py``).
+Capture makes it; the planner, the executors and the simulator read it.
 
 May import: nothing of waterwave.
 """
@@ -19,3 +19,4 @@ from .graph import (  # noqa: F401
     round_size,
     write_json,
 )
+from .input_limits import InputLimits, input_limits, read_bytes, set_input_limits  # noqa: F401

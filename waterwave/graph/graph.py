@@ -40,6 +40,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from .input_limits import input_limits, read_bytes
+
 FORMAT = "waterwave-graph"
 VERSION = 1
 KINDS = ("input", "param", "buffer", "grad", "optimizer_state", "activation")
@@ -51,12 +53,17 @@ class GraphError(ValueError):
 
 
 def read_json(path: str, error: type[ValueError]) -> object:
-    """Parse a JSON file; a parse failure raises ``error`` saying the file is corrupt."""
+    """Parse a JSON file of at most the file-size limit (input_limits.py); a
+    parse failure or nesting too deep for the parser raises ``error`` saying
+    the file is corrupt."""
+    raw = read_bytes(path, error)
     try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e}); the file is corrupt") from None
+    except RecursionError:
+        raise error(f"{path}: not a waterwave file: its JSON is nested too deeply to read; the "
+                    "file is corrupt") from None
 
 
 def write_json(path: str, d: dict) -> None:
@@ -192,9 +199,14 @@ class Graph:
         """Raise GraphError naming the first problem found."""
         nt = len(self.tensors)
         seen_producer: dict[int, int] = {}
+        most = input_limits().block_bytes
         for i, t in enumerate(self.tensors):
             if t.id != i:
                 raise GraphError(f"tensor at index {i} has id {t.id}; ids must be 0..n-1 in order")
+            if not 0 <= t.size <= most:
+                raise GraphError(f"tensor {t.name!r} has size {t.size}: sizes must be in 0..{most:,} "
+                                 "bytes (waterwave.set_input_limits(block_bytes=...) raises the "
+                                 "limit)")
         for i, n in enumerate(self.nodes):
             if n.id != i:
                 raise GraphError(f"node at index {i} has id {n.id}; ids must be 0..n-1 in order")

@@ -8,8 +8,10 @@ the names it was read with, plus an ``offset`` column."""
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 
+from ..graph import read_bytes
 from .offsets import Buffer
 
 COLUMNS = ("id", "lower", "upper", "size")
@@ -25,8 +27,13 @@ class BufferTable:
 def read_buffer_csv(path: str) -> BufferTable:
     """Raises OSError if the file cannot be read and ValueError, naming the
     problem and the fix, if it is not a buffer CSV."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    raw = read_bytes(path, ValueError)
+    try:
+        rows = list(csv.reader(io.StringIO(raw.decode("utf-8-sig"), newline="")))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text CSV ({e}): it needs columns id,lower,upper,size") from None
+    except csv.Error as e:
+        raise ValueError(f"{path} is not a buffer CSV ({e}): it needs columns id,lower,upper,size") from None
     if not rows:
         raise ValueError(f"{path} is empty: it needs a header with columns id,lower,upper,size")
     names = [c.strip() for c in rows[0]]

@@ -15,7 +15,11 @@ def plan_slots(graph: Graph, plan) -> tuple[list[tuple[int, int]], int]:
     each node in the plan's order (except those written in place into an
     input, which allocate nothing), with their planned offsets (relative to
     the arena of non-persistent tensors, which starts after the persistent
-    block)."""
+    block). A plan the checker rejects (a file edited, or made for another
+    graph) is refused with its PlanError, never renormalised into slots."""
+    from .check import check_plan  # check.py imports plan.py, which imports this
+
+    check_plan(graph, plan)
     base = min((plan.offsets[t.id] for t in graph.tensors if not t.persistent and t.size),
                default=0)
     slots = [(graph.tensors[t].size, plan.offsets[t] - base)

@@ -41,18 +41,18 @@ May import: waterwave._C, waterwave.alloc, waterwave.graph, this package.
 """
 from __future__ import annotations
 
-import gzip
 import io
 import pickle
 from dataclasses import dataclass, field
 
 from .. import _C
 from ..alloc import Allocator
-from ..graph import check_header, read_json, round_size, write_json
+from ..graph import check_header, input_limits, read_bytes, read_json, round_size, write_json
 
 FORMAT = "waterwave-trace"
 VERSION = 1
 PHASES = ("", "forward", "backward", "optimizer")
+MAX_STREAM_ID = (1 << 62) - 1
 
 
 class TraceError(ValueError):
@@ -123,6 +123,18 @@ class Trace:
         """Every block is allocated once, freed at most once and only after
         its allocation, with a positive size; streams and phases are known."""
         where = f"trace {self.name!r}"
+        limits = input_limits()
+        streams = self.streams
+        if len(streams) > limits.streams or (streams and streams[-1] > MAX_STREAM_ID):
+            raise TraceError(f"{where}: it uses {len(streams)} streams, numbered up to {streams[-1]}; "
+                             f"the limits are {limits.streams} streams (replay's memory grows with "
+                             f"the square of it) numbered below 2^62: raise the first with "
+                             "waterwave.set_input_limits(streams=...) if the trace is genuine")
+        sizes = [n for _, n, _, _ in self.persistent] + [n for op in self.ops for _, n in op.alloc]
+        if sizes and max(sizes) > limits.block_bytes:
+            raise TraceError(f"{where}: a block of {max(sizes):,} bytes is over the limit of "
+                             f"{limits.block_bytes:,} for one block (waterwave.set_input_limits("
+                             "block_bytes=...) raises it)")
         seen: dict[int, bool] = {}  # block -> still live
         persistent = {p[0] for p in self.persistent}
         at = self.persistent_at()
@@ -266,24 +278,19 @@ class _PlainData(pickle.Unpickler):
 
 def _read_snapshot(path: str) -> dict:
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_bytes(path, TraceError, gunzip=True)
     except OSError as e:
         raise TraceError(f"{path}: cannot read the snapshot: {e.strerror or e}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise TraceError(f"{path}: the gzip stream is truncated or corrupt ({e}); copy the "
-                             "snapshot again") from None
     try:
         d = _PlainData(io.BytesIO(raw)).load()
     except EOFError:
         raise TraceError(f"{path}: the snapshot is truncated (the pickle ends early); copy it "
                          "again") from None
-    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError) as e:
-        raise TraceError(f"{path}: not a PyTorch memory snapshot: {e}. Write one with "
-                         "torch.cuda.memory._dump_snapshot(path)") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # a pickle from elsewhere can fail in any way: all are "not a snapshot"
+        raise TraceError(f"{path}: not a PyTorch memory snapshot ({type(e).__name__}: {e}). "
+                         "Write one with torch.cuda.memory._dump_snapshot(path)") from None
     if not isinstance(d, dict) or not isinstance(d.get("device_traces"), list):
         raise TraceError(f"{path}: not a PyTorch memory snapshot (no 'device_traces'). Write one "
                          "with torch.cuda.memory._record_memory_history(enabled='all') before "
@@ -308,6 +315,8 @@ def from_snapshot(path: str, device: int = 0) -> Trace:
         raise TraceError(f"{path}: device {device}'s trace holds no allocations: record with "
                          "torch.cuda.memory._record_memory_history(enabled='all')")
     stream_ids: list[int] = []
+    stream_index: dict[int, int] = {}
+    most_streams = input_limits().streams
     t = Trace(path.rsplit("/", 1)[-1], meta={"source": "snapshot", "device": device})
     block_at: dict[int, int] = {}  # address -> live block
     blocks = 0
@@ -319,9 +328,15 @@ def from_snapshot(path: str, device: int = 0) -> Trace:
         except (KeyError, TypeError, ValueError):
             raise TraceError(f"{path}: event {i} of device {device} lacks addr, size or "
                              "stream: the snapshot is corrupt") from None
-        if stream not in stream_ids:
+        if stream not in stream_index:
+            if len(stream_ids) == most_streams:
+                raise TraceError(f"{path}: device {device}'s trace uses more than {most_streams} "
+                                 "streams, the limit for traces read (replay's memory grows with "
+                                 "the square of it): raise it with waterwave.set_input_limits("
+                                 "streams=...) or WATERWAVE_MAX_STREAMS if the snapshot is genuine")
+            stream_index[stream] = len(stream_ids)
             stream_ids.append(stream)
-        s = stream_ids.index(stream)
+        s = stream_index[stream]
         if e["action"] == "alloc":
             if addr in block_at:
                 raise TraceError(f"{path}: event {i} allocates {addr:#x} twice without a free: "

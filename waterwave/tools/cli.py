@@ -275,28 +275,52 @@ def main(argv: list[str] | None = None) -> int:
     pk.set_defaults(func=_pack)
 
     sim_commands.add_parsers(sub)
+    debug_help = "on an unexpected error (a bug of ours), show its traceback"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    for p in [*sub.choices.values(), *bench_sub.choices.values()]:
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
 
     args = parser.parse_args(argv)
     if min(getattr(args, "pairs", 1), getattr(args, "repeats", 1), getattr(args, "gpu_pairs", 1)) <= 0:
         parser.error("--pairs, --gpu-pairs and --repeats must be positive")
     if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
         parser.error("--steps and --batch-size must be positive")
-    return one_line_errors(args.func, args.command)(args)
+    return one_line_errors(args.func, args.command, args.debug)(args)
 
 
-def one_line_errors(fn, command: str):
+# Exit codes: 2 for input the user can fix (argparse's too), 3 for a bug of
+# ours, 130 for Ctrl-C (as a shell reports SIGINT).
+BAD_INPUT, BUG, INTERRUPTED = 2, 3, 130
+
+
+def one_line_errors(fn, command: str, debug: bool = False):
     """Run a command, turning a bad name or file (a ValueError, which the
     trace, graph and plan errors are, or an OSError) or a step that cannot be
     captured (a CaptureError: the model's loss is not a scalar, its forward
     raises) into one line on stderr and exit code 2: never a traceback for
-    what the user can fix."""
+    what the user can fix. Anything else is a bug of ours: one line saying
+    so, exit code 3, and the traceback only with ``--debug``."""
 
     def run(args) -> int:
         try:
             return fn(args)
         except (ValueError, OSError, CaptureError) as e:
-            print(f"waterwave {command}: {e}", file=sys.stderr)
-            return 2
+            print(f"waterwave {command}: {' '.join(str(e).split())}", file=sys.stderr)
+            return BAD_INPUT
+        except KeyboardInterrupt:
+            print(f"waterwave {command}: interrupted", file=sys.stderr)
+            return INTERRUPTED
+        except MemoryError:
+            print(f"waterwave {command}: this machine ran out of memory; try a smaller input",
+                  file=sys.stderr)
+            return BAD_INPUT
+        except Exception as e:
+            if debug:
+                raise
+            print(f"waterwave {command}: internal error, a bug in waterwave ({type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:500]}); please report it with the traceback that "
+                  f"`waterwave --debug {command} ...` prints", file=sys.stderr)
+            return BUG
 
     return run
 

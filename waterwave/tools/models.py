@@ -91,10 +91,23 @@ def _hf_config(spec: str):
                              f"{type(cfg).__name__}")
         try:
             value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
             value = text.strip()
-        setattr(cfg, key, value)
+        default = getattr(cfg, key)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"model {spec!r}: {key} must be a number (it is {default!r} by "
+                             f"default), got {text.strip()!r}")
+        try:
+            setattr(cfg, key, value)
+        except Exception as e:  # transformers validates some fields as they are set
+            raise ValueError(f"model {spec!r}: {key}={text.strip()} is refused by "
+                             f"{type(cfg).__name__} ({_one_line(e)})") from None
     return transformers, cfg
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def _transformers(name: str):
@@ -144,16 +157,18 @@ def _build(name: str, batch_size: int, device: str):
         return model, (x,), lambda out: loss(main_output(out), target)
     if name.startswith("hf:"):
         transformers, cfg = _hf_config(name)
-        model = None
+        model, refusals = None, []
         for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
             try:
                 model = auto.from_config(cfg)
                 break
-            except ValueError:
-                continue
+            except Exception as e:  # not this kind of model, or values it cannot build
+                if "Unrecognized configuration class" not in str(e):
+                    refusals.append(f" ({type(e).__name__}: {_one_line(e)})")
         if model is None:
-            raise ValueError(f"model {name!r}: no causal or masked language model for this "
-                             "configuration; pass your own model as module:callable")
+            raise ValueError(f"model {name!r}: transformers builds no causal or masked language "
+                             f"model from this configuration{''.join(refusals[:1])}; check the "
+                             "values given, or pass your own model as module:callable")
         return model, *_token_inputs(cfg, batch_size, device)
     if _is_callable_spec(name):
         return _user_model(name, batch_size)

@@ -36,10 +36,13 @@ def parse_size(text: str) -> int:
     if not m or unit not in UNITS:
         raise ValueError(f"cannot read {text!r} as a size: write e.g. 12GiB, 512MiB or 1e9")
     try:
-        return int(float(m.group(1)) * UNITS[unit])
-    except ValueError:
+        value = int(float(m.group(1)) * UNITS[unit])
+    except (ValueError, OverflowError):  # not a number, or infinite
         raise ValueError(f"cannot read {text!r} as a size: write e.g. 12GiB, 512MiB or 1e9") \
             from None
+    if not 0 < value < 1 << 62:
+        raise ValueError(f"size {text!r} is not between 1 byte and 2^62 bytes: write e.g. 12GiB")
+    return value
 
 
 def _mib(b) -> str:
