@@ -3,9 +3,14 @@
 // memory behind the driver API). Threads on their own streams allocate,
 // write a byte pattern through every pointer, check it at free, hand
 // pointers to other threads to free, record streams and empty the cache,
-// all through the C entry points PyTorch calls. Then one thread records a
-// step, packs it back to back (the plan need not be optimal to be served)
-// and replays it. Invariants and the driver's bytes are checked at the end.
+// all through the C entry points PyTorch calls. With expandable segments,
+// threads also tell the driver to fail a later cuMemCreate, cuMemMap or
+// cuMemSetAccess, out of memory or otherwise, so that growths fail partway
+// under the sanitizers: an allocation then succeeds (a retry), is out of
+// memory, or fails with the driver's error, and nothing it mapped leaks or
+// is lost. Then one thread records a step, packs it back to back (the plan
+// need not be optimal to be served) and replays it. Invariants and the
+// driver's bytes are checked at the end.
 //
 //   cuda_backend_run FAKE_DRIVER.so POLICY THREADS OPS_PER_THREAD SEED
 #include <dlfcn.h>
@@ -16,6 +21,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <iterator>
 #include <thread>
@@ -76,6 +82,22 @@ int main(int argc, char** argv) {
   const std::string config = argc == 7 ? argv[6] : "";
   rt.configure(parse_policy(policy), AllocatorConfig::parse(config), driver);
 
+  // Map failures, injected where the driver maps pages (expandable segments).
+  void* fake_driver = dlopen(driver.c_str(), RTLD_NOW);  // the handle the runtime gets too
+  auto fail_vmm = fake_driver && config.find("expandable_segments:True") != std::string::npos
+                      ? reinterpret_cast<void (*)(const char*, int, int)>(dlsym(fake_driver, "fake_cuda_fail_vmm"))
+                      : nullptr;
+  std::atomic<std::uint64_t> injected{0}, driver_errors{0};
+  // An allocation that failed with the driver's error: allowed only for an
+  // injected failure, and it must name the call.
+  auto driver_error = [&](const std::string& message) {
+    if (fail_vmm && message.find("cuMem") != std::string::npos) {
+      ++driver_errors;
+      return true;
+    }
+    return false;
+  };
+
   std::mutex handoff_mu;
   std::vector<Held> handoff;
   std::atomic<bool> failed{false};
@@ -99,6 +121,8 @@ int main(int argc, char** argv) {
               p = waterwave_cuda_malloc(size, 0, stream);
             } catch (const OutOfMemoryError&) {
               ++ooms;
+            } catch (const std::runtime_error& e) {
+              if (!driver_error(e.what())) throw;
             }
           } else {  // the one the torch bridge calls: codes, not exceptions
             char message[256];
@@ -106,7 +130,7 @@ int main(int argc, char** argv) {
             if (result == kWaterwaveMallocOutOfMemory) {
               ++ooms;
               if (std::strncmp(message, "out of memory", 13) != 0) fail(std::string("OOM said: ") + message);
-            } else if (result != kWaterwaveMallocOk || p == nullptr) {
+            } else if ((result != kWaterwaveMallocOk || p == nullptr) && !driver_error(message)) {
               fail(std::string("try_malloc failed: ") + message);
             }
           }
@@ -139,6 +163,10 @@ int main(int argc, char** argv) {
             if (!intact(b)) fail("a handed-off block was overwritten");
             waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
           }
+        } else if (r < 995 && fail_vmm) {
+          static const char* calls[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess"};
+          fail_vmm(calls[rng() % 3], static_cast<int>(rng() % 3), rng() % 2 ? 2 : 999);
+          ++injected;
         } else {
           waterwave_cuda_empty_cache();
         }
@@ -152,6 +180,12 @@ int main(int argc, char** argv) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   for (auto& t : pool) t.join();
   for (const Held& b : handoff) waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+
+  if (fail_vmm) fail_vmm("", 0, 0);  // disarm what no call took
+  {
+    AllocatorStack& stack = rt.stack(0);
+    stack.check_invariants();
+  }
 
   // A recorded step becomes a plan (offsets back to back: simple, and
   // correct whatever the lifetimes) and serves the next steps.
@@ -181,16 +215,17 @@ int main(int argc, char** argv) {
   if (errors.first) fail("bad frees: " + errors.second);
   rt.reset();
   // Everything went back to the driver (the fake counts its bytes).
-  void* fake = dlopen(driver.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  auto counter = fake ? reinterpret_cast<long long (*)(const char*)>(dlsym(fake, "fake_cuda_counter"))
-                      : nullptr;
+  auto counter = fake_driver ? reinterpret_cast<long long (*)(const char*)>(dlsym(fake_driver, "fake_cuda_counter"))
+                             : nullptr;
   if (!counter) fail("cannot read the fake driver's counters");
   else if (counter("bytes_in_use") != 0) fail("driver memory leaked");
-  std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, plan of %zu slots served %lld "
+  std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, %llu map failures injected "
+              "(%llu allocations failed with the driver's error), plan of %zu slots served %lld "
               "allocations, %s\n",
               policy.c_str(), config.empty() ? "" : " ", config.c_str(), threads,
               static_cast<unsigned long long>(ops),
-              static_cast<unsigned long long>(ooms.load()), trace.size(),
+              static_cast<unsigned long long>(ooms.load()), static_cast<unsigned long long>(injected.load()),
+              static_cast<unsigned long long>(driver_errors.load()), trace.size(),
               static_cast<long long>(ps.planned), failed ? "FAILED" : "invariants held");
   return failed ? 1 : 0;
 }

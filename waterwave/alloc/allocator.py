@@ -91,10 +91,11 @@ class Allocator(_C.AllocatorStack):
         policy's wholly free cached segments go back to the device first, so
         the arena takes their place rather than adding to them.
         ``waterwave.cuda.set_plan`` has the same defaults."""
-        slots = [(int(s), int(o)) for s, o in slots]
+        slots = [(_unsigned(s, "slot size"), _unsigned(o, "slot offset")) for s, o in slots]
         if arena is None:
             arena = max((s + o for s, o in slots), default=0)
-        self._set_plan(int(stream), slots, int(arena), scope, give_back_cache)
+        self._set_plan(_unsigned(stream, "stream"), slots, _unsigned(arena, "arena"), scope,
+                       give_back_cache)
 
     # Simulated GPU ----------------------------------------------------------
     def launch(self, stream: int, duration_us: float, uses: Iterable[int] = ()) -> int:

@@ -268,9 +268,22 @@ def run_op(a: Allocator, op: Op, ptr: dict[int, int], persistent: dict[int, int]
 
 
 # Snapshots ------------------------------------------------------------------
-class _PlainData(pickle.Unpickler):
+class _PlainData(pickle._Unpickler):
     """Unpickles plain data only: a snapshot is dicts, lists, strings and
-    numbers, and nothing in it may run code."""
+    numbers, and nothing in it may run code. The pure-Python unpickler
+    (CPython's ``pickle._Unpickler``), not the C one: the C one sizes its
+    memo table by the largest index a PUT names, so a 200-byte file naming
+    index 10^9 takes gigabytes (found by the fuzzer); this one keeps the memo
+    in a dict. It reads about 5 MB/s, as fast as a replay consumes events.
+    A bytearray (which it allocates at the length the file declares, before
+    reading) has no place in a snapshot and is refused."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def _no_bytearray(self):
+        raise pickle.UnpicklingError("it holds a bytearray, which no snapshot does")
+
+    dispatch[pickle.BYTEARRAY8[0]] = _no_bytearray
 
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"it holds a {module}.{name} object, not plain data")
@@ -286,8 +299,9 @@ def _read_snapshot(path: str) -> dict:
     except EOFError:
         raise TraceError(f"{path}: the snapshot is truncated (the pickle ends early); copy it "
                          "again") from None
-    except MemoryError:
-        raise
+    except MemoryError:  # a length field far beyond the file's bytes
+        raise TraceError(f"{path}: not a PyTorch memory snapshot (it declares an object larger "
+                         "than memory); the file is corrupt") from None
     except Exception as e:  # a pickle from elsewhere can fail in any way: all are "not a snapshot"
         raise TraceError(f"{path}: not a PyTorch memory snapshot ({type(e).__name__}: {e}). "
                          "Write one with torch.cuda.memory._dump_snapshot(path)") from None
