@@ -385,7 +385,8 @@ def test_input_limits_are_overridable_and_checked(tmp_path, capsys, monkeypatch)
     (["plan", "hf:gpt2,n_layer=1.5"], "refused by GPT2Config"),
     (["plan", "hf:gpt2,n_layer=1,n_embd=7"], "embed_dim` must be divisible"),
     (["simulate", "resnet18", "--memory-limit", "1e999"], "cannot read '1e999' as a size"),
-    (["simulate", "resnet18", "--memory-limit", "99999999999999999999GiB"], "between 1 byte"),
+    (["simulate", "resnet18", "--memory-limit", "99999999999999999999GiB"],
+     "--memory-limit must be positive and below 2^62 bytes"),
 ])
 def test_bad_values_are_one_line(argv, says, capsys):
     if argv[1].startswith("hf:"):

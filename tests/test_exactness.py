@@ -25,6 +25,8 @@ OPTIMIZERS = {
     "adamax": lambda ps, h: torch.optim.Adamax(ps, lr=h["lr"] / 10, weight_decay=h["wd"]),
     "nadam": lambda ps, h: torch.optim.NAdam(ps, lr=h["lr"] / 10, weight_decay=h["wd"],
                                              decoupled_weight_decay=h["momentum"] > 0),
+    "radam": lambda ps, h: torch.optim.RAdam(ps, lr=h["lr"] / 10, weight_decay=h["wd"],
+                                             decoupled_weight_decay=h["momentum"] > 0),
 }
 loss_fn = torch.nn.functional.cross_entropy
 

@@ -26,13 +26,15 @@ at the next step with an error that names the fix, never ignored, as are
 what the update cannot do (maximize, amsgrad, Adagrad's lr_decay, SGD's
 first step with dampening, step hooks).
 
-Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax and NAdam, each
-checked against torch's own ``step`` in the tests. What changes every step
-(Adam's bias corrections, Adamax's corrected rate, NAdam's momentum
-schedule) is computed on the host as torch computes it and given to the
-step as 0-d tensor inputs (``SCALARS``). RAdam is refused: which of its two
-updates runs depends on the step number, which a captured graph cannot
-branch on.
+Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam,
+each checked against torch's own ``step`` in the tests. What changes every
+step (Adam's bias corrections, Adamax's corrected rate, NAdam's momentum
+schedule, RAdam's rectification) is computed on the host as torch computes
+it and given to the step as 0-d tensor inputs (``SCALARS``). RAdam's two
+updates (rectified once the variance estimate is long enough, plain in its
+first steps) are one graph: a 0-d ``rectify`` input selects, with
+``torch.where``, the adaptive factor or exactly 1, so each step multiplies
+as eager's branch does.
 
 May import: nothing of waterwave; torch lazily.
 """
@@ -41,15 +43,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam")
+SUPPORTED = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")
 ADAM = ("Adam", "AdamW")
 # The 0-d tensor inputs each group's update takes every step, by optimizer.
 # With a GradScaler, which may skip a step, these count their steps (and
 # compute what depends on them) on the device, so a skipped step does not
 # count; SGD keeps no count.
-DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam")
+DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")
 SCALARS = {"Adam": ("neg_step_size", "bc2_sqrt"), "AdamW": ("neg_step_size", "bc2_sqrt"),
-           "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef")}
+           "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef"),
+           "RAdam": ("bc1", "bc2_sqrt", "rect", "rectify")}
 
 
 class OptimizerError(ValueError):
@@ -59,10 +62,6 @@ class OptimizerError(ValueError):
 
 def kind(optimizer) -> str:
     name = type(optimizer).__name__
-    if name == "RAdam":
-        raise OptimizerError("capture does not support RAdam: which of its two updates runs "
-                             "depends on the step number (rectified only past its first steps), "
-                             "and a captured step runs one graph; use Adam, AdamW or NAdam")
     if name not in SUPPORTED:
         raise OptimizerError(f"capture supports the optimizers {', '.join(SUPPORTED)}; got {name}")
     return name
@@ -280,7 +279,7 @@ def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
         return ["sum"]
     if name == "Adamax":
         return ["exp_avg", "exp_inf"]
-    return ["exp_avg", "exp_avg_sq"]  # Adam, AdamW, NAdam (whose mu_product the host keeps)
+    return ["exp_avg", "exp_avg_sq"]  # Adam, AdamW, NAdam (whose mu_product the host keeps), RAdam
 
 
 def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool = False) -> list:
@@ -368,6 +367,8 @@ def scalar_inputs(optimizer, steps: list[float], params: list | None = None,
         lr, (b1, b2) = float(group["lr"]), group["betas"]
         if name in ADAM:
             out += [-(lr / (1 - b1 ** t)), (1 - b2 ** t) ** 0.5]
+        elif name == "RAdam":
+            out += list(_radam_factors(t, b1, b2))
         elif name == "Adamax":
             out += [-(lr / (1 - b1 ** t))]
         else:
@@ -434,6 +435,21 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                     st["neg_clr"], _ = _adam_corrections(st["step"], c)
                 # torch: p.addcdiv_(exp_avg, exp_inf, value=-clr), i.e. p + (v * a) / b
                 p.add_(st["exp_avg"] * st["neg_clr"] / st["exp_inf"])
+            elif name == "RAdam":
+                if on["weight_decay != 0"] and on["decoupled weight decay"]:
+                    p.mul_(c["decay"])
+                if "step" in st:  # counted on the device: the factors computed there
+                    st["bc1"], st["bc2_sqrt"], st["rect"], st["rectify"] = _radam_on_device(st["step"], c)
+                st["exp_avg"].lerp_(g, c["one_minus_b1"])
+                st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
+                # torch: exp_avg / bc1 * lr, times (bc2 ** 0.5 / (sqrt(v) + eps)) * rect once
+                # rectified; ``bc2_sqrt / s`` is ``s.reciprocal() * bc2_sqrt`` (Tensor.__rdiv__).
+                # Unrectified, both factors are exactly 1: the same products as eager's branch.
+                rectified = st["rectify"] > 0
+                adaptive = st["exp_avg_sq"].sqrt().add_(c["eps"]).reciprocal() * st["bc2_sqrt"]
+                change = (st["exp_avg"] / st["bc1"] * c["lr"]
+                          * torch.where(rectified, adaptive, 1.0) * torch.where(rectified, st["rect"], 1.0))
+                p.add_(change, alpha=-1.0)
             elif name == "NAdam":
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
@@ -473,6 +489,41 @@ def _adam_corrections(step, c: dict[str, float]) -> tuple:
     bc2 = 1 - torch.pow(full(c["b2"]), td)
     neg_step_size = -(full(c["lr"]) / bc1)
     return neg_step_size.float(), torch.pow(bc2, full(0.5)).float()
+
+
+def _radam_factors(t: float, b1: float, b2: float) -> tuple[float, float, float, float]:
+    """RAdam's 1 - b1^t, (1 - b2^t) ** 0.5, its rectification and whether it
+    applies (rho_t > 5), at step ``t``, as torch's single-tensor RAdam
+    computes them on the host (the rectification is 1 when it does not apply,
+    where torch's expression has no real value)."""
+    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    rho_inf = 2 / (1 - b2) - 1
+    rho_t = rho_inf - 2 * t * (b2 ** t) / bc2
+    if rho_t <= 5.0:
+        return bc1, bc2 ** 0.5, 1.0, 0.0
+    rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5
+    return bc1, bc2 ** 0.5, rect, 1.0
+
+
+def _radam_on_device(step, c: dict[str, float]) -> tuple:
+    """``_radam_factors`` from RAdam's step tensor, on the device, moving the
+    step on, in float64 as the host computes them, then float32 as the
+    kernels take them."""
+    import torch
+
+    t = step + 1
+    step.copy_(t)
+    td = t.double()
+    full = _float64_on(step.device)
+    b1, b2 = full(c["b1"]), full(c["b2"])
+    bc1 = 1 - torch.pow(b1, td)
+    bc2 = 1 - torch.pow(b2, td)
+    rho_inf = 2 / (1 - b2) - 1
+    rho_t = rho_inf - 2 * td * torch.pow(b2, td) / bc2
+    rectify = rho_t > 5.0
+    ratio = (rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)
+    rect = torch.where(rectify, torch.pow(ratio.clamp(min=0), full(0.5)), full(1.0))
+    return (bc1.float(), torch.pow(bc2, full(0.5)).float(), rect.float(), rectify.float())
 
 
 def _nadam_coefficients(st: dict, c: dict[str, float]) -> tuple:

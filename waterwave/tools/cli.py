@@ -106,7 +106,7 @@ def _cpu_name() -> str:
 
 
 def _demo(args) -> int:
-    limit = parse_size(args.memory_limit)
+    limit = parse_size(args.memory_limit, "--memory-limit")
     print(f"Two {args.model} training jobs on one simulated {args.gpu}, capped at "
           f"{limit / 2**30:.1f} GiB: the largest batch per job as PyTorch runs them side by "
           "side, and as Waterwave's NodeGroup pipeline does.\n")

@@ -29,8 +29,8 @@ UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "
          "gib": 1 << 30}
 
 
-def parse_size(text: str) -> int:
-    """"12GiB", "12 GB", "512MiB", "1e9" -> bytes."""
+def parse_size(text: str, what: str = "a size") -> int:
+    """"12GiB", "12 GB", "512MiB", "1e9" -> bytes; ``what`` names the value in errors."""
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if not m or unit not in UNITS:
@@ -41,7 +41,8 @@ def parse_size(text: str) -> int:
         raise ValueError(f"cannot read {text!r} as a size: write e.g. 12GiB, 512MiB or 1e9") \
             from None
     if not 0 < value < 1 << 62:
-        raise ValueError(f"size {text!r} is not between 1 byte and 2^62 bytes: write e.g. 12GiB")
+        raise ValueError(f"{what} must be positive and below 2^62 bytes, got {text!r}: write e.g. "
+                         "12GiB")
     return value
 
 
@@ -62,11 +63,9 @@ def simulate_command(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    limit = parse_size(args.memory_limit) if args.memory_limit else None
+    limit = parse_size(args.memory_limit, "--memory-limit") if args.memory_limit else None
     if args.split_size is not None:
-        args.split_size = parse_size(args.split_size)
-        if args.split_size <= 0:
-            raise ValueError("--split-size must be positive, e.g. 256MiB")
+        args.split_size = parse_size(args.split_size, "--split-size")
     if args.config:
         parse_config(args.config)  # a bad one is refused before anything is captured
     jobs = _job_models(args.models)
