@@ -11,11 +11,12 @@ from __future__ import annotations
 import bisect
 
 from ..graph import Graph
-from .plan import Plan, PlanError
+from .plan_error import PlanError
 
 
-def check_plan(g: Graph, plan: Plan) -> None:
-    """Raise PlanError naming the first problem; return None when the plan is valid."""
+def check_plan(g: Graph, plan) -> None:
+    """Raise PlanError naming the first problem in ``plan`` (a ``Plan``: order,
+    offsets, sizes, arena, in-place pairs); return None when it is valid."""
     pos, made_by = _check_order(g, plan)
     spans, last_use = _spans(g, pos)
     _check_sizes(g, plan, spans)
@@ -23,7 +24,7 @@ def check_plan(g: Graph, plan: Plan) -> None:
     _check_no_overlap(g, plan, spans, partner)
 
 
-def _check_order(g: Graph, plan: Plan) -> tuple[list[int], dict[int, int]]:
+def _check_order(g: Graph, plan) -> tuple[list[int], dict[int, int]]:
     """The order is a topological order. Returns each node's position, and
     each produced tensor's producer."""
     n = len(g.nodes)
@@ -67,7 +68,7 @@ def _spans(g: Graph, pos: list[int]) -> tuple[dict[int, tuple[int, int]], dict[i
     return spans, last_use
 
 
-def _check_sizes(g: Graph, plan: Plan, spans) -> None:
+def _check_sizes(g: Graph, plan, spans) -> None:
     """Every tensor has its size and an offset; the arena ends at the highest byte used."""
     top = 0
     for tid in spans:
@@ -83,7 +84,7 @@ def _check_sizes(g: Graph, plan: Plan, spans) -> None:
         raise PlanError(f"arena size {plan.arena_size} is not exact: the highest byte used is {top}")
 
 
-def _legal_inplace(g: Graph, plan: Plan, made_by, last_use, pos) -> dict[int, set[int]]:
+def _legal_inplace(g: Graph, plan, made_by, last_use, pos) -> dict[int, set[int]]:
     """Legal in-place pairs: out is made by the node that last uses `inp`,
     and that node allows overwriting `inp`. Returns out -> its inputs."""
     keep = set(g.meta.get("outputs", []))
@@ -99,7 +100,7 @@ def _legal_inplace(g: Graph, plan: Plan, made_by, last_use, pos) -> dict[int, se
     return partner
 
 
-def _check_no_overlap(g: Graph, plan: Plan, spans, partner) -> None:
+def _check_no_overlap(g: Graph, plan, spans, partner) -> None:
     """Sweep time, keeping the live set sorted by offset: tensors live
     together never overlap, except a legal in-place pair."""
     starts: dict[int, list[int]] = {}

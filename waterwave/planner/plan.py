@@ -15,14 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import check_header, read_json, write_json
+from .plan_error import PlanError
 from .slots import plan_slots
 
 FORMAT = "waterwave-plan"
 VERSION = 1
-
-
-class PlanError(ValueError):
-    """A plan that is invalid for its graph, or a plan file that cannot be read."""
 
 
 @dataclass

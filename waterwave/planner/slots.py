@@ -7,6 +7,7 @@ May import: waterwave.graph, this package.
 from __future__ import annotations
 
 from ..graph import Graph
+from .check import check_plan
 from .lifetimes import allocation_events
 
 
@@ -17,8 +18,6 @@ def plan_slots(graph: Graph, plan) -> tuple[list[tuple[int, int]], int]:
     the arena of non-persistent tensors, which starts after the persistent
     block). A plan the checker rejects (a file edited, or made for another
     graph) is refused with its PlanError, never renormalised into slots."""
-    from .check import check_plan  # check.py imports plan.py, which imports this
-
     check_plan(graph, plan)
     base = min((plan.offsets[t.id] for t in graph.tensors if not t.persistent and t.size),
                default=0)
