@@ -203,7 +203,7 @@ def test_the_cli_default_loss_takes_googlenets_main_output():
     assert models.main_output(("logits", "aux")) == "logits" and models.main_output(3) == 3
 
 
-@pytest.mark.parametrize("how", ["trainer", "train"])
+@pytest.mark.parametrize("how", ["trainer", "train", "optimize"])
 def test_gradient_accumulation_over_k_batches_trains_as_the_eager_loop(how):
     """accumulate_grad_batches=3: each step is three batches, each loss / 3
     backpropagated, the gradients summed, clipped, one update; two epochs
@@ -231,6 +231,21 @@ def test_gradient_accumulation_over_k_batches_trains_as_the_eager_loop(how):
                 expected.append((sum(pending[1:], pending[0]) / k).item())
                 pending = []
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    if how == "optimize":  # waterwave.optimize's trainer: a step takes the k batches
+        data = loader()
+        x0, y0 = next(iter(loader()))
+        trainer = ww.optimize(model, (x0,), loss_fn, opt, example_targets=(y0,),
+                              accumulate_grad_batches=k, clip_grad_norm=0.5)
+        got = []
+        for _ in range(2):
+            batches = list(data)
+            for i in range(0, len(batches), k):
+                xs, ys = zip(*batches[i:i + k])
+                got.append(trainer.step(*xs, targets=ys).item())
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+        for a, b in zip(reference.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+        return
     job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=loader(), accumulate_grad_batches=k,
                  clip_grad_norm=0.5)
     if how == "trainer":
@@ -337,8 +352,9 @@ SCALED = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
           "radam": lambda ps: torch.optim.RAdam(ps, lr=1e-2, weight_decay=1e-3)}
 
 
+@pytest.mark.parametrize("how", ["job", "optimize"])
 @pytest.mark.parametrize("kind", SCALED)
-def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync(kind):
+def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync(kind, how):
     """float16 autocast with a GradScaler: the eager recipe (scale, backward,
     unscale_, clip, step, update), against Job(grad_scaler=...). One batch
     holds an inf, so that step is skipped and the scale backs off; the
@@ -369,9 +385,15 @@ def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync(kin
         scales.append(ref_scaler.get_scale())
     assert len(set(scales)) > 1  # it backed off, and grew
     opt, our_scaler = SCALED[kind](model.parameters()), scaler()
-    job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, autocast_dtype=torch.float16,
-                 grad_scaler=our_scaler, clip_grad_norm=1.0)
-    got = job.train(7, session=ww.TrainingSession("cpu"))
+    if how == "optimize":
+        trainer = ww.optimize(model, (data[0][0],), loss_fn, opt, example_targets=(data[0][1],),
+                              autocast_dtype=torch.float16, grad_scaler=our_scaler,
+                              clip_grad_norm=1.0)
+        got = [trainer.step(data[i % 3][0], targets=data[i % 3][1]).item() for i in range(7)]
+    else:
+        job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data,
+                     autocast_dtype=torch.float16, grad_scaler=our_scaler, clip_grad_norm=1.0)
+        got = job.train(7, session=ww.TrainingSession("cpu"))
     torch.testing.assert_close(got, expected, equal_nan=True)
     assert our_scaler.get_scale() == ref_scaler.get_scale()
     assert our_scaler.state_dict() == ref_scaler.state_dict()

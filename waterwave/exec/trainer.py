@@ -51,11 +51,19 @@ class Trainer:
 
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
-                 use_plan: bool = True, clip: GradClip | None = None, autocast_dtype=None):
+                 use_plan: bool = True, clip: GradClip | None = None, autocast_dtype=None,
+                 accumulate_grad_batches: int = 1, grad_scaler=None):
+        k = accumulate_grad_batches
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"accumulate_grad_batches must be a whole number, at least 1; got "
+                             f"{k!r}")
         self.model = model
         self.optimizer = optimizer
-        self._captured = CapturedStep(model, example_inputs, loss_fn, optimizer, example_targets,
-                                      clip=clip, autocast_dtype=autocast_dtype)
+        # Accumulating, a step takes k batches: captured on the example batch k times.
+        inputs, targets = as_tuple(example_inputs), as_tuple(example_targets)
+        self._captured = CapturedStep(model, inputs * k, loss_fn, optimizer, targets * k or None,
+                                      clip=clip, micro_batches=k, autocast_dtype=autocast_dtype,
+                                      grad_scaler=grad_scaler)
         self.graph = self._captured.graph
         self.plan: Plan = make_plan(self.graph, strategy, time_limit=time_limit)
         check_plan(self.graph, self.plan)
@@ -104,9 +112,11 @@ class Trainer:
 
     def step(self, *inputs, targets=None):
         """One training step on ``inputs`` (and ``targets``, if the step was
-        captured with them); returns the loss. On a planned GPU run the loss
-        comes back on the CPU: a GPU copy kept by the caller would occupy
-        planned memory during the next step."""
+        captured with them); returns the loss. Accumulating over k batches,
+        ``inputs`` are the k batches' inputs one batch after another and
+        ``targets`` theirs likewise (the loss returned is their mean). On a
+        planned GPU run the loss comes back on the CPU: a GPU copy kept by
+        the caller would occupy planned memory during the next step."""
         import torch
 
         if bool(as_tuple(targets)) != self._captured.takes_targets:
@@ -144,7 +154,8 @@ class Trainer:
 def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None, optimizer=None,
              strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
              use_plan: bool = True, clip_grad_norm: float | None = None,
-             clip_grad_value: float | None = None, autocast_dtype=None) -> Trainer:
+             clip_grad_value: float | None = None, autocast_dtype=None,
+             accumulate_grad_batches: int = 1, grad_scaler=None) -> Trainer:
     """Capture ``model``'s training step, plan it, and return a Trainer that
     runs each step in the planned order. With ``example_targets`` (e.g.
     class labels) the loss is ``loss_fn(model(*inputs), *targets)`` and each
@@ -152,12 +163,18 @@ def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = No
     gradients are clipped before each update, as ``torch.nn.utils`` would.
     ``autocast_dtype`` (bfloat16 or float16): the forward pass and the loss
     run inside ``torch.autocast``, as eager mixed-precision code runs them.
-    On a GPU with ``waterwave.install_allocator()`` the step's allocations
-    follow the plan (see ``Trainer``)."""
+    ``accumulate_grad_batches`` k: each step takes k batches (``step(x1, x2,
+    targets=(y1, y2))`` for k = 2), each batch's loss / k backpropagated and
+    the gradients summed before one update, as the usual eager loop does.
+    ``grad_scaler``: a ``torch.amp.GradScaler``, used as eager code uses it
+    (scale, unscale_ before clipping, step, update), on the device with no
+    host sync. These are ``Job``'s settings, with the same meaning. On a GPU
+    with ``waterwave.install_allocator()`` the step's allocations follow the
+    plan (see ``Trainer``)."""
     import torch
 
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets,
                    use_plan, GradClip(clip_grad_norm, max_value=clip_grad_value),
-                   autocast_dtype)
+                   autocast_dtype, accumulate_grad_batches, grad_scaler)
