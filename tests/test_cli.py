@@ -408,3 +408,23 @@ def test_a_bug_of_ours_is_one_line_and_its_traceback_is_behind_debug(capsys, mon
     for argv in (["--debug", "pack", "x.csv"], ["pack", "x.csv", "--debug"]):
         with pytest.raises(ZeroDivisionError):
             cli.main(argv)
+
+
+def test_simulate_compares_schedules_by_throughput_with_concurrent_kernels(capsys):
+    """Issue 27: --input-size, the sequential and turns schedules, several
+    schedules at one batch with each one's throughput and busy share, and
+    kernels of different jobs at once where they fit."""
+    argv = ["simulate", "resnet18", "resnet18", "--input-size", "32", "--batch-size", "32",
+            "--steps", "3", "--schedule", "sequential", "--schedule", "turns", "--schedule",
+            "lockstep", "--json"]
+    assert cli.main([*argv, "--concurrent-kernels"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["concurrent_kernels"] and out["jobs"] == ["resnet18-32px-bs32"] * 2
+    figures = out["by_schedule"]
+    assert list(figures) == ["sequential", "turns", "lockstep"]
+    for v in figures.values():
+        assert v["ok"] and v["throughput"] > 0 and 0 < v["gpu_busy"] <= 1
+    # One after another runs at one job's rate; side by side does better.
+    assert figures["lockstep"]["throughput"] > figures["sequential"]["throughput"]
+    assert cli.main(["simulate", "bert-base", "--input-size", "32"]) == 2
+    assert "input size applies to torchvision" in capsys.readouterr().err

@@ -31,6 +31,12 @@ void bind_sim_device(py::module_& m) {
       .def("advance_host", &SimDevice::advance_host, py::arg("us"))
       .def("synchronize", &SimDevice::synchronize_device, py::call_guard<py::gil_scoped_release>())
       .def("kernels_launched", &SimDevice::kernels_launched)
+      .def("set_concurrent_kernels", &SimDevice::set_concurrent_kernels, py::arg("on"),
+           "Kernels of different streams run at once while their SM and bandwidth shares fit "
+           "(set before the first launch).")
+      .def_property_readonly("concurrent_kernels", &SimDevice::concurrent_kernels)
+      .def("sm_busy_us", &SimDevice::sm_busy_us,
+           "Sum over launched kernels of duration x SM share (x 1 without concurrent kernels).")
       .def("hazards", [](const SimDevice& d) {
         py::list out;
         for (const Hazard& h : d.hazards()) out.append(hazard_dict(h));
@@ -49,12 +55,14 @@ void bind_sim_device(py::module_& m) {
       .def("synchronize_event", &SimDevice::synchronize_event, py::arg("event"))
       .def("stream_wait_event", &SimDevice::stream_wait_event, py::arg("stream"), py::arg("event"))
       .def("launch_ranges",
-           [](SimDevice& d, StreamId s, double dur, const std::vector<std::pair<Addr, std::size_t>>& r) {
+           [](SimDevice& d, StreamId s, double dur, const std::vector<std::pair<Addr, std::size_t>>& r,
+              double sm_share, double bw_share) {
              std::vector<Range> ranges;
              for (auto& [a, n] : r) ranges.push_back({a, n});
-             return d.launch(s, dur, ranges);
+             return d.launch(s, dur, ranges, sm_share, bw_share);
            },
-           py::arg("stream"), py::arg("duration_us"), py::arg("ranges"))
+           py::arg("stream"), py::arg("duration_us"), py::arg("ranges"), py::arg("sm_share") = 1.0,
+           py::arg("bw_share") = 1.0)
       .def("note_handout", &SimDevice::note_handout, py::arg("addr"), py::arg("size"),
            py::arg("stream"));
 }

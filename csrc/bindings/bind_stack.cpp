@@ -46,11 +46,12 @@ class BoundStack {
     if (p && sim_) sim_->note_handout(p, stack_->allocation_size(p), stream);
     return p;
   }
-  std::uint64_t launch(StreamId stream, double duration_us, const std::vector<Addr>& uses) {
+  std::uint64_t launch(StreamId stream, double duration_us, const std::vector<Addr>& uses,
+                       double sm_share, double bw_share) {
     std::vector<Range> ranges;
     ranges.reserve(uses.size());
     for (Addr p : uses) ranges.push_back({p, stack_->allocation_size(p)});
-    return simulated("launch").launch(stream, duration_us, ranges);
+    return simulated("launch").launch(stream, duration_us, ranges, sm_share, bw_share);
   }
   SimDevice& simulated(const char* what) {
     if (!sim_) {
@@ -120,7 +121,7 @@ void bind_stack(py::module_& m) {
                              "The CUDA device index; None over a SimDevice.")
       // The simulated GPU.
       .def("launch", &BoundStack::launch, py::arg("stream"), py::arg("duration_us"),
-           py::arg("uses") = std::vector<Addr>{})
+           py::arg("uses") = std::vector<Addr>{}, py::arg("sm_share") = 1.0, py::arg("bw_share") = 1.0)
       // Plans and recordings, per stream: stream None names the one there is.
       .def("_set_plan",
            [](BoundStack& a, StreamId stream, const Slots& slots, std::size_t arena,

@@ -98,9 +98,12 @@ class Allocator(_C.AllocatorStack):
                        give_back_cache)
 
     # Simulated GPU ----------------------------------------------------------
-    def launch(self, stream: int, duration_us: float, uses: Iterable[int] = ()) -> int:
-        """Queue a simulated kernel on ``stream`` that touches the allocations ``uses``."""
-        return super().launch(stream, duration_us, list(uses))
+    def launch(self, stream: int, duration_us: float, uses: Iterable[int] = (),
+               sm_share: float = 1.0, bw_share: float = 1.0) -> int:
+        """Queue a simulated kernel on ``stream`` that touches the allocations
+        ``uses``; ``sm_share`` and ``bw_share`` are the shares of the GPU it
+        takes beside other streams' kernels (``SimDevice.set_concurrent_kernels``)."""
+        return super().launch(stream, duration_us, list(uses), sm_share, bw_share)
 
     def synchronize(self) -> None:
         """Block the (simulated) host until all streams are idle."""

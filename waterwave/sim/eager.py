@@ -34,6 +34,10 @@ CPU_US = 10.0  # host time per operator: PyTorch's dispatch and kernel launch
 TENSOR_CORE_OPS = ("aten.convolution", "aten.convolution_backward")
 BLAS_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
 BLAS_LIBRARIES = 2  # cuBLAS and cuBLASLt
+# A kernel's threads, for its SM share (gpus.GPU.kernel_shares): one per
+# output element of 4 bytes (float32; a float16 graph's kernels have twice
+# as many, so its shares are understated by up to half).
+ELEMENT_BYTES = 4
 
 
 def batch_size(g: Graph) -> int | None:
@@ -82,6 +86,8 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
         nbytes = sum(g.tensors[x].size for x in (*node.inputs, *node.outputs))
         tensor_cores = node.op.rsplit(".", 1)[0] in TENSOR_CORE_OPS
         gpu_us = spec.kernel_us(node.flops, nbytes, tensor_cores)
+        out_bytes = sum(g.tensors[x].size for x in node.outputs)
+        sm, bw = spec.kernel_shares(node.flops, nbytes, tensor_cores, out_bytes / ELEMENT_BYTES)
         outputs = [(x, g.tensors[x].size) for x in node.outputs if g.tensors[x].size]
         sizes = kernels.workspaces(g, node, model, batch)
         first_us = kernels.first_us(g, node, model)
@@ -93,7 +99,7 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
         for k in range(parts):
             op = Op(node.name, stream, phase, gpu_us=round(gpu_us / parts, 3),
                     cpu_us=cpu_us if k == 0 else 0.0,
-                    first_us=first_us if k == 0 else 0.0)
+                    first_us=first_us if k == 0 else 0.0, sm=sm, bw=bw)
             op.alloc = outputs[k:k + 1] if k < parts - 1 else outputs[k:]
             if k < len(sizes):
                 op.alloc = [*op.alloc, (next_block, sizes[k])]

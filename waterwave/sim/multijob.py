@@ -18,7 +18,10 @@ The host is modelled as PyTorch runs it (Waterwave paper, section 3):
   into a full queue blocks the host until the oldest kernel ends.
 - The GPU runs one kernel at a time, in launch order across streams
   (``SimDevice(shared_compute=True)``): the kernels of a training step each
-  fill the GPU.
+  fill the GPU. With ``concurrent_kernels``, kernels of different streams
+  run at once while their SM and bandwidth shares (``Op.sm``, ``Op.bw``)
+  fit (``SimDevice.set_concurrent_kernels``); the busy share then weighs
+  each kernel's time by its SM share.
 
 Policies: ``pytorch`` (stream-private pools; out of memory releases cached
 segments after synchronizing, and retries, as native PyTorch does),
@@ -75,6 +78,7 @@ class SimResult:
     # Of the schedule's rounds, the fraction in which two jobs or more run:
     # 1 when jobs run side by side throughout, 0 when they take turns.
     shared_rounds: float = 1.0
+    concurrent_kernels: bool = False  # kernels of different jobs ran at once where they fit
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)
@@ -105,11 +109,12 @@ class _Thread:
 def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int | None = None,
              schedule: str | Schedule = "lockstep", policy: str = "pytorch", steps: int = 3,
              config: str | AllocatorConfig = "", sync_at_barrier: bool = False, record: bool = True,
-             queue_depth: int = QUEUE_DEPTH) -> SimResult:
+             queue_depth: int = QUEUE_DEPTH, concurrent_kernels: bool = False) -> SimResult:
     """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own
     stream of ``gpu`` under ``policy`` and ``schedule``, within
     ``memory_limit`` bytes (default: the GPU's memory). ``sync_at_barrier``:
-    SyncAndCoalesce when a round of the schedule opens."""
+    SyncAndCoalesce when a round of the schedule opens. ``concurrent_kernels``:
+    the GPU runs kernels of different jobs at once while their shares fit."""
     if policy not in SIMULATED_POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(SIMULATED_POLICIES)}")
     if not jobs:
@@ -125,6 +130,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
                              f"{spec.memory} bytes")
         settings = settings.replace(per_process_memory_fraction=memory_limit / spec.memory)
     device = _C.SimDevice(spec.memory, 0.0, True)
+    device.set_concurrent_kernels(concurrent_kernels)
     alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, settings)
     segments = sched(jobs, steps)
     _check_order(jobs, segments)
@@ -132,7 +138,8 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     result = SimResult(True, policy, getattr(sched, "__name__", str(schedule)), spec.name,
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
-                       shared_rounds=_shared_rounds(segments))
+                       shared_rounds=_shared_rounds(segments),
+                       concurrent_kernels=concurrent_kernels)
     try:
         run.go()
     except _C.OutOfMemoryError as e:
@@ -190,6 +197,7 @@ class _Run:
         # kernels up to each one: how far a job had come at any moment.
         self.kernel_ends: list[list[float]] = [[] for _ in jobs]
         self.work_by: list[list[float]] = [[] for _ in jobs]
+        self.busy_by: list[list[float]] = [[] for _ in jobs]  # work_by, weighed by SM share
         self.deferred: list[tuple[float, int, int]] = []  # (due, job, address)
         self.step_ends: list[dict[int, float]] = [{} for _ in jobs]
         self.called: set = set()  # (host thread, operator) pairs past their first call
@@ -306,12 +314,14 @@ class _Run:
             self._wait_for_queue(j)
             uses = [ptr.get((step, b)) or self.kept[j].get(b) for b in (*op.use, *op.free)]
             uses += [ptr[(step, b)] for b, _ in op.alloc]
-            self.alloc.launch(stream, op.gpu_us, [p for p in uses if p])
+            self.alloc.launch(stream, op.gpu_us, [p for p in uses if p], op.sm, op.bw)
             end = self.device.stream_completion(stream)
             self.queues[j].append(end)
-            work = self.work_by[j]
+            work, busy = self.work_by[j], self.busy_by[j]
             self.kernel_ends[j].append(end)
             work.append((work[-1] if work else 0.0) + op.gpu_us)
+            share = op.sm if self.device.concurrent_kernels else 1.0
+            busy.append((busy[-1] if busy else 0.0) + op.gpu_us * share)
         for b in op.free:
             self._free(j, ptr.pop((step, b)), stream)
 
@@ -395,22 +405,44 @@ class _Run:
         start = max(min(e.values()) for e in self.step_ends)
         stop = min(max(e.values()) for e in self.step_ends)
         if stop - start < MIN_WINDOW_US:
-            return None, None
+            return self._rates_one_after_another(batch_sizes)
         rate = busy = 0.0
         for j, t in enumerate(self.jobs):
             step_work = sum(op.gpu_us for op in t.ops)
             done = self._work_by(j, stop) - self._work_by(j, start)
             rate += (batch_sizes[j] or 1) * done / step_work
-            busy += done
+            busy += self._work_by(j, stop, self.busy_by) - self._work_by(j, start, self.busy_by)
         span = stop - start
         return rate / span * 1e6, busy / span
 
-    def _work_by(self, j: int, t: float) -> float:
-        """GPU time job j's kernels had run by time ``t``."""
-        ends, work = self.kernel_ends[j], self.work_by[j]
+    def _rates_one_after_another(self, batch_sizes) -> tuple[float | None, float | None]:
+        """Where no moment has every job in its steady steps (the jobs run one
+        after another): each job's steady steps over its own window, the
+        samples of all over the sum of their windows, as running them in
+        turn would give."""
+        samples = busy = span = 0.0
+        for j, t in enumerate(self.jobs):
+            ends = sorted(self.step_ends[j].values())
+            if len(ends) < 2 or ends[-1] - ends[0] < MIN_WINDOW_US:
+                return None, None
+            start, stop = ends[0], ends[-1]
+            step_work = sum(op.gpu_us for op in t.ops)
+            samples += (batch_sizes[j] or 1) * (self._work_by(j, stop) - self._work_by(j, start)) \
+                / step_work
+            busy += self._work_by(j, stop, self.busy_by) - self._work_by(j, start, self.busy_by)
+            span += stop - start
+        return samples / span * 1e6, busy / span
+
+    def _work_by(self, j: int, t: float, cumulative: list | None = None) -> float:
+        """GPU time job j's kernels had run by time ``t`` (``cumulative``:
+        ``busy_by``, that time weighed by each kernel's SM share)."""
+        ends, times = self.kernel_ends[j], self.work_by[j]
+        work = (cumulative or self.work_by)[j]
         k = bisect.bisect_right(ends, t)  # kernels [0, k) had ended
         done = work[k - 1] if k else 0.0
         if k < len(ends):  # the next one may be running: it started at its end less its length
-            length = work[k] - done
-            done += min(max(0.0, t - (ends[k] - length)), length)
+            length = times[k] - (times[k - 1] if k else 0.0)
+            ran = min(max(0.0, t - (ends[k] - length)), length)
+            if ran > 0:
+                done += (work[k] - done) * ran / length
         return done

@@ -8,6 +8,11 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
 
 - ``lockstep``: one segment per job, every step, round 0: jobs start
   together and run free.
+- ``sequential``: each job's steps, one job after another (job j's steps in
+  round j): a trial at a time, the baseline a search without sharing runs.
+- ``turns``: the jobs take turns step by step (job j's step s in round
+  s x jobs + j): whole steps in turn, as time-slicing a GPU between
+  processes does.
 - ``phased``: half the jobs (the even ones) run a step's forward while the
   other half run a backward and update, then the other way round, a barrier
   between halves (Waterwave-s of the paper; probe.py's PHASED=1). The odd
@@ -50,6 +55,15 @@ def forward_end(t: Trace) -> int:
 
 def lockstep(jobs: list[Trace], steps: int) -> list[list[Segment]]:
     return [[Segment(0, s, 0, len(t.ops)) for s in range(steps)] for t in jobs]
+
+
+def sequential(jobs: list[Trace], steps: int) -> list[list[Segment]]:
+    return [[Segment(j, s, 0, len(t.ops)) for s in range(steps)] for j, t in enumerate(jobs)]
+
+
+def turns(jobs: list[Trace], steps: int) -> list[list[Segment]]:
+    n = len(jobs)
+    return [[Segment(s * n + j, s, 0, len(t.ops)) for s in range(steps)] for j, t in enumerate(jobs)]
 
 
 def phased(jobs: list[Trace], steps: int) -> list[list[Segment]]:
@@ -143,15 +157,16 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
 
 
 # Run on traces whole: lockstep (the pipeline's FREE pairing, one segment
-# a step) and phased (the simulator's alone).
-SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased}
+# a step), and the simulator's own: phased, sequential and turns.
+SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased,
+                                  "sequential": sequential, "turns": turns}
 NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items() if s.pairing != pipeline.FREE)
 NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES)
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
 # the waterwave policy, blocks over 128 MiB never split (the paper's setting).
 ALLOCATORS: dict[str, tuple[str, str]] = {
-    "phased": ("pytorch", ""),
+    "phased": ("pytorch", ""), "sequential": ("pytorch", ""), "turns": ("pytorch", ""),
     **{n: (s.policy, s.config) for n, s in pipeline.SCHEDULES.items()},
 }
 

@@ -23,10 +23,13 @@ JSON format (``format: "waterwave-trace"``, ``version: 1``)::
      "ops": [{"name": "convolution", "stream": 0, "phase": "forward",
               "gpu_us": 41.0, "cpu_us": 10.0, "first_us": 2300.0,
               "alloc": [[block, size], ...], "free": [block, ...],
-              "use": [block, ...]}, ...]}
+              "use": [block, ...], "sm": 0.25, "bw": 0.8}, ...]}
 
 An operator allocates its ``alloc`` blocks, launches its kernel (when
 ``gpu_us`` > 0) touching those, ``use`` and ``free``, then frees ``free``.
+``sm`` and ``bw`` (optional, 1 when absent) are the shares of the GPU's SMs
+and memory bandwidth its kernel takes beside other streams' kernels, when
+the simulated GPU runs kernels concurrently.
 ``time_us``, in traces from snapshots, is when the event happened on the
 host. ``first_us`` is host time an operator costs the first time it runs (in the
 first step: library kernels choosing their algorithms). ``persistent``
@@ -71,6 +74,8 @@ class Op:
     alloc: list[tuple[int, int]] = field(default_factory=list)  # (block, bytes)
     free: list[int] = field(default_factory=list)
     use: list[int] = field(default_factory=list)
+    sm: float = 1.0  # the kernel's share of the SMs beside other streams' kernels
+    bw: float = 1.0  # and of the memory bandwidth
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "stream": self.stream, "phase": self.phase,
@@ -78,6 +83,8 @@ class Op:
              "alloc": [list(a) for a in self.alloc], "free": self.free, "use": self.use}
         if self.time_us is not None:
             d["time_us"] = self.time_us
+        if (self.sm, self.bw) != (1.0, 1.0):
+            d["sm"], d["bw"] = self.sm, self.bw
         return d
 
 
@@ -149,9 +156,10 @@ class Trace:
         for i, op in enumerate(self.ops):
             for b, _, _ in at.get(i, []):
                 seen[b] = True
-            if (op.phase not in PHASES or op.stream < 0 or op.gpu_us < 0 or op.cpu_us < 0
-                    or op.first_us < 0):
-                raise TraceError(f"{where}: operator {i} ({op.name}) has a bad stream, phase or time")
+            if (op.phase not in PHASES or op.stream < 0 or not op.gpu_us >= 0 or not op.cpu_us >= 0
+                    or not op.first_us >= 0 or not (0 < op.sm <= 1 and 0 < op.bw <= 1)):
+                raise TraceError(f"{where}: operator {i} ({op.name}) has a bad stream, phase, time "
+                                 "or share (sm and bw must be in (0, 1])")
             for b, n in op.alloc:
                 if n <= 0 or b in seen:
                     raise TraceError(f"{where}: operator {i} ({op.name}) allocates block {b} "
@@ -190,7 +198,8 @@ class Trace:
                                 time_us=None if o.get("time_us") is None else float(o["time_us"]),
                                 alloc=[(int(b), int(n)) for b, n in o.get("alloc", [])],
                                 free=[int(b) for b in o.get("free", [])],
-                                use=[int(b) for b in o.get("use", [])]))
+                                use=[int(b) for b in o.get("use", [])],
+                                sm=float(o.get("sm", 1.0)), bw=float(o.get("bw", 1.0))))
         except TraceError as e:
             raise TraceError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -262,7 +271,7 @@ def run_op(a: Allocator, op: Op, ptr: dict[int, int], persistent: dict[int, int]
     if op.gpu_us > 0:
         uses = [ptr.get(b) or (persistent or {}).get(b) for b in (*op.use, *op.free)]
         uses += [ptr[b] for b, _ in op.alloc]
-        a.launch(op.stream, op.gpu_us, [p for p in uses if p])
+        a.launch(op.stream, op.gpu_us, [p for p in uses if p], op.sm, op.bw)
     for b in op.free:
         a.free(ptr.pop(b))
 

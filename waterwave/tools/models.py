@@ -29,11 +29,25 @@ def names() -> list[str]:
     return list(TORCHVISION) + list(TRANSFORMERS)
 
 
-def build(name: str, batch_size: int, device: str = "cpu"):
+def build(name: str, batch_size: int, device: str = "cpu", input_size: int | None = None):
     """Returns (model, example_inputs, loss_fn), with the model, inputs and
-    targets on ``device``."""
-    model, inputs, loss = _build(name, batch_size, device)
+    targets on ``device``. ``input_size``: an image classifier's input side
+    in pixels (default 224; CIFAR's is 32)."""
+    check_input_size(name, input_size)
+    model, inputs, loss = _build(name, batch_size, device, input_size or 224)
     return model.to(device), inputs, loss
+
+
+def check_input_size(name: str, input_size: int | None) -> None:
+    """An input size is for torchvision's 2-D image classifiers, 16 to 4096 pixels."""
+    if input_size is None:
+        return
+    if name in ("r3d_18", "inception_v3") or not (name in TORCHVISION
+                                                  or _torchvision_classifier(name)):
+        raise ValueError(f"an input size applies to torchvision's 2-D image classifiers, not "
+                         f"{name!r}")
+    if not 16 <= input_size <= 4096:
+        raise ValueError(f"input size must be 16 to 4096 pixels, got {input_size}")
 
 
 def is_known(name: str) -> bool:
@@ -135,7 +149,7 @@ def _torchvision_classifier(name: str) -> bool:
     return name in torchvision.models.list_models(module=torchvision.models)
 
 
-def _build(name: str, batch_size: int, device: str):
+def _build(name: str, batch_size: int, device: str, side: int = 224):
     import torch
 
     if batch_size < 1:
@@ -151,7 +165,7 @@ def _build(name: str, batch_size: int, device: str):
             x = torch.randn(batch_size, 3, 299, 299, device=device)
         else:
             model = torchvision.models.get_model(name)
-            x = torch.randn(batch_size, 3, 224, 224, device=device)
+            x = torch.randn(batch_size, 3, side, side, device=device)
         target = torch.randint(0, 1000 if name != "r3d_18" else 400, (batch_size,), device=device)
         loss = torch.nn.CrossEntropyLoss()
         return model, (x,), lambda out: loss(main_output(out), target)

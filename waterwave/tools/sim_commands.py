@@ -50,12 +50,17 @@ def _mib(b) -> str:
     return "-" if b is None else f"{b / 2**20:,.0f} MiB"
 
 
-def _job_models(names: list[str]):
+def _job_models(names: list[str], input_size: int | None = None):
     for n in names:
         if not models.is_known(n):
             raise ValueError(f"unknown model {n!r}: choose one of {', '.join(models.names())}, "
                              "or any torchvision image classifier")
-    cache = {n: JobModel(n, lambda b, n=n: models.build(n, b)) for n in set(names)}
+        models.check_input_size(n, input_size)
+    # At another input size a model is another model: its own name (so the
+    # kernel tables measured at 224x224 are not taken for it).
+    cache = {n: JobModel(n if input_size is None else f"{n}-{input_size}px",
+                         lambda b, n=n: models.build(n, b, input_size=input_size))
+             for n in set(names)}
     return [cache[n] for n in names]
 
 
@@ -68,7 +73,7 @@ def simulate_command(args) -> int:
         args.split_size = parse_size(args.split_size, "--split-size")
     if args.config:
         parse_config(args.config)  # a bad one is refused before anything is captured
-    jobs = _job_models(args.models)
+    jobs = _job_models(args.models, args.input_size)
     kernels = KernelModel.load() if args.kernels == "measured" else NONE
     schedules = args.schedule or (list(MAX_BATCH_SCHEDULES) if args.max_batch else ["lockstep"])
     console = Console(stderr=True)
@@ -79,6 +84,11 @@ def simulate_command(args) -> int:
             result = _max_batches(args, jobs, kernels, limit, schedules, progress)
         else:
             result = _at_batch(args, jobs, kernels, limit, schedules[0], progress)
+            if len(schedules) > 1:  # each schedule's figures beside the first's
+                result["by_schedule"] = {result["schedule"]: _schedule_figures(result)}
+                for other in schedules[1:]:
+                    r, _ = _simulate_at(args, jobs, kernels, limit, other, args.batch_size)
+                    result["by_schedule"][other] = _schedule_figures(r.summary())
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -100,9 +110,17 @@ def _simulate_at(args, jobs, kernels, limit, schedule: str, batch: int):
     sched = named_schedule(schedule, limit or named_gpu(args.gpu).memory, args.split_size)
     traces = [m.trace_at(batch, args.gpu, kernels, partition=getattr(sched, "partition", None))
               for m in jobs]
-    result = simulate(traces, args.gpu, limit, sched, policy, args.steps, config=config)
+    result = simulate(traces, args.gpu, limit, sched, policy, args.steps, config=config,
+                      concurrent_kernels=args.concurrent_kernels)
     split = [t.meta["partition"]["split_size"] if "partition" in t.meta else None for t in traces]
     return result, split
+
+
+def _schedule_figures(summary: dict) -> dict:
+    """What compares schedules at one batch: throughput (samples per second,
+    all jobs), the GPU's busy share, step times, the peak."""
+    return {k: summary[k] for k in ("ok", "policy", "throughput", "gpu_busy", "step_time_us",
+                                    "peak_reserved", "shared_rounds")}
 
 
 def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
@@ -200,7 +218,18 @@ def _print_simulation(result: dict, args) -> None:
             t.add_row("node-group split size", ", ".join(_mib(b) for b in result["split_size"]))
         t.add_row("syncs / stream waits", f"{result['syncs']} / {result['stream_waits']}")
         t.add_row("hazards", str(result["hazards"]))
+        t.add_row("kernels of different jobs", "at once where they fit"
+                  if result.get("concurrent_kernels") else "one at a time")
     console.print(t)
+    if result.get("by_schedule"):
+        t = Table(title=f"batch {args.batch_size}, every schedule: {title}")
+        for col in ("schedule", "policy", "samples/s", "GPU busy", "peak"):
+            t.add_column(col, justify="left" if col in ("schedule", "policy") else "right")
+        for s, v in result["by_schedule"].items():
+            t.add_row(s, v["policy"], f"{v['throughput']:,.0f}" if v["throughput"] else "-",
+                      f"{v['gpu_busy']:.1%}" if v["gpu_busy"] is not None else "-",
+                      _mib(v["peak_reserved"]) if v["ok"] else "out of memory")
+        console.print(t)
     if configs:
         print("allocator config: " + "; ".join(f"{s}: {c}" for s, c in configs.items()))
     print("all figures are simulated, not measured on a GPU"
@@ -256,6 +285,11 @@ def add_parsers(sub) -> None:
     sim.add_argument("--split-size", help="node-group size for the NodeGroup pipeline, e.g. "
                                           "256MiB (default: each job's peak over 8)")
     sim.add_argument("--steps", type=int, default=3, help="training steps per job")
+    sim.add_argument("--input-size", type=int,
+                     help="image classifiers' input side in pixels (default 224; 32 for CIFAR)")
+    sim.add_argument("--concurrent-kernels", action="store_true",
+                     help="the GPU runs kernels of different jobs at once while their SM and "
+                          "bandwidth shares fit (default: one kernel at a time)")
     sim.add_argument("--kernels", choices=["measured", "none"], default="measured",
                      help="library workspaces and first calls as measured on an H100, or none")
     sim.add_argument("--plot", help="draw memory over time per job to this PNG")

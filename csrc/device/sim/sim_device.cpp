@@ -365,22 +365,99 @@ void SimDevice::synchronize_device() {
   sync_all_locked();
 }
 
-std::uint64_t SimDevice::launch(StreamId sid, double duration_us, const std::vector<Range>& uses) {
-  if (duration_us < 0) throw std::invalid_argument("kernel duration must be >= 0");
+std::uint64_t SimDevice::launch(StreamId sid, double duration_us, const std::vector<Range>& uses,
+                                double sm_share, double bw_share) {
+  if (!(duration_us >= 0)) throw std::invalid_argument("kernel duration must be >= 0");
+  if (!(sm_share > 0 && sm_share <= 1 && bw_share > 0 && bw_share <= 1))
+    throw std::invalid_argument("a kernel's SM and bandwidth shares must be in (0, 1]");
   std::lock_guard<std::mutex> g(mu_);
   Stream& s = stream(sid);
   join(s.vc, host_vc_);
   now_ += launch_overhead_us_;
   double start = std::max(now_, s.tail);
-  if (shared_compute_) start = std::max(start, gpu_tail_);
+  if (concurrent_) {
+    start = first_fit_locked(start, duration_us, sm_share, bw_share);
+    occupy_locked(start, start + duration_us, sm_share, bw_share);
+  } else if (shared_compute_) {
+    start = std::max(start, gpu_tail_);
+  }
   s.tail = start + duration_us;
-  if (shared_compute_) gpu_tail_ = s.tail;
+  if (shared_compute_ && !concurrent_) gpu_tail_ = s.tail;
+  sm_busy_us_ += duration_us * (concurrent_ ? sm_share : 1.0);
   s.count++;
   const std::uint64_t id = next_kernel_++;
   const std::size_t idx = stream_index_[sid];
   const std::uint64_t seq = s.count;
   for (const Range& r : uses) touch(r.addr, r.addr + r.size, idx, seq, id);
   return id;
+}
+
+// Concurrent kernels -----------------------------------------------------------
+// Shares summed over kernels may round past 1 by a hair (three kernels of a
+// third each): that still fits.
+constexpr double kShareSlack = 1e-9;
+
+void SimDevice::set_concurrent_kernels(bool on) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (next_kernel_ != 1) throw std::logic_error("concurrent kernels are set before the first launch");
+  concurrent_ = on;
+}
+
+bool SimDevice::concurrent_kernels() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return concurrent_;
+}
+
+double SimDevice::sm_busy_us() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return sm_busy_us_;
+}
+
+double SimDevice::first_fit_locked(double earliest, double duration, double sm, double bw) const {
+  if (duration <= 0) return earliest;
+  double t = earliest;
+  for (;;) {
+    // The piece of the profile in force at t, then every piece up to t + duration.
+    auto it = load_.upper_bound(t);
+    if (it != load_.begin()) --it;
+    bool fits = true;
+    for (; it != load_.end() && it->first < t + duration; ++it) {
+      const auto next = std::next(it);
+      if (next != load_.end() && next->first <= t) continue;  // ends before t
+      if (it->second.sm + sm > 1 + kShareSlack || it->second.bw + bw > 1 + kShareSlack) {
+        // Too full here: try again where this piece ends (past the last key
+        // nothing runs, so the search ends there at the latest).
+        if (next == load_.end()) throw std::logic_error("the SM profile does not end idle");
+        t = std::max(t, next->first);
+        fits = false;
+        break;
+      }
+    }
+    if (fits) return t;
+  }
+}
+
+std::map<double, SimDevice::Load>::iterator SimDevice::breakpoint_locked(double t) {
+  auto it = load_.lower_bound(t);
+  if (it != load_.end() && it->first == t) return it;
+  Load before;
+  if (it != load_.begin()) before = std::prev(it)->second;
+  return load_.emplace_hint(it, t, before);
+}
+
+void SimDevice::occupy_locked(double start, double end, double sm, double bw) {
+  // Drop the profile before the host's clock: no kernel starts earlier.
+  if (!load_.empty() && load_.begin()->first < now_) {
+    auto keep = breakpoint_locked(now_);
+    load_.erase(load_.begin(), keep);
+  }
+  if (end <= start) return;
+  auto first = breakpoint_locked(start);
+  auto last = breakpoint_locked(end);
+  for (auto it = first; it != last; ++it) {
+    it->second.sm += sm;
+    it->second.bw += bw;
+  }
 }
 
 void SimDevice::note_handout(Addr addr, std::size_t size, StreamId sid) {

@@ -85,8 +85,25 @@ class SimDevice final : public Device {
   std::size_t mapped_bytes() const;
 
   // Simulation.
-  // Queue a kernel of `duration_us` on `stream` touching `uses`; returns its id.
-  std::uint64_t launch(StreamId stream, double duration_us, const std::vector<Range>& uses);
+  // Queue a kernel of `duration_us` on `stream` touching `uses`; returns its
+  // id. `sm_share` and `bw_share` (in (0, 1]) are the shares of the GPU's SMs
+  // and of its memory bandwidth the kernel takes while it runs; they matter
+  // only with concurrent kernels.
+  std::uint64_t launch(StreamId stream, double duration_us, const std::vector<Range>& uses,
+                       double sm_share = 1.0, double bw_share = 1.0);
+  // Concurrent kernels: a kernel starts at the first time after its stream's
+  // work and the host's launch when, for all its duration, the kernels
+  // running beside it leave it its SM share and its bandwidth share (both
+  // summed over running kernels stay within 1), as a GPU runs the kernels of
+  // several streams at once while their blocks fit. Its duration is its time
+  // alone. With every share 1, kernels of different streams still fill idle
+  // gaps; one stream alone runs exactly as without. Off: shared_compute's
+  // turns, or each stream on its own GPU.
+  void set_concurrent_kernels(bool on);
+  bool concurrent_kernels() const;
+  // Time-weighted SM occupancy of the kernels launched, in microseconds
+  // (sum of duration x sm_share): the GPU's busy time, at most the span.
+  double sm_busy_us() const;
   // The allocator handed [addr, addr+size) to `stream`: check for hazards.
   void note_handout(Addr addr, std::size_t size, StreamId stream);
   void advance_host(double us);  // the host spends time on other work
@@ -138,10 +155,23 @@ class SimDevice final : public Device {
   void check_unmapped_locked(Addr addr, std::size_t bytes, const char* what) const;
   void check_idle_locked(Addr addr, std::size_t bytes);
 
+  // Concurrent kernels: the SM and bandwidth shares in use from each time
+  // on, up to the next key (past the last key: none). Keys before the host's
+  // clock are dropped, since no kernel starts before its launch.
+  struct Load {
+    double sm = 0, bw = 0;
+  };
+  double first_fit_locked(double earliest, double duration, double sm, double bw) const;
+  void occupy_locked(double start, double end, double sm, double bw);
+  std::map<double, Load>::iterator breakpoint_locked(double t);
+
   mutable std::mutex mu_;
   std::size_t capacity_;
   double launch_overhead_us_;
   bool shared_compute_;
+  bool concurrent_ = false;
+  std::map<double, Load> load_;
+  double sm_busy_us_ = 0;
   double gpu_tail_ = 0;  // shared_compute: when the last queued kernel ends
   double now_ = 0;
   Addr base_;
