@@ -66,3 +66,23 @@ def test_autocast_around_a_step_captured_without_it_is_refused(way):
         with pytest.raises(StaleCaptureError, match="autocast is on here and was off"):
             step()
     step()
+
+
+@pytest.mark.parametrize("way", ["optimize", "job", "train"])
+def test_a_step_asked_for_without_gradients_is_refused(way):
+    """Eager code inside torch.no_grad() cannot backpropagate; a captured
+    step there would have trained anyway: refused, naming the fix."""
+    model = net()
+    if way == "train":
+        job = ww.Job(model, (X,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
+
+        def step():
+            return job.train(1, session=ww.TrainingSession("cpu"))
+    else:
+        step = dict(trainers(model))[way]
+    before = [p.detach().clone() for p in model.parameters()]
+    for off in (torch.no_grad, torch.inference_mode):
+        with off(), pytest.raises(StaleCaptureError, match="gradients are off here"):
+            step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing trained
+    step()

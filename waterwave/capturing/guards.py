@@ -2,7 +2,8 @@
 
 A capture traces the model as it was: in train or eval mode (dropout and
 batch norm trace differently), with its parameters and hooks then, outside
-or inside ``torch.autocast``. A step run after any of these changed would
+or inside ``torch.autocast`` (and with gradients on, as training needs). A
+step run after any of these changed would
 silently train another model than eager PyTorch would. ``StepGuard`` notes
 them at capture and raises ``StaleCaptureError`` at the next step when one
 changed, naming it and the fix; it never guesses.
@@ -61,7 +62,15 @@ class StepGuard:
                 _autocast("cuda" if device == "cuda" else "cpu"))
 
     def check(self, model) -> None:
-        """Raise ``StaleCaptureError`` if what the capture took as fixed changed."""
+        """Raise ``StaleCaptureError`` if what the capture took as fixed changed,
+        or if gradients are off where the step is asked for."""
+        import torch
+
+        if not torch.is_grad_enabled():
+            raise StaleCaptureError(
+                "gradients are off here (inside torch.no_grad() or torch.inference_mode()): "
+                "an eager step could not backpropagate, and a captured one would train anyway: "
+                "call train() or step() outside them")
         training, ids, hooks, global_hooks, autocast = self._read(model, self.device)
         remake = "make a new Job (or waterwave.optimize) for the model as it is now"
         if training != self.training:
