@@ -39,3 +39,20 @@ def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
         assert row["eager_ms_per_step"] > 0 and row["train_ms_per_step"] > 0
         assert abs(row["ratio"] - row["train_ms_per_step"] / row["eager_ms_per_step"]) < 1e-9
     assert "| mlp | 2 |" in (tmp_path / "train_host.md").read_text()
+
+
+def test_the_throughput_benchmark_simulates_every_schedule_and_reports(tmp_path):
+    """bench/concurrent/throughput.py (issue 27): each schedule's samples per
+    second and busy share, simulated with concurrent kernels; a table and a chart."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "throughput.py"),
+                        "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "throughput.json").read_text())
+    assert res["simulated"] and res["concurrent_kernels"]
+    (row,) = res["rows"]
+    for s in ("sequential", "turns", "lockstep", "waterwave"):
+        assert row[s]["ok"] and row[s]["throughput"] > 0 and 0 < row[s]["gpu_busy"] <= 1
+    assert row["lockstep"]["throughput"] > row["sequential"]["throughput"]
+    assert "(simulated)" in (tmp_path / "throughput.md").read_text()
+    assert (tmp_path / "throughput.png").stat().st_size > 5_000
