@@ -1,9 +1,13 @@
-"""bench/concurrent/host.py, the NodeGroup pipeline's host cost: its quick
-run measures a real barrier and a real pairing and writes its report."""
+"""The benchmarks' quick runs: bench/concurrent/host.py (the NodeGroup
+pipeline's host cost: a real barrier and a real pairing), train_host.py
+(job.train against eager loops), throughput.py and trials_per_hour.py (the
+schedules simulated with kernels side by side); each measures and reports."""
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,3 +60,28 @@ def test_the_throughput_benchmark_simulates_every_schedule_and_reports(tmp_path)
     assert row["lockstep"]["throughput"] > row["sequential"]["throughput"]
     assert "(simulated)" in (tmp_path / "throughput.md").read_text()
     assert (tmp_path / "throughput.png").stat().st_size > 5_000
+
+
+def test_the_trials_per_hour_benchmark_runs_a_pruned_search_three_ways(tmp_path):
+    """bench/concurrent/trials_per_hour.py (issue 27): a successive-halving
+    search one trial at a time, side by side and through the pipeline."""
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import trials_per_hour
+
+    epochs = trials_per_hour.halving_epochs(32, 5)
+    assert sum(epochs) == 96 and sorted(epochs, reverse=True) == epochs
+    assert epochs.count(16) == 2 and epochs.count(1) == 16
+    # The search itself: two slots at twice the rate of one finish in half the time.
+    one = trials_per_hour.search([1, 1, 1, 1], 1, {1: (100.0, 0.5)})
+    two = trials_per_hour.search([1, 1, 1, 1], 2, {1: (100.0, 0.5), 2: (200.0, 1.0)})
+    assert two["hours"] == pytest.approx(one["hours"] / 2) and two["gpu_busy"] == pytest.approx(1.0)
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "trials_per_hour.py"),
+                        "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "trials_per_hour.json").read_text())
+    runs = res["runs"]
+    assert res["simulated"] and len(runs) == 3
+    for v in runs.values():
+        assert v["trials_per_hour"] > 0 and 0 < v["gpu_busy"] <= 1
+    assert runs["2 side by side (PyTorch)"]["trials_per_hour"] > runs["one at a time"]["trials_per_hour"]
