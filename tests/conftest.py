@@ -94,3 +94,17 @@ def policy(request):
 
 def make(policy="waterwave", capacity=1024 * MiB, overhead=1.0, **cfg):
     return ww.Allocator(policy, ww.SimDevice(capacity, overhead), **cfg)
+
+
+def assert_same_optimizer_state(expected, got) -> None:
+    """Two optimizers' ``state_dict()["state"]`` hold the same entries, each
+    close (rtol 1e-5, atol 1e-6): what a trained job's state must be to eager's."""
+    import torch
+
+    sa, sb = expected.state_dict()["state"], got.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].keys() == sb[k].keys()
+        for name in sa[k]:
+            torch.testing.assert_close(torch.as_tensor(sb[k][name]), torch.as_tensor(sa[k][name]),
+                                       rtol=1e-5, atol=1e-6, msg=f"{k}.{name}")

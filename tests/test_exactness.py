@@ -6,6 +6,7 @@ others (1, 2 or 4 at once) ends with the losses, parameters and optimizer
 state of plain eager PyTorch training it alone on the same batches in the
 same order."""
 import pytest
+from conftest import assert_same_optimizer_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,13 +114,7 @@ def assert_trains_as_eager(job, losses, eager_opt, got_losses) -> None:
     for a, b in zip([p for g in eager_opt.param_groups for p in g["params"]],
                     [p for g in ours.param_groups for p in g["params"]]):
         torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
-    sa, sb = eager_opt.state_dict()["state"], ours.state_dict()["state"]
-    assert sa.keys() == sb.keys()
-    for i in sa:
-        assert sa[i].keys() == sb[i].keys()
-        for name in sa[i]:
-            torch.testing.assert_close(torch.as_tensor(sb[i][name]), torch.as_tensor(sa[i][name]),
-                                       rtol=1e-5, atol=1e-6)
+    assert_same_optimizer_state(eager_opt, ours)
 
 
 @settings(max_examples=12)

@@ -6,6 +6,7 @@ it, naming the fix."""
 import copy
 
 import pytest
+from conftest import assert_same_optimizer_state
 
 torch = pytest.importorskip("torch")
 
@@ -60,13 +61,7 @@ def eager_steps(model, opt, xs):
 def assert_same(model_a, opt_a, model_b, opt_b):
     for (n, a), b in zip(model_a.named_parameters(), model_b.parameters()):
         torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6, msg=n)
-    sa, sb = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert sa[k].keys() == sb[k].keys()
-        for name in sa[k]:
-            torch.testing.assert_close(torch.as_tensor(sb[k][name]), torch.as_tensor(sa[k][name]),
-                                       rtol=1e-5, atol=1e-6, msg=f"{k}.{name}")
+    assert_same_optimizer_state(opt_a, opt_b)
 
 
 @pytest.mark.parametrize("kind", OPTIMIZERS)

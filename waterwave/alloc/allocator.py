@@ -53,31 +53,46 @@ class Allocator(_C.AllocatorStack):
         return stack
 
     # Allocation -----------------------------------------------------------
-    # The C++ methods take unsigned 64-bit values; these check them first, so
-    # a negative or huge one is a ValueError naming it, not pybind's
-    # "incompatible function arguments".
+    # The C++ methods take unsigned 64-bit values. When pybind refuses one
+    # ("incompatible function arguments"), _explain names the bad value
+    # instead; the checks run only then, never on the allocation path.
     def alloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate ``nbytes`` for use on ``stream``; returns the address (0 for 0 bytes)."""
-        if nbytes < 0:
-            raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
-        return super().alloc(_unsigned(nbytes, "size"), _unsigned(stream, "stream"))
+        try:
+            return super().alloc(nbytes, stream)
+        except TypeError as e:
+            if isinstance(nbytes, int) and nbytes < 0:
+                raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)") from None
+            _explain(e, size=nbytes, stream=stream)
 
     def free(self, ptr: int) -> None:
         """Free the allocation at ``ptr`` (a PointerError if it is not one)."""
-        super().free(_unsigned(ptr, "pointer"))
+        try:
+            super().free(ptr)
+        except TypeError as e:
+            _explain(e, pointer=ptr)
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """The allocation at ``ptr`` is also used on ``stream`` (torch's ``Tensor.record_stream``)."""
-        super().record_stream(_unsigned(ptr, "pointer"), _unsigned(stream, "stream"))
+        try:
+            super().record_stream(ptr, stream)
+        except TypeError as e:
+            _explain(e, pointer=ptr, stream=stream)
 
     def allocation_size(self, ptr: int) -> int:
         """The bytes handed out at ``ptr`` (a PointerError if it is not an allocation)."""
-        return super().allocation_size(_unsigned(ptr, "pointer"))
+        try:
+            return super().allocation_size(ptr)
+        except TypeError as e:
+            _explain(e, pointer=ptr)
 
     def clear_plan(self, stream: int | None = None) -> None:
         """Remove ``stream``'s plan (every plan, by default); refused while its
         blocks live, and for a stream that has no plan."""
-        super().clear_plan(None if stream is None else _unsigned(stream, "stream"))
+        try:
+            super().clear_plan(stream)
+        except TypeError as e:
+            _explain(e, stream=stream)
 
     # Plans, per stream --------------------------------------------------------
     def set_plan(self, stream: int, slots, arena: int | None = None, scope: str = "stream",
@@ -157,6 +172,15 @@ class Allocator(_C.AllocatorStack):
         return (f"{type(self).__name__}(policy={self.policy!r}, "
                 f"allocated={s['allocated_bytes.all.current']}, "
                 f"reserved={s['reserved_bytes.all.current']})")
+
+
+def _explain(error: TypeError, **values) -> None:
+    """Raise what is wrong with the first of ``values`` (by name) that is not
+    an unsigned 64-bit whole number; else ``error`` itself."""
+    for what, value in values.items():
+        if value is not None:
+            _unsigned(value, what.replace("_", " "))
+    raise error
 
 
 def _unsigned(value: int, what: str) -> int:

@@ -17,7 +17,7 @@ from ..pipeline.pairing import JobPlan
 from .batches import BatchFeed
 from .group_runner import GroupRunner
 from .session import training_session, whole_steps
-from .step import CapturedStep
+from .step import CapturedStep, batches_per_step
 
 
 class Job:
@@ -56,10 +56,7 @@ class Job:
                  accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
-        k = accumulate_grad_batches
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"accumulate_grad_batches must be a whole number, at least 1; got "
-                             f"{k!r}")
+        k = batches_per_step(accumulate_grad_batches)
         if k > 1:
             if data is None:
                 raise ValueError("accumulate_grad_batches needs data: each step trains on the "

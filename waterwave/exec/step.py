@@ -27,6 +27,15 @@ from ..planner.plan import PlanError
 _CAPTURE_LOCK = threading.Lock()
 
 
+def batches_per_step(accumulate_grad_batches) -> int:
+    """A Job's or optimize's ``accumulate_grad_batches``, checked: a whole
+    number, at least 1."""
+    k = accumulate_grad_batches
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"accumulate_grad_batches must be a whole number, at least 1; got {k!r}")
+    return k
+
+
 class CapturedStep:
     def __init__(self, model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                  example_targets=None, name: str | None = None,

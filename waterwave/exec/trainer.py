@@ -20,7 +20,7 @@ from ..capturing import as_tuple
 from ..capturing.optimizers import GradClip
 from ..planner import Plan, PlanError, check_plan, plan_from_trace
 from ..planner import plan as make_plan
-from .step import CapturedStep
+from .step import CapturedStep, batches_per_step
 
 
 def _cuda_index(tensors) -> int | None:
@@ -53,10 +53,7 @@ class Trainer:
                  strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
                  use_plan: bool = True, clip: GradClip | None = None, autocast_dtype=None,
                  accumulate_grad_batches: int = 1, grad_scaler=None):
-        k = accumulate_grad_batches
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"accumulate_grad_batches must be a whole number, at least 1; got "
-                             f"{k!r}")
+        k = batches_per_step(accumulate_grad_batches)
         self.model = model
         self.optimizer = optimizer
         # Accumulating, a step takes k batches: captured on the example batch k times.

@@ -87,7 +87,7 @@ def eager_trace(g: Graph, gpu: GPU | str = "H100-80GB", kernels: KernelModel = N
         tensor_cores = node.op.rsplit(".", 1)[0] in TENSOR_CORE_OPS
         gpu_us = spec.kernel_us(node.flops, nbytes, tensor_cores)
         out_bytes = sum(g.tensors[x].size for x in node.outputs)
-        sm, bw = spec.kernel_shares(node.flops, nbytes, tensor_cores, out_bytes / ELEMENT_BYTES)
+        sm, bw = spec.kernel_shares(nbytes, gpu_us, out_bytes / ELEMENT_BYTES)
         outputs = [(x, g.tensors[x].size) for x in node.outputs if g.tensors[x].size]
         sizes = kernels.workspaces(g, node, model, batch)
         first_us = kernels.first_us(g, node, model)

@@ -52,12 +52,11 @@ class GPU:
         t = max(flops / (peak * self.efficiency), nbytes / (self.bandwidth * self.efficiency))
         return max(self.kernel_floor_us, t * 1e6)
 
-    def kernel_shares(self, flops: float, nbytes: float, tensor_cores: bool,
+    def kernel_shares(self, nbytes: float, alone_us: float,
                       out_elements: float) -> tuple[float, float]:
-        """(SM share, bandwidth share) of a kernel beside others: see the
-        module's opening. Both in (0, 1]."""
+        """(SM share, bandwidth share) of a kernel of ``alone_us`` (its
+        ``kernel_us``) beside others: see the module's opening. Both in (0, 1]."""
         sm = min(1.0, max(out_elements / (self.sms * self.threads_per_sm), 1 / self.sms))
-        alone_us = self.kernel_us(flops, nbytes, tensor_cores)
         memory_us = nbytes / (self.bandwidth * self.efficiency) * 1e6
         bw = min(1.0, max(memory_us / alone_us, 1e-3))
         return round(sm, 6), round(bw, 6)

@@ -197,7 +197,10 @@ class _Run:
         # kernels up to each one: how far a job had come at any moment.
         self.kernel_ends: list[list[float]] = [[] for _ in jobs]
         self.work_by: list[list[float]] = [[] for _ in jobs]
-        self.busy_by: list[list[float]] = [[] for _ in jobs]  # work_by, weighed by SM share
+        # work_by weighed by each kernel's SM share: work_by itself when kernels
+        # run one at a time (each takes the whole GPU)
+        self.concurrent = device.concurrent_kernels
+        self.busy_by: list[list[float]] = [[] for _ in jobs] if self.concurrent else self.work_by
         self.deferred: list[tuple[float, int, int]] = []  # (due, job, address)
         self.step_ends: list[dict[int, float]] = [{} for _ in jobs]
         self.called: set = set()  # (host thread, operator) pairs past their first call
@@ -317,11 +320,12 @@ class _Run:
             self.alloc.launch(stream, op.gpu_us, [p for p in uses if p], op.sm, op.bw)
             end = self.device.stream_completion(stream)
             self.queues[j].append(end)
-            work, busy = self.work_by[j], self.busy_by[j]
+            work = self.work_by[j]
             self.kernel_ends[j].append(end)
             work.append((work[-1] if work else 0.0) + op.gpu_us)
-            share = op.sm if self.device.concurrent_kernels else 1.0
-            busy.append((busy[-1] if busy else 0.0) + op.gpu_us * share)
+            if self.concurrent:
+                busy = self.busy_by[j]
+                busy.append((busy[-1] if busy else 0.0) + op.gpu_us * op.sm)
         for b in op.free:
             self._free(j, ptr.pop((step, b)), stream)
 
