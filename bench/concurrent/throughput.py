@@ -26,12 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from waterwave.sim.gpus import gpu as named_gpu  # noqa: E402
 from waterwave.sim.jobs import JobModel  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
-from waterwave.sim.multijob import simulate  # noqa: E402
-from waterwave.sim.schedules import ALLOCATORS  # noqa: E402
-from waterwave.sim.schedules import schedule as named_schedule  # noqa: E402
+from waterwave.sim.maxbatch import simulate_models  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 
 SCHEDULES = ("sequential", "turns", "lockstep", "waterwave")
@@ -59,12 +56,8 @@ def job_model(label: str, name: str, side: int | None) -> JobModel:
 
 
 def one(model: JobModel, jobs: int, batch: int, gpu: str, schedule: str, kernels) -> dict:
-    sched = named_schedule(schedule, named_gpu(gpu).memory)
-    traces = [model.trace_at(batch, gpu, kernels, partition=getattr(sched, "partition", None))
-              for _ in range(jobs)]
-    policy, config = ALLOCATORS.get(schedule, ("pytorch", ""))
-    r = simulate(traces, gpu, None, sched, policy, STEPS, config=config, record=False,
-                 concurrent_kernels=True)
+    r, _ = simulate_models([model] * jobs, batch, gpu, schedule, kernels=kernels, steps=STEPS,
+                           record=False, concurrent_kernels=True)
     return {"ok": r.ok, "throughput": r.throughput if r.ok else None,
             "gpu_busy": r.gpu_busy if r.ok else None, "peak_reserved": r.peak_reserved}
 

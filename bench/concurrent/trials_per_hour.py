@@ -32,9 +32,7 @@ if str(ROOT) not in sys.path:
 
 from waterwave.sim.jobs import JobModel  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
-from waterwave.sim.multijob import simulate  # noqa: E402
-from waterwave.sim.schedules import ALLOCATORS  # noqa: E402
-from waterwave.sim.schedules import schedule as named_schedule  # noqa: E402
+from waterwave.sim.maxbatch import simulate_models  # noqa: E402
 from waterwave.tools import models  # noqa: E402
 
 GPU, BATCH, SIDE, EPOCH_SAMPLES = "H100-80GB", 64, 32, 50_000
@@ -57,12 +55,8 @@ def rates(model: JobModel, k: int, schedule: str, kernels) -> dict[int, tuple[fl
     """m -> (samples/s of m trials together, GPU busy share), m = 1..k."""
     out = {}
     for m in range(1, k + 1):
-        sched = named_schedule(schedule, None)
-        traces = [model.trace_at(BATCH, GPU, kernels, partition=getattr(sched, "partition", None))
-                  for _ in range(m)]
-        policy, config = ALLOCATORS[schedule]
-        r = simulate(traces, GPU, None, sched, policy, 3, config=config, record=False,
-                     concurrent_kernels=True)
+        r, _ = simulate_models([model] * m, BATCH, GPU, schedule, kernels=kernels, record=False,
+                               concurrent_kernels=True)
         if not r.ok or r.throughput is None:
             raise RuntimeError(f"{m} trials under {schedule} did not run: {r.oom}")
         out[m] = (r.throughput, r.gpu_busy)

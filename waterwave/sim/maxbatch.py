@@ -1,7 +1,8 @@
 """The largest batch per job that trains without running out of memory, by
 bisection, as bench/data/gpu-snapshots/probe.py searches it on a GPU: batch
 sizes in steps of ``step``, grown by doubling from 64 until one fails, then
-bisected; a batch counts when ``steps`` steps of every job finish.
+bisected; a batch counts when ``steps`` steps of every job finish. And
+``simulate_models``: models, one job each, at one batch under a schedule.
 
 May import: this package.
 """
@@ -15,7 +16,9 @@ from .gpus import gpu as named_gpu
 from .jobs import JobModel
 from .kernels import NONE, KernelModel
 from .multijob import SimResult, simulate
+from .schedules import ALLOCATORS
 from .schedules import schedule as named_schedule
+from .trace import Trace
 
 
 @dataclass
@@ -72,3 +75,23 @@ def max_batch(models: list[JobModel], gpu: GPU | str, memory_limit: int | None,
         return simulate(jobs, gpu, memory_limit, sched, policy, steps, record=False, **kwargs)
 
     return search(fits, step, on_trial=on_trial)
+
+
+def simulate_models(models: list[JobModel], batch: int, gpu: GPU | str, schedule: str = "lockstep",
+                    memory_limit: int | None = None, kernels: KernelModel | None = None,
+                    steps: int = 3, policy: str | None = None, config: str | None = None,
+                    split_size: int | None = None, **kwargs) -> tuple[SimResult, list[Trace]]:
+    """``models``, one job each, at ``batch`` under the named ``schedule`` (a
+    node-group schedule cuts each job's step with its partition), on the
+    schedule's own allocator (``schedules.ALLOCATORS``) unless ``policy`` or
+    ``config`` is given; ``kwargs`` go to ``simulate``. Returns the result
+    and the jobs' traces."""
+    spec = named_gpu(gpu) if isinstance(gpu, str) else gpu
+    sched = named_schedule(schedule, memory_limit or spec.memory, split_size)
+    own_policy, own_config = ALLOCATORS[schedule]
+    traces = [m.trace_at(batch, gpu, kernels or NONE, partition=getattr(sched, "partition", None))
+              for m in models]
+    result = simulate(traces, gpu, memory_limit, sched, policy or own_policy, steps,
+                      config=own_config if config is None else config, **kwargs)
+    return result, traces
+

@@ -12,13 +12,11 @@ import re
 
 from ..alloc.settings import parse_config
 from ..sim.gpus import GPUS
-from ..sim.gpus import gpu as named_gpu
 from ..sim.jobs import JobModel
 from ..sim.kernels import NONE, KernelModel
-from ..sim.maxbatch import max_batch
-from ..sim.multijob import SIMULATED_POLICIES, simulate
+from ..sim.maxbatch import max_batch, simulate_models
+from ..sim.multijob import SIMULATED_POLICIES
 from ..sim.schedules import ALLOCATORS, NAMES
-from ..sim.schedules import schedule as named_schedule
 from ..sim.trace import Trace, from_snapshot
 from . import models
 from .plots import jobs_memory, replay_memory
@@ -106,12 +104,9 @@ def allocator_for(args, schedule: str) -> tuple[str, str]:
 def _simulate_at(args, jobs, kernels, limit, schedule: str, batch: int):
     """The jobs at ``batch`` under ``schedule`` and its allocator, recorded."""
 
-    policy, config = allocator_for(args, schedule)
-    sched = named_schedule(schedule, limit or named_gpu(args.gpu).memory, args.split_size)
-    traces = [m.trace_at(batch, args.gpu, kernels, partition=getattr(sched, "partition", None))
-              for m in jobs]
-    result = simulate(traces, args.gpu, limit, sched, policy, args.steps, config=config,
-                      concurrent_kernels=args.concurrent_kernels)
+    result, traces = simulate_models(jobs, batch, args.gpu, schedule, limit, kernels, args.steps,
+                                     args.policy, args.config, args.split_size,
+                                     concurrent_kernels=args.concurrent_kernels)
     split = [t.meta["partition"]["split_size"] if "partition" in t.meta else None for t in traces]
     return result, split
 
