@@ -25,6 +25,7 @@ from waterwave.pipeline.nodegroups import (  # noqa: E402
 from waterwave.pipeline.pairing import (  # noqa: E402
     JobGroups,
     JobPlan,
+    MemoryPairing,
     graph_plan,
     iteration_rounds,
     memory_rounds,
@@ -417,6 +418,56 @@ def test_memory_rounds_keep_each_job_in_order_and_within_the_budget(ups, slack, 
         assert sum(held.values()) + rise <= limit
         for j, g in by_round[r]:
             held[j] += plans[j].groups[g][0]
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(1, 6), min_size=2, max_size=6), st.integers(0, 8)),
+                min_size=1, max_size=4),
+       st.integers(0, 3), st.integers(1, 3))
+@settings(max_examples=150, deadline=None)
+def test_memory_rounds_keep_room_for_what_a_job_does_after_its_last_step(jobs, slack, steps):
+    """A job's ``after`` bytes (its evaluation between training calls) are
+    held from its last group on, beside every later round and beside the
+    rest of the round its last group runs in (its thread goes on while the
+    round's other groups run): memory planned for each round, with them,
+    stays within the limit whenever each job's step fits beside what the
+    others hold once finished."""
+    plans = []
+    for j, (up, after) in enumerate(jobs):
+        groups = [(u, u) for u in up] + [(-u, 0) for u in reversed(up)]
+        plans.append(JobPlan(j, 1, groups, after=after))
+    rest = [1 + after for _, after in jobs]
+    limit = max(1 + sum(up) + sum(rest) - rest[j] for j, (up, _) in enumerate(jobs)) + slack
+    limit = max(limit, sum(rest))
+    out = memory_rounds(plans, limit, steps, margin=0, free_margin=0)
+    last = {p.job: out[p.job][-1][0] for p in plans}
+    by_round = {}
+    for p in plans:
+        for r, _, g in out[p.job]:
+            by_round.setdefault(r, []).append((p.job, g))
+    if len(by_round) == 1:  # the jobs run free: each one's peak, training or after, at once
+        peaks = [max(max(1 + sum(up[:i + 1]) for i in range(len(up))), 1 + after)
+                 for up, after in jobs]
+        assert sum(peaks) <= limit
+        return
+    held = {p.job: p.persistent for p in plans}
+    for r in sorted(by_round):
+        rise = 0
+        for j, g in by_round[r]:
+            delta, up = plans[j].groups[g]
+            if r == last[j]:  # the job's evaluation starts beside this round
+                up = max(up, delta + plans[j].after)
+            rise += max(0, up)
+        assert sum(held.values()) + rise <= limit
+        for j, g in by_round[r]:
+            held[j] += plans[j].groups[g][0] + (plans[j].after if r == last[j] else 0)
+    assert held == {j: 1 + after for j, (_, after) in enumerate(jobs)}
+
+
+def test_a_job_leaving_keeps_its_after_bytes_outside_the_plan():
+    plan = JobPlan(0, 100, [(50, 50), (-50, 0)], after=30)
+    pairing = MemoryPairing([plan, JobPlan(1, 10, [(5, 5), (-5, 0)])], 1000, 1)
+    pairing.leave(0)
+    assert pairing.outside == 130
 
 
 def test_the_counter_barrier_releases_waiters_when_a_job_leaves():

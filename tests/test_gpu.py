@@ -255,7 +255,8 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     """Job.train from two threads on the Waterwave allocator, under a budget
     that holds one step at a time: each job's first step in the session is
     measured alone, then the jobs take turns; each trains as it trains
-    alone, and the allocator stays sound."""
+    alone, and the allocator stays sound. What each thread allocates
+    evaluating between calls is measured on its thread."""
     eager = run(TRAIN + "print(json.dumps({'losses': train(6)}))")["losses"]
     out = run(TRAIN + textwrap.dedent("""
     import threading
@@ -286,9 +287,13 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     print(json.dumps({'losses': losses, 'measured': [j.measured is not None for j in jobs],
                       'errors': [repr(j.error) for j in jobs if j.failed],
                       'most': session.stats()['most_training'],
+                      'between': [j.between.rise for j in jobs], 'one_step': one_step,
                       'bad_frees': wc.free_errors()[0]}))
     """))
     assert out["errors"] == [] and out["measured"] == [True, True]
+    # Each thread's evaluation between calls was measured, and is kept for
+    # it from then on: more than nothing, less than a training step.
+    assert all(0 < rise < out["one_step"] for rise in out["between"]), out["between"]
     for losses in out["losses"]:
         assert losses == pytest.approx(eager, rel=1e-3)
     assert out["bad_frees"] == 0

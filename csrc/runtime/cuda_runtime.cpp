@@ -79,6 +79,7 @@ void CudaRuntime::deallocate(Addr ptr, int device) {
                        ", which has no Waterwave allocator: the pointer was not allocated here");
   }
   d->stack->deallocate(ptr);
+  accounts_.freed(ptr);
 }
 
 void CudaRuntime::record_stream(Addr ptr, StreamId stream) {

@@ -18,6 +18,7 @@
 
 #include "../alloc/stack.h"
 #include "../device/cuda/cuda_device.h"
+#include "thread_accounts.h"
 
 namespace waterwave::cuda {
 
@@ -49,13 +50,19 @@ class CudaRuntime {
 
   // The allocation path, as PyTorch's hooks call it.
   Addr allocate(std::size_t bytes, int device, StreamId stream) {
-    return stack(device).allocate(bytes, stream);
+    AllocatorStack& s = stack(device);
+    const Addr ptr = s.allocate(bytes, stream);
+    accounts_.allocated(ptr, [&] { return s.allocation_size(ptr); });
+    return ptr;
   }
   void deallocate(Addr ptr, int device);
   // The hook names no device: the pointer belongs to the one stack that
   // holds it.
   void record_stream(Addr ptr, StreamId stream);
   void empty_cache();
+
+  // What each tagged thread allocates (thread_accounts.h).
+  ThreadAccounts& accounts() { return accounts_; }
 
   std::vector<int> devices();  // devices with a stack, in order
   PolicyKind policy();
@@ -84,6 +91,7 @@ class CudaRuntime {
   // owns them, shared with the Python handles of shared_stack().
   std::array<std::atomic<PerDevice*>, kMaxDevices> devices_{};
   std::array<std::shared_ptr<PerDevice>, kMaxDevices> owners_{};
+  ThreadAccounts accounts_;
   std::atomic<long long> free_errors_{0};
   std::string last_free_error_;  // under mu_
 };

@@ -8,7 +8,9 @@
 // cuMemSetAccess, out of memory or otherwise, so that growths fail partway
 // under the sanitizers: an allocation then succeeds (a retry), is out of
 // memory, or fails with the driver's error, and nothing it mapped leaks or
-// is lost. Then one thread records a step, packs it back to back (the plan
+// is lost. Odd threads carry thread accounts (runtime/thread_accounts.h),
+// whose blocks other threads free too; each account ends at zero. Then one
+// thread records a step, packs it back to back (the plan
 // need not be optimal to be served) and replays it. Invariants and the
 // driver's bytes are checked at the end.
 //
@@ -106,8 +108,12 @@ int main(int argc, char** argv) {
     if (!failed.exchange(true)) std::fprintf(stderr, "FAILED: %s\n", why.c_str());
   };
 
+  std::vector<std::int64_t> accounts;
+  for (int t = 0; t < threads; ++t) accounts.push_back(t % 2 ? rt.accounts().open() : 0);
+
   auto worker = [&](int tid) {
     std::mt19937_64 rng(seed * 7919 + tid);
+    cuda::ThreadAccounts::set_thread(accounts[tid]);
     std::vector<Held> mine;
     void* stream = stream_of(tid);
     try {
@@ -180,6 +186,11 @@ int main(int argc, char** argv) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   for (auto& t : pool) t.join();
   for (const Held& b : handoff) waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+  for (std::int64_t id : accounts) {
+    if (id == 0) continue;
+    if (rt.accounts().usage(id).allocated != 0) fail("a thread account kept bytes after every free");
+    rt.accounts().close(id);
+  }
 
   if (fail_vmm) fail_vmm("", 0, 0);  // disarm what no call took
   {

@@ -15,6 +15,7 @@ from ..capturing.optimizers import GradClip
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import JobPlan
 from .batches import BatchFeed
+from .between_calls import BetweenCalls
 from .group_runner import GroupRunner
 from .session import training_session, whole_steps
 from .step import CapturedStep, batches_per_step
@@ -43,7 +44,11 @@ class Job:
     eager code uses it (scale, unscale_ before clipping, step, update), on
     the device with no host sync: a step with an inf or NaN gradient is
     undone, and the scaler's scale and growth tracker move as its own
-    ``update`` moves them.
+    ``update`` moves them. ``evaluation_memory``: bytes the calling thread
+    allocates between ``train()`` calls (evaluation), which the session
+    keeps free for it; default: measured on a GPU under Waterwave's
+    allocator, and until then the training step's own peak
+    (``between_calls.py``).
 
     ``train(steps)`` trains it, from any thread, beside the other jobs
     training on its device at the time; ``ConcurrentTrainer`` trains a
@@ -53,9 +58,11 @@ class Job:
                  loss_fn: Callable | None = None, optimizer=None, targets=None,
                  name: str | None = None, data=None, n_inputs: int = 1,
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
-                 accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None):
+                 accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None,
+                 evaluation_memory: int | None = None):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
+        between = BetweenCalls(evaluation_memory)  # its setting checked before the capture
         k = batches_per_step(accumulate_grad_batches)
         if k > 1:
             if data is None:
@@ -93,6 +100,7 @@ class Job:
         self.plan: JobPlan | None = None  # its groups' bytes from the graph, for the pairing
         self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
         self.session = None  # the training session its partition and runner were made for
+        self.between = between  # what it holds between train() calls
         self._stream = None
 
     def train(self, steps: int, session=None) -> list[float]:

@@ -11,7 +11,9 @@ pairing (``pipeline.pairing.MemoryPairing``) while anyone trains, which
 jobs join (their rounds begin after every round planned so far, at most a
 window of the others' steps later) and leave (their persistent bytes, the
 parameters and optimizer state kept between calls, stay counted against
-the budget). When the last job leaves, the next one starts a fresh feed.
+the budget, and so does what it allocates between calls, evaluating: see
+``between_calls.py``). When the last job leaves, the next one starts a
+fresh feed.
 
 The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
 allocator could give when the feed started plus what the session's jobs
@@ -42,6 +44,7 @@ from ..pipeline.pairing import MemoryPairing, graph_plan
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from ..pipeline.schedules import schedule as named_schedule
+from .between_calls import BetweenCalls
 from .group_runner import GroupRunner
 from .job_loop import Measure, MemoryProbe, run_job
 
@@ -117,11 +120,14 @@ class TrainingSession:
         """``steps`` steps of ``job`` on the calling thread, beside the others."""
         steps = whole_steps(steps)
         job.step_fn.check_context()  # its train/eval mode, autocast, hooks: the caller's
-        probe = MemoryProbe(job.device) if job.step_fn.device == "cuda" else None
+        on_cuda = job.step_fn.device == "cuda"
+        probe = MemoryProbe(job.device) if on_cuda else None
+        measure_between = BetweenCalls.measurable(on_cuda)
         with self._lock:
             if any(member is job for member, _ in self._members.values()):
                 raise RuntimeError(f"{job!r} is already training: call train() on a job from "
                                    "one thread at a time")
+            job.between.end(measure_between)
             if job.session != (self, self._generation):
                 self._prepare(job)
             self._known.add(job)
@@ -134,7 +140,10 @@ class TrainingSession:
             self._members[k] = (job, feed)
             self.most_training = max(self.most_training, len(self._members))
             solo = probe is not None and job.measured is None and self.plan_schedule.pairing == MEMORY
-            plan = replace(job.plan, job=k, groups=list(job.measured or job.plan.groups))
+            groups = list(job.measured or job.plan.groups)
+            plan = replace(job.plan, job=k, groups=groups,
+                           persistent=job.plan.persistent + job.between.kept,
+                           after=job.between.reserve(groups))
             feed.join(k, job, plan, steps, solo_first=solo)
             feed.set_limit(*self._budget(feed))
         measure = None
@@ -158,6 +167,7 @@ class TrainingSession:
                         feed.set_limit(*self._budget(feed))
                     else:
                         self._feed = None  # the next job starts a fresh feed
+            job.between.begin(measure_between)
         if job.error is not None:
             raise job.error
         if len(job.losses) - before < steps and feed.barrier.closed:
@@ -181,19 +191,21 @@ class TrainingSession:
         # first optimizer a process makes is held by torch's import frames):
         # give their tensors back before measuring what is free.
         gc.collect()
-        return probe.available() + sum(j.plan.persistent for j in list(self._known))
+        return probe.available() + sum(_held(j) for j in list(self._known))
 
     def _budget(self, feed: RoundFeed) -> tuple[int | None, int]:
-        """(the budget, the bytes held outside the feed: the persistent bytes
-        of the session's jobs not training in it now)."""
+        """(the budget, the bytes held outside the feed: what the session's
+        jobs not training in it now hold between their calls)."""
         if self.plan_schedule.pairing == FREE:
             return None, 0
         limit = self.memory_limit if self.memory_limit is not None else self._capacity
         if limit is None:
             return None, 0
+        return limit, self._between_calls(feed)
+
+    def _between_calls(self, feed: RoundFeed | None) -> int:
         inside = {id(j) for j, f in self._members.values() if f is feed}
-        outside = sum(j.plan.persistent for j in list(self._known) if id(j) not in inside)
-        return limit, outside
+        return sum(_held(j) + _reserve(j) for j in list(self._known) if id(j) not in inside)
 
     # The whole session ------------------------------------------------------
     def interrupt(self) -> None:
@@ -217,12 +229,24 @@ class TrainingSession:
                     if self.memory_limit is None else self.memory_limit,
                     "training": [job.name for job, _ in self._members.values()],
                     "jobs_known": len(self._known), "steps_run": self.steps_run,
+                    "held_between_calls": self._between_calls(feed),
                     "most_training": self.most_training,
                     "rounds_planned": None if feed is None else feed.last_round + 1}
 
     def __repr__(self) -> str:
         return (f"TrainingSession({str(self.device)!r}, schedule={self.schedule!r}, "
                 f"memory_limit={self.memory_limit!r}, training={len(self._members)})")
+
+
+def _held(job) -> int:
+    """What a job holds between steps: its persistent bytes, and what its
+    thread kept from evaluating (0 while it is cut again for new modes)."""
+    return 0 if job.plan is None else job.plan.persistent + job.between.kept
+
+
+def _reserve(job) -> int:
+    """What the session keeps for a job's evaluation between its calls."""
+    return 0 if job.plan is None else job.between.reserve(job.measured or job.plan.groups)
 
 
 _SESSIONS: dict[str, TrainingSession] = {}

@@ -178,10 +178,13 @@ def _fits(where: dict, shift: int, steps: int) -> bool:
 @dataclass
 class JobPlan:
     """What the memory-aware pairing needs of a job: its persistent bytes,
-    and each group's net bytes and rise (its most bytes above its start)."""
+    each group's net bytes and rise (its most bytes above its start), and
+    ``after``: bytes it holds beside its persistent ones once its planned
+    steps end (a training session's job evaluating between its calls)."""
     job: int
     persistent: int
     groups: list[tuple[int, int]]  # (delta, rise)
+    after: int = 0
 
 
 def memory_rounds(jobs: list[JobPlan], memory_limit: int | None, steps: int, margin: float = 0.03,
@@ -257,9 +260,9 @@ class MemoryPairing:
             raise ValueError(f"job {j} is already planned")
         self.by_job[j] = plan
         self.jobs.append(j)
-        self.held[j] = plan.persistent
         self.done[j] = 0
         self.total[j] = len(plan.groups) * steps
+        self.held[j] = plan.persistent + (plan.after if not self.total[j] else 0)
         self._rise_from[j] = rises_from(plan.groups)
         if solo_first and self.total[j]:
             self.solo[j] = len(plan.groups)
@@ -267,9 +270,10 @@ class MemoryPairing:
 
     def leave(self, j: int, still_held: bool = True) -> None:
         """Plan nothing more for job j. ``still_held``: its persistent bytes
-        (parameters, optimizer state) stay on the device, outside the plan."""
+        (parameters, optimizer state) and its ``after`` bytes stay on the
+        device, outside the plan."""
         if still_held and j in self.by_job:
-            self.outside += self.by_job[j].persistent
+            self.outside += self.by_job[j].persistent + self.by_job[j].after
         for table in (self.by_job, self.held, self.done, self.total, self.solo, self._rise_from):
             table.pop(j, None)
         self.paused.discard(j)
@@ -310,7 +314,8 @@ class MemoryPairing:
         if limit is None:  # no limit: a budget no step reaches, so the jobs run free
             limit, outside = sum(step_peak(j) for j in plans) * 2 + 1, 0
         self.limit = int(limit * (1 - self.margin)) - outside
-        self.free = (not self.solo and not self.paused and sum(step_peak(j) for j in plans)
+        self.free = (not self.solo and not self.paused
+                     and sum(max(step_peak(j), j.persistent + j.after) for j in plans)
                      <= limit * (1 - self.free_margin) - outside)
 
     @property
@@ -334,6 +339,8 @@ class MemoryPairing:
                 self.done[j] = min(self.total[j], first + max(1, steps) * n)
                 out[j] = [(self._free_round, *divmod(k, n)) for k in range(first, self.done[j])]
                 self.held[j] += sum(plan.groups[k % n][0] for k in range(first, self.done[j]))
+                if first < self.total[j] == self.done[j]:
+                    self.held[j] += plan.after
             return out
         self._free_round = None
         want = max(1, steps) * sum(len(p.groups) for p in self.by_job.values())
@@ -347,6 +354,8 @@ class MemoryPairing:
                 out[j].append((self.round, step, g))
                 self.held[j] += self.by_job[j].groups[g][0]
                 self.done[j] += 1
+                if self.done[j] == self.total[j]:  # its last group: what it does next is held
+                    self.held[j] += self.by_job[j].after
                 planned += 1
                 if j in self.solo:
                     self.solo[j] -= 1
@@ -370,6 +379,9 @@ class MemoryPairing:
         state, progress = dict(self.held), dict(done)
         for j in waiting:
             delta, rise = by_job[j].groups[done[j] % len(by_job[j].groups)]
+            if done[j] + 1 == self.total[j]:  # its last group: its thread goes on beside the round
+                delta += by_job[j].after
+                rise = max(rise, delta)
             trial_state = {**state, j: state[j] + delta}
             trial_progress = {**progress, j: progress[j] + 1}
             if max(0, rise) <= budget and self._safe(trial_state, trial_progress):
@@ -382,11 +394,21 @@ class MemoryPairing:
         return chosen
 
     def _claim(self, j: int, held_j: int, next_done: int) -> int:
-        """The most job j holds from group ``next_done`` to its step's end."""
+        """The most job j holds from group ``next_done`` to its step's end,
+        and once it has ended."""
         k = next_done % len(self.by_job[j].groups)
         if k == 0:  # at a step boundary: no claim yet
             return held_j
-        return held_j + self._rise_from[j][k]
+        return max(held_j + self._rise_from[j][k], self._rest(j, next_done))
+
+    def _rest(self, j: int, next_done: int) -> int:
+        """What job j holds once the step that group ``next_done`` belongs
+        to has ended: its persistent bytes, and its ``after`` bytes if that
+        step is its last planned one."""
+        plan = self.by_job[j]
+        n = len(plan.groups)
+        end = -(-next_done // n) * n
+        return plan.persistent + (plan.after if end >= self.total[j] else 0)
 
     def _safe(self, state: dict[int, int], progress: dict[int, int]) -> bool:
         left = set(state)
@@ -396,8 +418,10 @@ class MemoryPairing:
             for j in sorted(left):
                 if self._claim(j, state[j], progress[j]) + total - hold[j] <= self.limit:
                     left.remove(j)
-                    total += self.by_job[j].persistent - hold[j]
-                    hold[j] = self.by_job[j].persistent
+                    rest = state[j] if progress[j] % len(self.by_job[j].groups) == 0 \
+                        else self._rest(j, progress[j])
+                    total += rest - hold[j]
+                    hold[j] = rest
                     break
             else:
                 return False
