@@ -46,7 +46,8 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
-$(EXT): $(INSTALLED) $(ALL_SRC) $(HEADERS) setup.py waterwave/alloc/torch_bridge.cpp waterwave/alloc/torch_bridge.py
+TORCH_LIBS := $(wildcard waterwave/alloc/torch_*.cpp waterwave/alloc/torch_*.py waterwave/alloc/native_abi.h)
+$(EXT): $(INSTALLED) $(ALL_SRC) $(HEADERS) setup.py $(TORCH_LIBS)
 	WATERWAVE_BUILD_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace
 	touch $@
 
@@ -141,4 +142,4 @@ bench-gpu: build
 	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)
 
 clean:
-	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so out
+	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so waterwave/_torch_native.*.so out

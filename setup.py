@@ -5,13 +5,16 @@ Needs neither torch nor a CUDA toolkit: the core talks to a device interface;
 the simulator is compiled here, and the CUDA backend only declares the few
 driver types it uses and opens libcuda at run time.
 
-Where torch is importable at build time, the torch bridge
-(waterwave/alloc/torch_bridge.cpp, which raises torch.cuda.OutOfMemoryError)
-is built next to _C too; elsewhere it is built at first use.
+Where torch is importable at build time, the libraries built against it are
+built next to _C too: the torch bridge (waterwave/alloc/torch_bridge.cpp,
+which raises torch.cuda.OutOfMemoryError) and, where the CUDA runtime's
+headers are found, the native registration (torch_native.cpp); elsewhere
+they are built at first use.
 """
 import glob
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
@@ -35,6 +38,7 @@ def load_torch_bridge_builder():
     # By its path: importing the package would need the _C being built.
     spec = importlib.util.spec_from_file_location("torch_bridge", "waterwave/alloc/torch_bridge.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -49,10 +53,12 @@ class BuildWithTorchBridge(build_ext):
             return
         bridge = load_torch_bridge_builder()
         target = Path(self.get_ext_fullpath("waterwave._C")).parent
-        try:
-            print(f"waterwave: built the torch bridge {bridge.build_into(target, torch)}")
-        except bridge.BridgeUnavailable as e:  # not fatal: install_allocator retries and says why
-            print(f"waterwave: warning: {e}")
+        for what, library in (("the torch bridge", bridge.BRIDGE),
+                              ("the native registration", bridge.NATIVE)):
+            try:
+                print(f"waterwave: built {what} {library.build_into(target, torch)}")
+            except bridge.BridgeUnavailable as e:  # not fatal: install_allocator says why
+                print(f"waterwave: warning: {what} was not built: {e}")
 
 
 extra = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden"]

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 
 import waterwave as ww
 from waterwave import _C
+from waterwave.alloc import torch_bridge
 
 # One CP-SAT worker in the suite: deterministic searches. (OR-Tools 9.15
 # aborts now and then even so; every solve runs in a child process for that:
@@ -39,10 +40,10 @@ KiB = 1024
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build_c_library(source: str, out: Path) -> Path:
+def build_c_library(source: str, out: Path, flags: tuple[str, ...] = ()) -> Path:
     """A test double in C (tests/cpp/fake_*.c), as a shared library."""
-    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-o", str(out),
-                    str(ROOT / source), "-lpthread"], check=True)
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", *flags, "-o", str(out),
+                    str(ROOT / source), "-lpthread", "-ldl"], check=True)
     return out
 
 
@@ -75,10 +76,26 @@ def fake(fake_path):
 
 @pytest.fixture(scope="session")
 def fake_runtime(tmp_path_factory):
-    """The two CUDA runtime calls torch makes before its raw allocation
-    binding reaches a pluggable allocator; preload it (LD_PRELOAD)."""
+    """The CUDA runtime calls torch makes to start CUDA and allocate;
+    preload it (LD_PRELOAD). With the CUDA headers at hand it answers
+    cudaGetDeviceProperties too, which torch.cuda.init() needs."""
+    headers = torch_bridge.cuda_include_dirs()
+    flags = () if headers is None else ("-DFAKE_CUDART_WITH_HEADERS",
+                                        *(f"-I{d}" for d in headers))
     return build_c_library("tests/cpp/fake_cudart.c",
-                           tmp_path_factory.mktemp("fakecudart") / "libfakecudart.so")
+                           tmp_path_factory.mktemp("fakecudart") / "libfakecudart.so", flags)
+
+
+@pytest.fixture(scope="session")
+def fake_cuda_env(fake_path, fake_runtime, tmp_path_factory):
+    """The environment of a process in which PyTorch starts CUDA without a
+    GPU: the fake runtime preloaded, the fake driver found as libcuda.so.1
+    (PyTorch opens it by that name), Waterwave told to use it."""
+    folder = tmp_path_factory.mktemp("libcuda")
+    (folder / "libcuda.so.1").symlink_to(fake_path)
+    library_path = os.pathsep.join(filter(None, [str(folder), os.environ.get("LD_LIBRARY_PATH")]))
+    return {"LD_PRELOAD": str(fake_runtime), "LD_LIBRARY_PATH": library_path,
+            "WATERWAVE_CUDA_DRIVER": str(fake_path)}
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:

@@ -1,11 +1,13 @@
 """Out of memory inside PyTorch is torch.cuda.OutOfMemoryError, through the
-torch bridge (waterwave/alloc/torch_bridge.{py,cpp}).
+torch bridge (waterwave/alloc/torch_bridge.{py,cpp}) of the pluggable
+registration, and through the native one (torch_native.cpp; its other
+functions: tests/test_torch_native.py).
 
 Without a GPU, PyTorch's raw allocation binding still runs its real
-pluggable-allocator path and its real exception translation: the fake CUDA
-runtime (tests/cpp/fake_cudart.c) answers the two runtime calls it makes
-first, and the fake driver (tests/cpp/fake_cuda.c) holds the memory. Each
-case runs in its own process (one allocator swap per process).
+allocation path and its real exception translation: the fake CUDA runtime
+(tests/cpp/fake_cudart.c) answers the runtime calls it makes first, and the
+fake driver (tests/cpp/fake_cuda.c) holds the memory. Each case runs in its
+own process (one allocator swap per process).
 """
 import ctypes
 import json
@@ -34,7 +36,8 @@ HALVING = """
     fake.fake_cuda_set_capacity(256 << 20)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        settings = ww.install_allocator(policy={policy!r}, driver={driver!r})
+        settings = ww.install_allocator(policy={policy!r}, driver={driver!r},
+                                        registration={registration!r})
     size, errors = 1 << 30, []
     while True:
         try:
@@ -51,16 +54,21 @@ HALVING = """
 """
 
 
-def halve(fake_path, fake_runtime, policy="waterwave", setup="", **env):
-    r = run_python(HALVING.format(driver=str(fake_path), policy=policy, setup=setup),
+def halve(fake_path, fake_runtime, policy="waterwave", setup="", registration="pluggable", **env):
+    r = run_python(HALVING.format(driver=str(fake_path), policy=policy, setup=setup,
+                                  registration=registration),
                    LD_PRELOAD=str(fake_runtime), **env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("registration", ["pluggable", "native"])
 @pytest.mark.parametrize("policy", ["waterwave", "pytorch"])
-def test_out_of_memory_is_torchs_and_a_halved_request_goes_on(fake_path, fake_runtime, policy):
-    out = halve(fake_path, fake_runtime, policy)
+def test_out_of_memory_is_torchs_and_a_halved_request_goes_on(fake_path, fake_runtime, policy,
+                                                              registration):
+    if registration == "native" and torch_bridge.cuda_include_dirs() is None:
+        pytest.skip("the native registration needs the CUDA runtime's headers")
+    out = halve(fake_path, fake_runtime, policy, registration=registration)
     assert out["oom_error"] == "torch.cuda.OutOfMemoryError"
     assert out["warnings"] == []
     # 1 GiB and 512 MiB do not fit the 256 MiB device; 256 MiB does.

@@ -43,6 +43,7 @@ from .alloc.pluggable import (  # noqa: F401  (the registration, under torch's n
     current_settings,
     install_allocator,
     is_installed,
+    registration,
 )
 
 
@@ -112,7 +113,14 @@ def mem_get_info(device=None) -> tuple[int, int]:
 def get_per_process_memory_fraction(device=None) -> float:
     """The share of the device's memory this allocator may reserve
     (``per_process_memory_fraction``; torch's name), 1.0 for no limit."""
-    return allocator(device).config.per_process_memory_fraction
+    return allocator(device).get_per_process_memory_fraction()
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """From now on, keep the memory this allocator reserves within
+    ``fraction`` of the device's (torch's ``set_per_process_memory_fraction``);
+    memory already reserved above it stays until freed and given back."""
+    allocator(device).set_per_process_memory_fraction(fraction)
 
 
 def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,
@@ -146,6 +154,12 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
 
 def reset_peak_memory_stats(device=None) -> None:
     allocator(device).reset_peak_memory_stats()
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Zero the counts of what was allocated and freed, and of retries,
+    OOMs and device calls (torch's ``reset_accumulated_memory_stats``)."""
+    allocator(device).reset_accumulated_memory_stats()
 
 
 def empty_cache() -> None:

@@ -10,6 +10,7 @@ namespace waterwave {
 
 Allocator::Allocator(PolicyKind kind, Device& device, const AllocatorConfig& config)
     : device_(device), cfg_(config), rules_{cfg_}, kind_(kind) {
+  fraction_ = cfg_.per_process_memory_fraction;
   if (cfg_.per_process_memory_fraction < 1.0) {
     allowed_max_ = static_cast<std::size_t>(cfg_.per_process_memory_fraction *
                                             static_cast<double>(device_.total_memory()));
@@ -147,6 +148,27 @@ void Allocator::note(const char* action, Addr addr, std::size_t size, StreamId s
 void Allocator::reset_peak_stats() {
   Lock lock(mu_);
   stats_.reset_peaks();
+}
+
+void Allocator::reset_accumulated_stats() {
+  Lock lock(mu_);
+  stats_.reset_accumulated();
+}
+
+void Allocator::set_memory_fraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {  // NaN fails too
+    throw ConfigError("a memory fraction must be in (0, 1], got " + std::to_string(fraction));
+  }
+  Lock lock(mu_);
+  fraction_ = fraction;
+  allowed_max_ = fraction < 1.0 ? static_cast<std::size_t>(
+                                      fraction * static_cast<double>(device_.total_memory()))
+                                : SIZE_MAX;
+}
+
+double Allocator::memory_fraction() {
+  Lock lock(mu_);
+  return fraction_;
 }
 
 std::vector<SegmentInfo> Allocator::snapshot() {

@@ -78,6 +78,12 @@ class Allocator {
 
   AllocatorStats stats();
   void reset_peak_stats();
+  void reset_accumulated_stats();
+  // torch.cuda.set_per_process_memory_fraction: from now on, new segments
+  // keep reserved memory within `fraction` of the device (in (0, 1]; 1: no
+  // cap). Memory already reserved above it stays until freed and released.
+  void set_memory_fraction(double fraction);
+  double memory_fraction();
   // Memory history for PyTorch's snapshot format: while enabled, the newest
   // `max_entries` allocator events (alloc, free_requested, free_completed,
   // segment_alloc/free, segment_map/unmap, oom). Disabling drops them.
@@ -188,6 +194,7 @@ class Allocator {
   std::size_t reserved_total_ = 0;      // == stats_.reserved_bytes.all().current + reserving_
   std::size_t reserving_ = 0;           // bytes of segments whose device call is in flight
   std::size_t allowed_max_ = SIZE_MAX;  // from per_process_memory_fraction
+  double fraction_ = 1.0;               // the fraction now (set_memory_fraction)
   std::unordered_map<EventId, int> event_refs_;
 
  private:

@@ -54,6 +54,9 @@ class AllocatorStack {
   // blocks as allocated.
   AllocatorStats stats();
   void reset_peak_stats() { online_->reset_peak_stats(); }
+  void reset_accumulated_stats() { online_->reset_accumulated_stats(); }
+  void set_memory_fraction(double fraction) { online_->set_memory_fraction(fraction); }
+  double memory_fraction() { return online_->memory_fraction(); }
   std::vector<SegmentInfo> snapshot() { return online_->snapshot(); }
   void check_invariants();
   Allocator& online() { return *online_; }

@@ -101,6 +101,14 @@ void bind_stack(py::module_& m) {
       .def("empty_cache", [](BoundStack& a) { a.stack().empty_cache(); }, release_gil)
       .def("stats", [](BoundStack& a) { return stats_dict(a.stack().stats(), a.stack().online().kind()); })
       .def("reset_peak_memory_stats", [](BoundStack& a) { a.stack().reset_peak_stats(); })
+      .def("reset_accumulated_memory_stats",
+           [](BoundStack& a) { a.stack().reset_accumulated_stats(); })
+      .def("set_per_process_memory_fraction",
+           [](BoundStack& a, double fraction) { a.stack().set_memory_fraction(fraction); },
+           py::arg("fraction"),
+           "From now on, keep reserved memory within this share of the device (0, 1].")
+      .def("get_per_process_memory_fraction",
+           [](BoundStack& a) { return a.stack().memory_fraction(); })
       .def("check_invariants", [](BoundStack& a) { a.stack().check_invariants(); })
       .def("snapshot", [](BoundStack& a) { return segments_list(a.stack().snapshot()); },
            "Segments and their blocks, in address order.")

@@ -43,6 +43,16 @@ void AllocatorStats::reset_peaks() {
   allocated_at_peak_reserved = allocated_bytes.all().current;
 }
 
+void AllocatorStats::reset_accumulated() {
+  for (StatArray* a : {&allocation, &allocated_bytes, &requested_bytes, &active, &active_bytes,
+                       &segment, &reserved_bytes, &inactive_split, &inactive_split_bytes}) {
+    a->reset_accumulated();
+  }
+  oversize_allocations.reset_accumulated();
+  oversize_segments.reset_accumulated();
+  num_alloc_retries = num_ooms = num_sync_all_streams = num_device_alloc = num_device_free = 0;
+}
+
 double AllocatorStats::fragmentation_at_peak() const {
   const double peak = static_cast<double>(reserved_bytes.all().peak);
   if (peak <= 0) return 0.0;

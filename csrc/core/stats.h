@@ -88,6 +88,9 @@ struct AllocatorStats {
   void note_reserved_change();   // call after reserved_bytes changes
   void note_allocated_change();  // call after allocated_bytes changes
   void reset_peaks();
+  // PyTorch's reset_accumulated_memory_stats: every Stat's allocated and
+  // freed, and the counts of retries, OOMs, syncs and device calls.
+  void reset_accumulated();
   // (reserved - allocated) / reserved at the peak of reserved.
   double fragmentation_at_peak() const;
   // 1 - peak allocated / peak reserved.

@@ -37,6 +37,7 @@ CudaRuntime::PerDevice& CudaRuntime::create(int device) {
   auto d = std::make_shared<PerDevice>();
   d->device = std::make_unique<CudaDevice>(DriverApi::load(driver_), device);
   d->stack = std::make_unique<AllocatorStack>(*d->device, policy_, config_);
+  if (history_on_) d->stack->online().record_history(true, history_max_);
   owners_[device] = d;
   devices_[device].store(d.get(), std::memory_order_release);
   return *d;
@@ -89,6 +90,32 @@ void CudaRuntime::record_stream(Addr ptr, StreamId stream) {
   }
   throw PointerError("record_stream of " + format_addr(ptr) +
                      ": no Waterwave allocator holds this pointer");
+}
+
+void CudaRuntime::deallocate_owned(Addr ptr) {
+  for (int i : devices()) {
+    AllocatorStack& s = *find(i)->stack;
+    if (s.owns(ptr)) {
+      s.deallocate(ptr);
+      accounts_.freed(ptr);
+      return;
+    }
+  }
+  throw PointerError("free of " + format_addr(ptr) + ": no Waterwave allocator holds this pointer");
+}
+
+void CudaRuntime::record_history(bool enabled, std::size_t max_entries) {
+  std::lock_guard<std::mutex> g(mu_);
+  history_on_ = enabled && max_entries > 0;
+  history_max_ = max_entries;
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (PerDevice* d = find(i)) d->stack->online().record_history(enabled, max_entries);
+  }
+}
+
+bool CudaRuntime::history_enabled() {
+  std::lock_guard<std::mutex> g(mu_);
+  return history_on_;
 }
 
 void CudaRuntime::empty_cache() {

@@ -44,6 +44,12 @@ class CudaRuntime {
 
   // The device's stack, created on first use; it lives until reset().
   AllocatorStack& stack(int device);
+  // The device's stack if it has one already (nothing allocated there yet:
+  // nullptr), never creating one.
+  AllocatorStack* stack_if_made(int device) {
+    PerDevice* d = find(device);
+    return d ? d->stack.get() : nullptr;
+  }
   // The same stack, shared: a holder keeps it (and its device) alive past a
   // reset(), after which the device gets a new stack of its own.
   std::shared_ptr<AllocatorStack> shared_stack(int device);
@@ -59,7 +65,14 @@ class CudaRuntime {
   // The hook names no device: the pointer belongs to the one stack that
   // holds it.
   void record_stream(Addr ptr, StreamId stream);
+  // A free that names no device (PyTorch's DataPtr deleter): the stack that
+  // holds the pointer frees it.
+  void deallocate_owned(Addr ptr);
   void empty_cache();
+
+  // Memory history on every device, those created later included.
+  void record_history(bool enabled, std::size_t max_entries);
+  bool history_enabled();
 
   // What each tagged thread allocates (thread_accounts.h).
   ThreadAccounts& accounts() { return accounts_; }
@@ -94,6 +107,8 @@ class CudaRuntime {
   ThreadAccounts accounts_;
   std::atomic<long long> free_errors_{0};
   std::string last_free_error_;  // under mu_
+  bool history_on_ = false;       // under mu_: applied to stacks as they are made
+  std::size_t history_max_ = 0;
 };
 
 }  // namespace waterwave::cuda

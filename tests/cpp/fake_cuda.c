@@ -528,3 +528,17 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   pthread_mutex_unlock(&mu);
   return r;
 }
+
+/* ---- what PyTorch asks the driver for itself (torch.cuda.init, with the
+ * fake runtime, fake_cudart.c): every device's primary context is active. */
+CUresult cuDevicePrimaryCtxGetState(int dev, unsigned* flags, int* active) {
+  if (dev < 0 || dev >= device_count) return INVALID_VALUE;
+  if (flags) *flags = 0;
+  if (active) *active = 1;
+  return SUCCESS;
+}
+CUresult cuGetErrorString(CUresult r, const char** text) { return cuGetErrorName(r, text); }
+CUresult cuDriverGetVersion(int* version) {
+  *version = 13000;
+  return SUCCESS;
+}

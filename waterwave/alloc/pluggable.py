@@ -1,22 +1,24 @@
-"""Registering Waterwave with PyTorch as its CUDA allocator: the entry
-points ``waterwave._C`` exports (or the torch bridge in front of them, which
-raises torch's own out-of-memory error) given to
-``torch.cuda.memory.CUDAPluggableAllocator``, with ``Tensor.record_stream``
-and ``torch.cuda.empty_cache()`` wired too; and the settings the CUDA
-runtime creates each device's stack with. ``waterwave.cuda`` exposes these
-under torch's names.
+"""Registering Waterwave with PyTorch as its CUDA allocator: natively, as
+a full ``CUDAAllocator`` (torch_native.py), or through
+``torch.cuda.memory.CUDAPluggableAllocator`` given the entry points
+``waterwave._C`` exports (or the torch bridge in front of them, which raises
+torch's own out-of-memory error), with ``Tensor.record_stream`` and
+``torch.cuda.empty_cache()`` wired too; and the settings the CUDA runtime
+creates each device's stack with. ``waterwave.cuda`` exposes these under
+torch's names.
 
 May import: waterwave._C and this package; torch lazily.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import warnings
 from typing import Any
 
 from .. import _C
 from .._C import AllocatorConfig
-from . import torch_bridge
+from . import torch_bridge, torch_native
 from .settings import resolve_settings
 
 MALLOC = "waterwave_cuda_malloc"
@@ -24,7 +26,8 @@ FREE = "waterwave_cuda_free"
 RECORD_STREAM = "waterwave_cuda_record_stream"
 EMPTY_CACHE = "waterwave_cuda_empty_cache"
 
-_installed: Any = None  # the torch allocator object, kept alive for the process
+_installed: Any = None  # the pluggable allocator object or the native library's path, kept
+_registration: str | None = None  # "native" or "pluggable", once installed
 
 
 def configure(policy: str | None = None, config: str | AllocatorConfig | None = None,
@@ -47,18 +50,34 @@ def _hook_address(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+REGISTRATIONS = ("auto", "native", "pluggable")
+REGISTRATION_ENV = "WATERWAVE_TORCH_REGISTRATION"
+
+
 def install_allocator(policy: str | None = None, config: str | None = None,
-                      driver: str | None = None, **kwargs: Any) -> dict:
+                      driver: str | None = None, *, registration: str | None = None,
+                      **kwargs: Any) -> dict:
     """Make PyTorch allocate CUDA memory with Waterwave. Call it before
     anything touches CUDA (PyTorch refuses to swap an allocator in use);
     once per process. ``policy``: ``"waterwave"`` (default) or
     ``"pytorch"``; ``config``/keywords as for ``waterwave.Allocator``.
-    Also wires ``Tensor.record_stream`` and ``torch.cuda.empty_cache()``.
-    Out of memory raises ``torch.cuda.OutOfMemoryError`` through the torch
-    bridge (torch_bridge.py: built against this torch at install time or
-    now, once); without a C++ compiler it warns and raises ``RuntimeError``.
-    Returns the settings, with ``oom_error`` naming the type raised."""
-    global _installed
+
+    ``registration`` (default ``$WATERWAVE_TORCH_REGISTRATION``, else
+    ``"auto"``): ``"native"`` makes Waterwave PyTorch's own CUDA caching
+    allocator (torch_native.py: ``torch.cuda.memory_stats()``,
+    ``max_memory_allocated()``, ``memory_summary()``, the memory history and
+    snapshots, cuDNN's benchmark mode work unchanged), built against this
+    torch at install time or now, once, and needing the CUDA runtime's
+    headers; ``"pluggable"`` registers it through
+    ``torch.cuda.memory.CUDAPluggableAllocator`` (those functions then raise
+    in torch; ``waterwave.cuda`` has them); ``"auto"`` is native where it can
+    be built, else pluggable with a warning saying why.
+
+    Out of memory raises ``torch.cuda.OutOfMemoryError`` (natively, or
+    through the torch bridge; without a C++ compiler the pluggable path warns
+    and raises ``RuntimeError``). Returns the settings, with
+    ``registration`` and ``oom_error`` naming what is in force."""
+    global _installed, _registration
     import torch
 
     if _installed is not None:
@@ -66,20 +85,43 @@ def install_allocator(policy: str | None = None, config: str | None = None,
     if not hasattr(torch._C, "_cuda_customAllocator"):
         raise RuntimeError(f"this torch ({torch.__version__}) is built without CUDA: install a "
                            "CUDA build of torch to use the Waterwave allocator")
+    registration = registration or os.environ.get(REGISTRATION_ENV) or "auto"
+    if registration not in REGISTRATIONS:
+        raise ValueError(f"registration must be one of {', '.join(REGISTRATIONS)}; got "
+                         f"{registration!r}")
     settings = configure(policy, config, driver, **kwargs)
+    if registration != "pluggable":
+        try:
+            _installed = torch_native.install(torch)
+            _registration = "native"
+            return {**settings, "registration": "native",
+                    "oom_error": "torch.cuda.OutOfMemoryError"}
+        except torch_bridge.BridgeUnavailable as e:
+            if registration == "native":
+                raise RuntimeError(f"the native registration is not available: {e}") from None
+            warnings.warn(f"Waterwave: registered through torch's pluggable allocator, so "
+                          f"torch.cuda.memory_stats() and its kin raise (waterwave.cuda has "
+                          f"them): the native registration could not be built: {e}. "
+                          f"Set {REGISTRATION_ENV}=pluggable to accept that silently.",
+                          RuntimeWarning, stacklevel=2)
+    return _install_pluggable(torch, settings)
+
+
+def _install_pluggable(torch, settings: dict) -> dict:
+    global _installed, _registration
     # The entry points live in waterwave._C itself, or in the bridge in
     # front of it: opening _C again gives the module already loaded, so
     # PyTorch and Python share one state.
-    entry, settings["oom_error"] = (_C.__file__, MALLOC, FREE), "RuntimeError"
+    entry, oom_error = (_C.__file__, MALLOC, FREE), "RuntimeError"
     if not torch_bridge.disabled():
         try:
             entry = (str(torch_bridge.load(_C.__file__, torch)), torch_bridge.MALLOC,
                      torch_bridge.FREE)
-            settings["oom_error"] = "torch.cuda.OutOfMemoryError"
+            oom_error = "torch.cuda.OutOfMemoryError"
         except torch_bridge.BridgeUnavailable as e:
             warnings.warn(f"Waterwave: out of memory will raise RuntimeError, not "
                           f"torch.cuda.OutOfMemoryError: {e}. Set WATERWAVE_TORCH_BRIDGE=off to "
-                          "accept that silently.", RuntimeWarning, stacklevel=2)
+                          "accept that silently.", RuntimeWarning, stacklevel=3)
     plug = torch.cuda.memory.CUDAPluggableAllocator(*entry)
     lib = ctypes.CDLL(_C.__file__)
     plug.allocator().set_record_stream_fn(_hook_address(lib, RECORD_STREAM))
@@ -90,8 +132,14 @@ def install_allocator(policy: str | None = None, config: str | None = None,
         raise RuntimeError(f"cannot install the Waterwave allocator: {e}. Call "
                            "waterwave.install_allocator() at process start, before any CUDA "
                            "tensor or torch.cuda call") from None
-    _installed = plug
-    return settings
+    _installed, _registration = plug, "pluggable"
+    return {**settings, "registration": "pluggable", "oom_error": oom_error}
+
+
+def registration() -> str | None:
+    """How Waterwave is registered with PyTorch: ``"native"``,
+    ``"pluggable"``, or None before ``install_allocator()``."""
+    return _registration
 
 
 def is_installed() -> bool:
