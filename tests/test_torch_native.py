@@ -274,3 +274,28 @@ def test_the_registration_is_named_and_checked(fake_cuda_env):
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == "pluggable"
     assert os.environ.get("WATERWAVE_TORCH_REGISTRATION") is None
+
+
+def test_the_pluggable_registration_follows_the_fraction_and_refuses_graphs(fake_cuda_env):
+    """Under torch's pluggable allocator too: set_per_process_memory_fraction
+    reaches Waterwave (torch would drop it silently), and a graph capture is
+    refused before it begins rather than run without a private pool."""
+    r = run_python(textwrap.dedent("""
+        import json, torch, waterwave as ww, waterwave.cuda as wc
+        settings = ww.install_allocator(registration="pluggable")
+        torch.cuda.init()
+        torch.cuda.set_per_process_memory_fraction(0.25)
+        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        try:
+            with torch.cuda.stream(s):
+                g.capture_begin()
+            error = "no error"
+        except RuntimeError as e:
+            error = str(e)
+        print(json.dumps(dict(registration=settings["registration"], error=error,
+                              fraction=wc.get_per_process_memory_fraction(0))))
+    """), **fake_cuda_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["registration"] == "pluggable" and out["fraction"] == 0.25
+    assert "need private memory pools" in out["error"]

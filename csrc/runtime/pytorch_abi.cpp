@@ -55,3 +55,11 @@ void waterwave_cuda_record_stream(void* ptr, void* stream) {
 }
 
 void waterwave_cuda_empty_cache() { CudaRuntime::get().empty_cache(); }
+
+void waterwave_cuda_set_memory_fraction(double fraction, int device) {
+  try {
+    CudaRuntime::get().stack(device).set_memory_fraction(fraction);
+  } catch (const std::exception& e) {
+    CudaRuntime::get().note_free_error(std::string("set_per_process_memory_fraction: ") + e.what());
+  }
+}

@@ -28,6 +28,9 @@ constexpr int kWaterwaveTryMallocAbi = 1;
 WATERWAVE_EXPORT int waterwave_cuda_try_malloc(std::size_t size, int device, void* stream, void** out,
                                                char* message, std::size_t capacity);
 WATERWAVE_EXPORT int waterwave_cuda_try_malloc_abi();
-// Optional hooks: Tensor.record_stream and torch.cuda.empty_cache().
+// Optional hooks: Tensor.record_stream, torch.cuda.empty_cache() and
+// torch.cuda.set_per_process_memory_fraction (which cannot raise through
+// the hook: a refused fraction is reported as free_errors() are).
 WATERWAVE_EXPORT void waterwave_cuda_record_stream(void* ptr, void* stream);
 WATERWAVE_EXPORT void waterwave_cuda_empty_cache();
+WATERWAVE_EXPORT void waterwave_cuda_set_memory_fraction(double fraction, int device);

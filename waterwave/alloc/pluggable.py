@@ -25,6 +25,7 @@ MALLOC = "waterwave_cuda_malloc"
 FREE = "waterwave_cuda_free"
 RECORD_STREAM = "waterwave_cuda_record_stream"
 EMPTY_CACHE = "waterwave_cuda_empty_cache"
+MEMORY_FRACTION = "waterwave_cuda_set_memory_fraction"
 
 _installed: Any = None  # the pluggable allocator object or the native library's path, kept
 _registration: str | None = None  # "native" or "pluggable", once installed
@@ -112,11 +113,11 @@ def _install_pluggable(torch, settings: dict) -> dict:
     # The entry points live in waterwave._C itself, or in the bridge in
     # front of it: opening _C again gives the module already loaded, so
     # PyTorch and Python share one state.
-    entry, oom_error = (_C.__file__, MALLOC, FREE), "RuntimeError"
+    entry, oom_error, bridge = (_C.__file__, MALLOC, FREE), "RuntimeError", None
     if not torch_bridge.disabled():
         try:
-            entry = (str(torch_bridge.load(_C.__file__, torch)), torch_bridge.MALLOC,
-                     torch_bridge.FREE)
+            bridge = torch_bridge.load(_C.__file__, torch)
+            entry = (str(bridge), torch_bridge.MALLOC, torch_bridge.FREE)
             oom_error = "torch.cuda.OutOfMemoryError"
         except torch_bridge.BridgeUnavailable as e:
             warnings.warn(f"Waterwave: out of memory will raise RuntimeError, not "
@@ -126,6 +127,10 @@ def _install_pluggable(torch, settings: dict) -> dict:
     lib = ctypes.CDLL(_C.__file__)
     plug.allocator().set_record_stream_fn(_hook_address(lib, RECORD_STREAM))
     plug.allocator().set_reset_fn(_hook_address(lib, EMPTY_CACHE))
+    plug.allocator().set_memory_fraction_fn(_hook_address(lib, MEMORY_FRACTION))
+    if bridge is not None:  # a graph capture is refused (no private pools), not left unsafe
+        plug.allocator().set_begin_allocate_to_pool(
+            _hook_address(ctypes.CDLL(str(bridge)), torch_bridge.BEGIN_ALLOCATE_TO_POOL))
     try:
         torch.cuda.memory.change_current_allocator(plug)
     except RuntimeError as e:

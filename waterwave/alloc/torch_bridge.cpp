@@ -19,7 +19,9 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <utility>
 
 #define WATERWAVE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -69,6 +71,22 @@ WATERWAVE_BRIDGE_EXPORT void* waterwave_torch_malloc(std::size_t size, int devic
     C10_THROW_ERROR(OutOfMemoryError, "CUDA out of memory (Waterwave allocator). " + what);
   }
   C10_THROW_ERROR(Error, std::string("Waterwave allocator: ") + message);
+}
+
+// The pluggable allocator's hook for CUDA graphs' private pools: Waterwave
+// has none, and a capture that went on without one would let memory the
+// graph writes on every replay be handed out again. So it refuses, before
+// the capture begins. (cudaStream_t spelled as the CUDA headers spell it:
+// the bridge builds without them.)
+struct CUstream_st;
+WATERWAVE_BRIDGE_EXPORT void waterwave_torch_begin_allocate_to_pool(
+    int /*device*/, std::pair<unsigned long long, unsigned long long> /*pool*/,
+    std::function<bool(CUstream_st*)> /*filter*/) {
+  C10_THROW_ERROR(Error, "CUDA graphs and torch.cuda.MemPool need private memory pools, which "
+                         "the Waterwave allocator does not provide yet: capture graphs "
+                         "(torch.cuda.graph, torch.compile with mode='reduce-overhead') in a "
+                         "process without waterwave.install_allocator(), or use torch.compile's "
+                         "default mode");
 }
 
 // PyTorch calls free from destructors: _C's free never throws.

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "torch_bridge.cpp"
 MALLOC = "waterwave_torch_malloc"
 FREE = "waterwave_torch_free"
+BEGIN_ALLOCATE_TO_POOL = "waterwave_torch_begin_allocate_to_pool"
 PREFIX = "_torch_bridge."
 INSTALLED_DIR = HERE.parent  # where setup.py puts them, beside _C
 
