@@ -1,8 +1,9 @@
 """``waterwave bench alloc --gpu`` (waterwave/tools/gpu_alloc_bench.py).
 
-Without a GPU, its raw path (PyTorch's raw allocation binding) still runs
-under Waterwave's policies over the fake driver, with the fake CUDA runtime
-preloaded: that drives the whole command, each allocator in its own process.
+Without a GPU, both of its paths (PyTorch's raw allocation binding and
+torch.empty) still run under Waterwave's policies, natively registered or
+pluggably, over the fake driver, with the fake CUDA runtime preloaded: that
+drives the whole command, each allocator in its own process.
 """
 import json
 import os
@@ -16,6 +17,7 @@ torch = pytest.importorskip("torch")
 if not hasattr(torch._C, "_cuda_customAllocator"):
     pytest.skip("needs a CUDA build of torch (it runs on the CPU)", allow_module_level=True)
 
+from waterwave.alloc import torch_bridge  # noqa: E402
 from waterwave.tools import gpu_alloc_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,38 +31,46 @@ def bench(*args, **env):
 
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="with a GPU, torch.empty would hand out the fake driver's host memory")
-def test_each_waterwave_policy_is_timed_in_its_own_process(fake_path, fake_runtime, tmp_path):
+def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake_cuda_env,
+                                                                           tmp_path):
+    """Over the fake runtime and driver PyTorch starts CUDA, so both paths
+    run: raw allocations and torch.empty (no kernel touches the memory)."""
     out = tmp_path / "alloc.json"
-    r = bench("--gpu", "--gpu-pairs", "300", "--allocators", "waterwave:pytorch,waterwave:waterwave",
-              "--out", str(out), LD_PRELOAD=str(fake_runtime), WATERWAVE_CUDA_DRIVER=str(fake_path))
+    names = ["waterwave:pytorch", "waterwave:waterwave", "pluggable:pytorch",
+             "pluggable:waterwave"]
+    if torch_bridge.cuda_include_dirs() is None:  # no native registration here
+        names = names[2:]
+    r = bench("--gpu", "--gpu-pairs", "300", "--allocators", ",".join(names), "--out", str(out),
+              **fake_cuda_env)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["cases"]  # the CPU-side micro-benchmark ran beside it
     runs = {run["allocator"]: run for run in result["gpu"]}
-    assert list(runs) == ["waterwave:pytorch", "waterwave:waterwave"]
-    for run in runs.values():
-        assert run["backend"] == "pluggable" and run["device"] == "fake driver"
+    assert list(runs) == names
+    for name, run in runs.items():
+        assert run["backend"] == ("pluggable" if name.startswith("pluggable") else "waterwave")
+        assert run["device"] == "fake driver" and run["errors"] == {}
         assert set(run["cases"]) == set(gpu_alloc_bench.cases())
         for figures in run["cases"].values():
-            raw = figures["raw"]
-            assert 0 < raw["min_ns"] <= raw["ns_per_pair"] <= raw["max_ns"]
-        assert "tensor" in run["errors"]  # torch.empty needs a real GPU
-    assert "waterwave:waterwave  fake driver" in r.stdout
+            for path in ("raw", "tensor"):
+                f = figures[path]
+                assert 0 < f["min_ns"] <= f["ns_per_pair"] <= f["max_ns"]
+    assert f"{names[-1]}  fake driver" in r.stdout
     md = tmp_path / "alloc.md"
     subprocess.run([sys.executable, str(ROOT / "bench" / "alloc_report.py"), str(out), str(md)],
                    check=True, capture_output=True)
     report = md.read_text()
     assert "These figures ran over the test suite's fake driver, not a GPU." in report
-    raw = runs["waterwave:pytorch"]["cases"]["2MiB"]["raw"]["ns_per_pair"]
-    assert f"| waterwave:pytorch | 2MiB | {raw:.0f} (" in report
-    assert "- waterwave:waterwave, tensor path: " in report
+    raw = runs[names[0]]["cases"]["2MiB"]["raw"]["ns_per_pair"]
+    assert f"| {names[0]} | 2MiB | {raw:.0f} (" in report
 
 
 def test_a_wrong_allocator_name_is_one_line():
     r = bench("--gpu", "--allocators", "native,jemalloc")
     assert r.returncode == 2
     assert r.stderr.strip() == ("waterwave bench: unknown allocator 'jemalloc': choose from native, "
-                                "cudaMallocAsync, waterwave:pytorch, waterwave:waterwave")
+                                "cudaMallocAsync, waterwave:pytorch, waterwave:waterwave, "
+                                "pluggable:pytorch, pluggable:waterwave")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")

@@ -213,8 +213,8 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
       check(core.record_history(1, alloc_trace_max_entries, message, sizeof message), message,
             "recordHistory");
     }
+    recorder_.store(enabled && when != cca::RecordContext::NEVER ? context_recorder : nullptr);
     std::lock_guard<std::mutex> g(mu_);
-    recorder_ = enabled && when != cca::RecordContext::NEVER ? context_recorder : nullptr;
     if (!enabled) contexts_.clear();
   }
   std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
@@ -308,12 +308,8 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
 
   // With history recorded with stacks, the context of each live allocation.
   void note_context(void* ptr) {
-    cca::CreateContextFn recorder;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      recorder = recorder_;
-    }
-    if (!recorder) return;
+    const cca::CreateContextFn recorder = recorder_.load(std::memory_order_relaxed);
+    if (!recorder) return;  // the fast path: no history with stacks
     std::shared_ptr<c10::GatheredContext> context = recorder();
     std::lock_guard<std::mutex> g(mu_);
     if (contexts_.size() > 1'000'000) contexts_.clear();  // bounded: frees go unseen here
@@ -445,7 +441,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
 
   std::atomic<bool> initialized_{false};
   std::mutex mu_;
-  cca::CreateContextFn recorder_ = nullptr;                                   // under mu_
+  std::atomic<cca::CreateContextFn> recorder_{nullptr};
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> contexts_;  // under mu_
   std::vector<cca::OutOfMemoryObserver> oom_observers_;                      // under mu_
 };

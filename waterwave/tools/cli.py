@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="also time torch.empty+free and PyTorch's raw alloc+free on a GPU under "
                             "each allocator, each in its own process")
     alloc.add_argument("--allocators", default="native,cudaMallocAsync,waterwave:pytorch,"
-                       "waterwave:waterwave", help="with --gpu: which, comma-separated")
+                       "waterwave:waterwave,pluggable:pytorch,pluggable:waterwave",
+                       help="with --gpu: which, comma-separated (waterwave:POLICY natively "
+                       "registered, pluggable:POLICY through torch's pluggable allocator)")
     alloc.add_argument("--gpu-pairs", type=int, default=20_000,
                        help="with --gpu: pairs per case and repetition")
     alloc.set_defaults(func=_bench_alloc)

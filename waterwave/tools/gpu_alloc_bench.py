@@ -40,13 +40,17 @@ from ..cuda import install_allocator
 
 KiB, MiB = 1024, 1024**2
 
-# name -> (environment, install_allocator policy or None, the backend PyTorch must report)
+# name -> (environment, install_allocator's policy and registration or None, the backend
+# PyTorch must report). waterwave:POLICY is the native registration (what users get where it
+# builds); pluggable:POLICY goes through torch's CUDAPluggableAllocator.
 ALLOCATORS = {
     "native": ({}, None, "native"),
     "cudaMallocAsync": ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, None,
                         "cudaMallocAsync"),
-    "waterwave:pytorch": ({}, "pytorch", "pluggable"),
-    "waterwave:waterwave": ({}, "waterwave", "pluggable"),
+    "waterwave:pytorch": ({}, ("pytorch", "native"), "waterwave"),
+    "waterwave:waterwave": ({}, ("waterwave", "native"), "waterwave"),
+    "pluggable:pytorch": ({}, ("pytorch", "pluggable"), "pluggable"),
+    "pluggable:waterwave": ({}, ("waterwave", "pluggable"), "pluggable"),
 }
 PATHS = ("raw", "tensor")
 WINDOW = 8  # live allocations in the mixed case, freed oldest first
@@ -93,14 +97,15 @@ def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
     """In a fresh process: set the allocator up, time every case on each
     path. A path that cannot run here (the tensor path without a GPU)
     carries its error instead of figures."""
-    env, policy, backend = ALLOCATORS[allocator]
+    env, install, backend = ALLOCATORS[allocator]
     for k, v in env.items():
         if os.environ.get(k) != v:
             raise RuntimeError(f"run {allocator} in a process started with {k}={v}")
     import torch
 
-    if policy is not None:
-        install_allocator(policy=policy)
+    if install is not None:
+        policy, registration = install
+        install_allocator(policy=policy, registration=registration)
     got = torch.cuda.memory.get_allocator_backend()
     if got != backend:
         raise RuntimeError(f"PyTorch reports the {got!r} allocator, not {backend!r}")
@@ -120,8 +125,10 @@ def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
                     "ns_per_pair": statistics.median(runs), "min_ns": min(runs), "max_ns": max(runs)}
         except Exception as e:  # noqa: BLE001 - reported per path; the other path still runs
             out["errors"][path] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    out["device"] = (torch.cuda.get_device_name(0) if "tensor" not in out["errors"]
-                     else "fake driver" if os.environ.get("WATERWAVE_CUDA_DRIVER") else "unknown")
+    # Another driver library named: the suite's fake one, whatever device name it gives.
+    out["device"] = ("fake driver" if os.environ.get("WATERWAVE_CUDA_DRIVER")
+                     else torch.cuda.get_device_name(0) if "tensor" not in out["errors"]
+                     else "unknown")
     return out
 
 
