@@ -59,7 +59,8 @@ def one(model: JobModel, jobs: int, batch: int, gpu: str, schedule: str, kernels
     r, _ = simulate_models([model] * jobs, batch, gpu, schedule, kernels=kernels, steps=STEPS,
                            record=False, concurrent_kernels=True)
     return {"ok": r.ok, "throughput": r.throughput if r.ok else None,
-            "gpu_busy": r.gpu_busy if r.ok else None, "peak_reserved": r.peak_reserved}
+            "gpu_busy": r.gpu_busy if r.ok else None, "peak_reserved": r.peak_reserved,
+            "order": r.order}
 
 
 def main(argv=None) -> int:
@@ -91,11 +92,14 @@ def main(argv=None) -> int:
              f"Made by `python bench/concurrent/throughput.py` on {result['date']}: samples per "
              f"second of all jobs together in steady steps ({STEPS} steps per job), kernels of "
              "different jobs at once where their shares fit; the GPU's SM-weighted busy share in "
-             "brackets; - where the schedule ran out of memory. Simulated, not measured.", "",
+             "brackets; - where the schedule ran out of memory. The pipeline's node groups run "
+             "in the operator order that trains faster (bfs or program, named after its figure). "
+             "Simulated, not measured.", "",
              "| model | GPU | jobs | batch | " + " | ".join(SCHEDULES) + " | pipeline / best other |",
              "|---|---|---|---|" + "---|" * (len(SCHEDULES) + 1)]
     for r in rows:
-        cells = [f"{r[s]['throughput']:,.0f} ({r[s]['gpu_busy']:.0%})" if r[s]["throughput"]
+        cells = [f"{r[s]['throughput']:,.0f} ({r[s]['gpu_busy']:.0%})"
+                 + (f" {r[s]['order']}" if r[s].get("order") else "") if r[s]["throughput"]
                  else "-" for s in SCHEDULES]
         others = [r[s]["throughput"] for s in ("turns", "lockstep") if r[s]["throughput"]]
         ratio = (f"{r['waterwave']['throughput'] / max(others):.2f}"

@@ -79,6 +79,7 @@ class SimResult:
     # 1 when jobs run side by side throughout, 0 when they take turns.
     shared_rounds: float = 1.0
     concurrent_kernels: bool = False  # kernels of different jobs ran at once where they fit
+    order: str | None = None  # a node-group schedule's operator order (bfs, program), if it chose
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)
