@@ -133,6 +133,19 @@ def outside_seen(monkeypatch):
     return seen
 
 
+def joined_plans(monkeypatch):
+    """Every plan the session joins its pairing with, in order."""
+    plans = []
+    original = MemoryPairing.join
+
+    def spy(self, plan, steps, solo_first=False):
+        plans.append(plan)
+        return original(self, plan, steps, solo_first)
+
+    monkeypatch.setattr(MemoryPairing, "join", spy)
+    return plans
+
+
 def test_a_job_between_calls_keeps_room_for_its_evaluation(monkeypatch):
     """While one job evaluates between calls, the others train under the
     budget less its persistent bytes and its evaluation's room: its
@@ -155,11 +168,7 @@ def test_each_call_plans_the_jobs_evaluation_room_past_its_last_group(monkeypatc
     from the job's last group on (tests/test_concurrent.py's property test)."""
     session = ww.TrainingSession("cpu", memory_limit=64 << 20)
     a, b = mlp_job(1, evaluation_memory=5 * MiB), mlp_job(2)
-    plans = []
-    original = MemoryPairing.join
-    monkeypatch.setattr(MemoryPairing, "join",
-                        lambda self, plan, steps, solo_first=False:
-                        (plans.append(plan), original(self, plan, steps, solo_first))[1])
+    plans = joined_plans(monkeypatch)
     a.train(2, session=session)
     b.train(3, session=session)
     assert [p.after for p in plans] == [5 * MiB, rises_from(b.plan.groups)[0]]
@@ -184,11 +193,7 @@ def test_measured_between_calls_on_the_job_thread_only(fake, monkeypatch):
     other = []
     t = threading.Thread(target=lambda: other.append(_C.cuda_malloc(8 * MiB, 0, 0)))
     t.start(), t.join()
-    plans = []
-    original = MemoryPairing.join
-    monkeypatch.setattr(MemoryPairing, "join",
-                        lambda self, plan, steps, solo_first=False:
-                        (plans.append(plan), original(self, plan, steps, solo_first))[1])
+    plans = joined_plans(monkeypatch)
     job.train(1, session=session)
     assert job.between.rise == 6 * MiB and job.between.kept == 4 * MiB
     assert plans[-1].after == 6 * MiB

@@ -182,19 +182,23 @@ def test_what_has_no_meaning_here_is_a_clear_error(fake_cuda_env):
     assert "cannot be switched off" in out["disable"]
 
 
+# A graph capture begun on a side stream; `error` says how it ended.
+CAPTURE = """
+    g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(s):
+            g.capture_begin()
+        error = "no error"
+    except RuntimeError as e:
+        error = str(e)
+"""
+
+
 def test_a_cuda_graph_capture_is_refused_with_the_fix(fake_cuda_env):
-    out = run(fake_cuda_env, """
-        s = torch.cuda.Stream()
-        g = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.stream(s):
-                g.capture_begin()
-            error = "no error"
-        except RuntimeError as e:
-            error = str(e)
+    out = run(fake_cuda_env, textwrap.dedent(CAPTURE) + textwrap.dedent("""
         x = torch.empty(1 << 20, device="cuda")  # the allocator still works after
         print(json.dumps(dict(error=error, allocated=torch.cuda.memory_allocated())))
-    """)
+    """))
     assert "CUDA graphs and torch.cuda.MemPool need private memory pools" in out["error"]
     assert "mode='reduce-overhead'" in out["error"] and out["allocated"] == 4 * MiB
 
@@ -285,13 +289,7 @@ def test_the_pluggable_registration_follows_the_fraction_and_refuses_graphs(fake
         settings = ww.install_allocator(registration="pluggable")
         torch.cuda.init()
         torch.cuda.set_per_process_memory_fraction(0.25)
-        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        try:
-            with torch.cuda.stream(s):
-                g.capture_begin()
-            error = "no error"
-        except RuntimeError as e:
-            error = str(e)
+    """) + textwrap.dedent(CAPTURE) + textwrap.dedent("""
         print(json.dumps(dict(registration=settings["registration"], error=error,
                               fraction=wc.get_per_process_memory_fraction(0))))
     """), **fake_cuda_env)
