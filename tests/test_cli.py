@@ -416,12 +416,14 @@ def test_simulate_compares_schedules_by_throughput_with_concurrent_kernels(capsy
     kernels of different jobs at once where they fit."""
     argv = ["simulate", "resnet18", "resnet18", "--input-size", "32", "--batch-size", "32",
             "--steps", "3", "--schedule", "sequential", "--schedule", "turns", "--schedule",
-            "lockstep", "--json"]
+            "lockstep", "--schedule", "waterwave", "--json"]
     assert cli.main([*argv, "--concurrent-kernels"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["concurrent_kernels"] and out["jobs"] == ["resnet18-32px-bs32"] * 2
     figures = out["by_schedule"]
-    assert list(figures) == ["sequential", "turns", "lockstep"]
+    assert list(figures) == ["sequential", "turns", "lockstep", "waterwave"]
+    # The pipeline's order, chosen by throughput; the others' order is their own.
+    assert figures["waterwave"]["order"] in ("bfs", "program") and figures["lockstep"]["order"] is None
     for v in figures.values():
         assert v["ok"] and v["throughput"] > 0 and 0 < v["gpu_busy"] <= 1
     # One after another runs at one job's rate; side by side does better.

@@ -113,9 +113,10 @@ def _simulate_at(args, jobs, kernels, limit, schedule: str, batch: int):
 
 def _schedule_figures(summary: dict) -> dict:
     """What compares schedules at one batch: throughput (samples per second,
-    all jobs), the GPU's busy share, step times, the peak."""
+    all jobs), the GPU's busy share, step times, the peak, and the operator
+    order a pipeline schedule chose."""
     return {k: summary[k] for k in ("ok", "policy", "throughput", "gpu_busy", "step_time_us",
-                                    "peak_reserved", "shared_rounds")}
+                                    "peak_reserved", "shared_rounds", "order")}
 
 
 def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
