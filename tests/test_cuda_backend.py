@@ -119,6 +119,27 @@ def test_record_stream_hook_delays_reuse(fake):
         _C.cuda_record_stream(0xDEAD000, S2)
 
 
+def test_a_free_naming_no_device_finds_the_owner_and_never_raises(fake):
+    """waterwave_cuda_free_owned, the native registration's DataPtr deleter:
+    with one device in use its stack frees directly; with two, the one that
+    holds the pointer does; an unknown pointer is counted, not raised."""
+    use(fake)
+    fake.fake_cuda_set_device_count(2)
+    lib = ctypes.CDLL(_C.__file__)
+    lib.waterwave_cuda_free_owned.argtypes = [ctypes.c_void_p]
+    before = wc.free_errors()[0]
+    p = _C.cuda_malloc(MiB, 0, S1)
+    lib.waterwave_cuda_free_owned(p)  # one device: no search
+    assert wc.memory_allocated(0) == 0
+    p, q = _C.cuda_malloc(MiB, 0, S1), _C.cuda_malloc(2 * MiB, 1, S1)
+    lib.waterwave_cuda_free_owned(q)  # two devices: device 1 holds it
+    lib.waterwave_cuda_free_owned(p)
+    assert wc.memory_allocated(0) == wc.memory_allocated(1) == 0
+    lib.waterwave_cuda_free_owned(0xDEAD000)
+    count, last = wc.free_errors()
+    assert count == before + 1 and "0xdead000" in last.lower()
+
+
 def test_out_of_memory_names_the_numbers_and_recovers(fake, policy):
     use(fake, policy)
     fake.fake_cuda_set_capacity(64 * MiB)

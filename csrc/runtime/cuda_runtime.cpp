@@ -40,6 +40,8 @@ CudaRuntime::PerDevice& CudaRuntime::create(int device) {
   if (history_on_) d->stack->online().record_history(true, history_max_);
   owners_[device] = d;
   devices_[device].store(d.get(), std::memory_order_release);
+  const std::vector<int> made = devices();
+  sole_device_.store(made.size() == 1 ? made[0] : -1, std::memory_order_release);
   return *d;
 }
 
@@ -67,6 +69,7 @@ void CudaRuntime::reset() {
                         format_bytes(live) + " allocated; free every tensor first");
     }
   }
+  sole_device_.store(-1, std::memory_order_release);
   for (int i = 0; i < kMaxDevices; ++i) {
     devices_[i].store(nullptr);
     owners_[i].reset();  // a Python handle may keep its stack a while longer
@@ -83,25 +86,25 @@ void CudaRuntime::deallocate(Addr ptr, int device) {
   accounts_.freed(ptr);
 }
 
-void CudaRuntime::record_stream(Addr ptr, StreamId stream) {
+AllocatorStack& CudaRuntime::owner(Addr ptr, const char* what) {
   for (int i : devices()) {
     AllocatorStack& s = *find(i)->stack;
-    if (s.owns(ptr)) return s.record_stream(ptr, stream);
+    if (s.owns(ptr)) return s;
   }
-  throw PointerError("record_stream of " + format_addr(ptr) +
+  throw PointerError(std::string(what) + " of " + format_addr(ptr) +
                      ": no Waterwave allocator holds this pointer");
 }
 
+void CudaRuntime::record_stream(Addr ptr, StreamId stream) {
+  owner(ptr, "record_stream").record_stream(ptr, stream);
+}
+
 void CudaRuntime::deallocate_owned(Addr ptr) {
-  for (int i : devices()) {
-    AllocatorStack& s = *find(i)->stack;
-    if (s.owns(ptr)) {
-      s.deallocate(ptr);
-      accounts_.freed(ptr);
-      return;
-    }
-  }
-  throw PointerError("free of " + format_addr(ptr) + ": no Waterwave allocator holds this pointer");
+  const int sole = sole_device_.load(std::memory_order_acquire);
+  PerDevice* d = sole >= 0 ? find(sole) : nullptr;
+  AllocatorStack& s = d ? *d->stack : owner(ptr, "free");
+  s.deallocate(ptr);
+  accounts_.freed(ptr);
 }
 
 void CudaRuntime::record_history(bool enabled, std::size_t max_entries) {

@@ -66,8 +66,12 @@ class CudaRuntime {
   // holds it.
   void record_stream(Addr ptr, StreamId stream);
   // A free that names no device (PyTorch's DataPtr deleter): the stack that
-  // holds the pointer frees it.
+  // holds the pointer frees it. With one device in use (the common case) no
+  // search: that stack frees it or says the pointer is not its.
   void deallocate_owned(Addr ptr);
+  // The stack holding the live allocation `ptr`; PointerError (`what` the
+  // call) if none does.
+  AllocatorStack& owner(Addr ptr, const char* what);
   void empty_cache();
 
   // Memory history on every device, those created later included.
@@ -104,6 +108,9 @@ class CudaRuntime {
   // owns them, shared with the Python handles of shared_stack().
   std::array<std::atomic<PerDevice*>, kMaxDevices> devices_{};
   std::array<std::shared_ptr<PerDevice>, kMaxDevices> owners_{};
+  // The device whose stack is the only one (-1: none or several), updated
+  // under mu_ as stacks are made and dropped, read on the free path.
+  std::atomic<int> sole_device_{-1};
   ThreadAccounts accounts_;
   std::atomic<long long> free_errors_{0};
   std::string last_free_error_;  // under mu_

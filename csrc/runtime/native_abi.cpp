@@ -119,16 +119,8 @@ void waterwave_cuda_free_owned(void* ptr) {
 
 int waterwave_cuda_allocation_size(void* ptr, size_t* out, char* message, size_t capacity) {
   return guarded(message, capacity, [&] {
-    CudaRuntime& rt = CudaRuntime::get();
-    for (int i : rt.devices()) {
-      AllocatorStack& s = rt.stack(i);
-      if (s.owns(reinterpret_cast<Addr>(ptr))) {
-        *out = s.allocation_size(reinterpret_cast<Addr>(ptr));
-        return;
-      }
-    }
-    throw waterwave::PointerError(waterwave::format_addr(reinterpret_cast<Addr>(ptr)) +
-                                  " is not a live Waterwave allocation");
+    const Addr p = reinterpret_cast<Addr>(ptr);
+    *out = CudaRuntime::get().owner(p, "getBaseAllocation").allocation_size(p);
   });
 }
 

@@ -2,7 +2,9 @@
 // runnable under TSan), over the fake driver (tests/cpp/fake_cuda.c, host
 // memory behind the driver API). Threads on their own streams allocate,
 // write a byte pattern through every pointer, check it at free, hand
-// pointers to other threads to free, record streams and empty the cache,
+// pointers to other threads to free (half of them through the free that
+// names no device, the native registration's), record streams and empty
+// the cache,
 // all through the C entry points PyTorch calls. With expandable segments,
 // threads also tell the driver to fail a later cuMemCreate, cuMemMap or
 // cuMemSetAccess, out of memory or otherwise, so that growths fail partway
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "../../csrc/runtime/cuda_runtime.h"
+#include "../../csrc/runtime/native_abi.h"
 #include "../../csrc/runtime/pytorch_abi.h"
 
 using namespace waterwave;
@@ -167,7 +170,11 @@ int main(int argc, char** argv) {
           }
           for (const Held& b : take) {
             if (!intact(b)) fail("a handed-off block was overwritten");
-            waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+            if (rng() % 2) {
+              waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+            } else {  // the native registration's deleter: no device named
+              waterwave_cuda_free_owned(b.ptr);
+            }
           }
         } else if (r < 995 && fail_vmm) {
           static const char* calls[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess"};
