@@ -143,7 +143,7 @@ class TorchLibrary:
     def build(self, out: Path, torch=None, cxx: str | None = None) -> Path:
         """Compile to ``out``. The file appears whole or not at all, so
         processes building at once never load half of one."""
-        command = self.compile_command(Path("/dev/null"), torch, cxx)  # the headers found first
+        self.includes()  # no headers: say so before any file is made
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)

@@ -352,10 +352,8 @@ class MemoryPairing:
             for j in chosen:
                 step, g = divmod(self.done[j], len(self.by_job[j].groups))
                 out[j].append((self.round, step, g))
-                self.held[j] += self.by_job[j].groups[g][0]
+                self.held[j] += self._next_group(j)[0]
                 self.done[j] += 1
-                if self.done[j] == self.total[j]:  # its last group: what it does next is held
-                    self.held[j] += self.by_job[j].after
                 planned += 1
                 if j in self.solo:
                     self.solo[j] -= 1
@@ -378,10 +376,7 @@ class MemoryPairing:
         chosen: list[int] = []
         state, progress = dict(self.held), dict(done)
         for j in waiting:
-            delta, rise = by_job[j].groups[done[j] % len(by_job[j].groups)]
-            if done[j] + 1 == self.total[j]:  # its last group: its thread goes on beside the round
-                delta += by_job[j].after
-                rise = max(rise, delta)
+            delta, rise = self._next_group(j)
             trial_state = {**state, j: state[j] + delta}
             trial_progress = {**progress, j: progress[j] + 1}
             if max(0, rise) <= budget and self._safe(trial_state, trial_progress):
@@ -392,6 +387,17 @@ class MemoryPairing:
             chosen = [min(waiting,
                           key=lambda j: by_job[j].groups[done[j] % len(by_job[j].groups)][1])]
         return chosen
+
+    def _next_group(self, j: int) -> tuple[int, int]:
+        """Job j's next group's (net bytes, rise). Its last planned group
+        also takes the job's ``after`` bytes: its thread goes on (evaluating)
+        while the rest of that round runs, and holds them after."""
+        plan = self.by_job[j]
+        delta, rise = plan.groups[self.done[j] % len(plan.groups)]
+        if self.done[j] + 1 == self.total[j]:
+            delta += plan.after
+            rise = max(rise, delta)
+        return delta, rise
 
     def _claim(self, j: int, held_j: int, next_done: int) -> int:
         """The most job j holds from group ``next_done`` to its step's end,
