@@ -33,23 +33,28 @@ void AllocatorStats::note_allocated_change() {
   }
 }
 
-void AllocatorStats::reset_peaks() {
-  for (StatArray* a : {&allocation, &allocated_bytes, &requested_bytes, &active, &active_bytes,
-                       &segment, &reserved_bytes, &inactive_split, &inactive_split_bytes}) {
-    a->reset_peak();
+namespace {
+// Every Stat of PyTorch's kind in `s`: the nine StatArrays' three each, and
+// the two oversize counts.
+template <typename Visit>
+void for_each_stat(AllocatorStats& s, Visit visit) {
+  for (StatArray* a : {&s.allocation, &s.allocated_bytes, &s.requested_bytes, &s.active,
+                       &s.active_bytes, &s.segment, &s.reserved_bytes, &s.inactive_split,
+                       &s.inactive_split_bytes}) {
+    for (Stat& x : a->s) visit(x);
   }
-  oversize_allocations.reset_peak();
-  oversize_segments.reset_peak();
+  visit(s.oversize_allocations);
+  visit(s.oversize_segments);
+}
+}  // namespace
+
+void AllocatorStats::reset_peaks() {
+  for_each_stat(*this, [](Stat& x) { x.reset_peak(); });
   allocated_at_peak_reserved = allocated_bytes.all().current;
 }
 
 void AllocatorStats::reset_accumulated() {
-  for (StatArray* a : {&allocation, &allocated_bytes, &requested_bytes, &active, &active_bytes,
-                       &segment, &reserved_bytes, &inactive_split, &inactive_split_bytes}) {
-    a->reset_accumulated();
-  }
-  oversize_allocations.reset_accumulated();
-  oversize_segments.reset_accumulated();
+  for_each_stat(*this, [](Stat& x) { x.reset_accumulated(); });
   num_alloc_retries = num_ooms = num_sync_all_streams = num_device_alloc = num_device_free = 0;
 }
 
