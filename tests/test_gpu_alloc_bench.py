@@ -38,7 +38,12 @@ def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake
     out = tmp_path / "alloc.json"
     names = ["waterwave:pytorch", "waterwave:waterwave", "pluggable:pytorch",
              "pluggable:waterwave"]
-    if torch_bridge.cuda_include_dirs() is None:  # no native registration here
+    # Without the CUDA headers there is no native registration, and the fake
+    # runtime cannot describe a device, so torch.cuda.init() and the tensor
+    # path fail; the raw path still runs.
+    headers = torch_bridge.cuda_include_dirs() is not None
+    paths = ("raw", "tensor") if headers else ("raw",)
+    if not headers:
         names = names[2:]
     r = bench("--gpu", "--gpu-pairs", "300", "--allocators", ",".join(names), "--out", str(out),
               **fake_cuda_env)
@@ -49,10 +54,10 @@ def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake
     assert list(runs) == names
     for name, run in runs.items():
         assert run["backend"] == ("pluggable" if name.startswith("pluggable") else "waterwave")
-        assert run["device"] == "fake driver" and run["errors"] == {}
+        assert run["device"] == "fake driver" and set(run["errors"]) == {"raw", "tensor"} - set(paths)
         assert set(run["cases"]) == set(gpu_alloc_bench.cases())
         for figures in run["cases"].values():
-            for path in ("raw", "tensor"):
+            for path in paths:
                 f = figures[path]
                 assert 0 < f["min_ns"] <= f["ns_per_pair"] <= f["max_ns"]
     assert f"{names[-1]}  fake driver" in r.stdout
