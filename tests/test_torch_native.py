@@ -27,7 +27,7 @@ if torch_bridge.cuda_include_dirs() is None:
 
 MiB = 1 << 20
 PRELUDE = """
-    import ctypes, json, warnings, torch, waterwave as ww, waterwave.cuda as wc
+    import ctypes, json, os, warnings, torch, waterwave as ww, waterwave.cuda as wc
     settings = ww.install_allocator(policy={policy!r}, registration="native")
 """
 
@@ -168,7 +168,9 @@ def test_what_has_no_meaning_here_is_a_clear_error(fake_cuda_env):
         seen = {}
         x = torch.empty(1 << 20, device="cuda")
         for name, call in [("ipc", lambda: x.untyped_storage()._share_cuda_()),
-                           ("mempool", lambda: torch.cuda.MemPool()),
+                           ("use_on_oom", lambda: torch.cuda.MemPool(use_on_oom=True)),
+                           ("restore", lambda: torch._C._cuda_setCheckpointPoolState(
+                               0, torch._C._cuda_getCheckpointState(0, (0, 1)), [], [])),
                            ("disable", lambda: torch._C._cuda_cudaCachingAllocator_enable(False))]:
             try:
                 call()
@@ -178,7 +180,8 @@ def test_what_has_no_meaning_here_is_a_clear_error(fake_cuda_env):
         print(json.dumps(seen))
     """)
     assert "IPC handles) is not supported by the Waterwave allocator" in out["ipc"]
-    assert "need private memory pools" in out["mempool"]
+    assert "use_on_oom=True) is not supported" in out["use_on_oom"]
+    assert "cudagraph_trees = False" in out["restore"]
     assert "cannot be switched off" in out["disable"]
 
 
@@ -193,14 +196,114 @@ CAPTURE = """
         error = str(e)
 """
 
+# The fake driver's count of calls a capture refuses (fake_cuda.c): each
+# would have invalidated a real capture.
+VIOLATIONS = """
+    fake = ctypes.CDLL(os.environ["WATERWAVE_CUDA_DRIVER"])
+    fake.fake_cuda_capture_violations.restype = ctypes.c_longlong
+"""
 
-def test_a_cuda_graph_capture_is_refused_with_the_fix(fake_cuda_env):
-    out = run(fake_cuda_env, textwrap.dedent(CAPTURE) + textwrap.dedent("""
-        x = torch.empty(1 << 20, device="cuda")  # the allocator still works after
-        print(json.dumps(dict(error=error, allocated=torch.cuda.memory_allocated())))
-    """))
-    assert "CUDA graphs and torch.cuda.MemPool need private memory pools" in out["error"]
-    assert "mode='reduce-overhead'" in out["error"] and out["allocated"] == 4 * MiB
+
+@pytest.mark.parametrize("policy", ["waterwave", "pytorch"])
+def test_a_cuda_graph_captures_into_a_private_pool_and_replays(fake_cuda_env, policy):
+    """torch.cuda.graph as users write it: the capture's allocations come
+    from a pool of its own, reused in stream order within the capture; a
+    block used on the capturing stream (record_stream) or allocated on it
+    and freed during the capture is freed only after, when its events may
+    be recorded; no allocator call breaks the capture's rules; the pool's
+    memory goes back once the graph and its outputs are gone."""
+    out = run(fake_cuda_env, textwrap.dedent(VIOLATIONS) + textwrap.dedent("""
+        x = torch.empty(1 << 20, device="cuda")            # before: the device's own
+        used = torch.empty(1 << 20, device="cuda")
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            on_side = torch.empty(1 << 20, device="cuda")
+        before = torch.cuda.memory_allocated()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side):
+            a = torch.empty(1 << 20, device="cuda")
+            a_ptr = a.data_ptr()
+            del a
+            b = torch.empty(1 << 20, device="cuda")         # a's block again
+            used.record_stream(torch.cuda.current_stream())
+            del used, on_side                                # held until the capture ends
+            during = torch.cuda.memory_allocated()
+            with torch.cuda.stream(torch.cuda.default_stream()):
+                beside = torch.empty(1 << 20, device="cuda")  # another stream: not the pool's
+            del beside
+        pool = g.pool()
+        segments = torch.cuda.memory_snapshot(pool)
+        everything = torch.cuda.memory_snapshot()
+        seen = dict(
+            violations=fake.fake_cuda_capture_violations(), reused=b.data_ptr() == a_ptr,
+            before=before, during=during, after=torch.cuda.memory_allocated(),
+            pool_segments=len(segments),
+            pool_ids=sorted({tuple(s["segment_pool_id"]) for s in everything}),
+            pool_holds_b=any(s["address"] <= b.data_ptr() < s["address"] + s["total_size"]
+                             for s in segments),
+            pool_holds_x=any(s["address"] <= x.data_ptr() < s["address"] + s["total_size"]
+                             for s in segments),
+            uses=torch._C._cuda_getPoolUseCount(0, pool) if hasattr(
+                torch._C, "_cuda_getPoolUseCount") else None)
+        g.replay()
+        g.replay()
+        c = torch.empty(3 << 20, device="cuda")
+        del c
+        reserved = torch.cuda.memory_reserved()
+        del g                                                # the pool is released ...
+        seen["reserved_with_output"] = torch.cuda.memory_reserved()
+        del b                                                # ... and goes once b does
+        seen["reserved_after"] = torch.cuda.memory_reserved()
+        seen["reserved"] = reserved
+        seen["pools_after"] = sorted({tuple(s["segment_pool_id"])
+                                      for s in torch.cuda.memory_snapshot()})
+        seen["violations_after"] = fake.fake_cuda_capture_violations()
+        print(json.dumps(seen))
+    """), policy)
+    assert out["violations"] == 0 and out["violations_after"] == 0
+    assert out["reused"] and out["pool_holds_b"] and not out["pool_holds_x"]
+    assert out["pool_segments"] == 1 and len(out["pool_ids"]) == 2  # (0, 0) and the graph's
+    assert out["before"] == 12 * MiB
+    assert out["during"] == 16 * MiB   # x, used and on_side held, b in the pool
+    assert out["after"] == 8 * MiB     # x and b
+    assert out["reserved_with_output"] == out["reserved"]
+    assert out["reserved_after"] < out["reserved"] and out["pools_after"] == [[0, 0]]
+
+
+def test_mempool_and_use_mem_pool(fake_cuda_env):
+    """torch.cuda.MemPool and use_mem_pool: the current thread's allocations
+    go to the pool, counted in torch's figures; the pool's snapshot shows
+    its segments only; deleting the pool gives its memory back."""
+    out = run(fake_cuda_env, """
+        pool = torch.cuda.MemPool()
+        seen = dict(uses_before=pool.use_count())
+        with torch.cuda.use_mem_pool(pool):
+            t = torch.empty(1 << 20, device="cuda")
+            seen["uses_inside"] = pool.use_count()
+        u = torch.empty(1 << 20, device="cuda")
+        segments = pool.snapshot()
+        seen.update(
+            uses_after=pool.use_count(), allocated=torch.cuda.memory_allocated(),
+            pool_segments=len(segments),
+            holds_t=any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"]
+                        for s in segments),
+            holds_u=any(s["address"] <= u.data_ptr() < s["address"] + s["total_size"]
+                        for s in segments),
+            live_check=torch._C._cuda_checkPoolLiveAllocations(0, pool.id, {t.data_ptr()}),
+            live_check_wrong=torch._C._cuda_checkPoolLiveAllocations(0, pool.id, set()))
+        reserved = torch.cuda.memory_reserved()
+        del t
+        seen["reserved_pool_alive"] = torch.cuda.memory_reserved() == reserved
+        del pool
+        seen["reserved_after"] = torch.cuda.memory_reserved()
+        seen["reserved"] = reserved
+        print(json.dumps(seen))
+    """)
+    assert out["uses_before"] == 1 and out["uses_inside"] == 2 and out["uses_after"] == 1
+    assert out["allocated"] == 8 * MiB and out["pool_segments"] == 1
+    assert out["holds_t"] and not out["holds_u"]
+    assert out["live_check"] is True and out["live_check_wrong"] is False
+    assert out["reserved_pool_alive"] and out["reserved_after"] < out["reserved"]
 
 
 def test_auto_falls_back_to_the_pluggable_registration_and_says_why(fake_cuda_env, tmp_path):

@@ -213,6 +213,13 @@ bool Allocator::owns(Addr ptr) {
   return live_.find(ptr) != nullptr;
 }
 
+std::optional<Allocator::LiveStreams> Allocator::live_streams(Addr ptr) {
+  Lock lock(mu_);
+  const Block* b = live_.find(ptr);
+  if (!b) return std::nullopt;
+  return LiveStreams{b->stream, !b->stream_uses.empty()};
+}
+
 // ---- Segments. ----
 
 Block* Allocator::reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind pool,

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -96,6 +97,14 @@ class Allocator {
   std::size_t allocation_size(Addr ptr);
   // Whether ptr is a live allocation of this allocator; never throws.
   bool owns(Addr ptr);
+  // The live allocation at ptr: the stream it was allocated on and whether
+  // other streams use it too (record_stream), so that its free records
+  // events. nullopt when ptr is not live here; never throws.
+  struct LiveStreams {
+    StreamId stream;
+    bool shared;
+  };
+  std::optional<LiveStreams> live_streams(Addr ptr);
 
   PolicyKind kind() const { return kind_; }
   const char* policy() const { return policy_info(kind_).name; }

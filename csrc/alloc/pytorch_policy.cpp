@@ -49,6 +49,7 @@ class PytorchPolicy final : public Allocator {
     }
     how = Served::kNewSegment;
     Block* b = new_memory_locked(lock, r, r.stream);
+    if (cfg_.keep_segments_on_oom) return b;
     if (!b && release_available_cached_blocks_locked(lock, r.stream, r.pool, r.size)) {
       b = new_memory_locked(lock, r, r.stream);
     }

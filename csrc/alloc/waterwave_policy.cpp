@@ -52,6 +52,7 @@ class WaterwavePolicy final : public Allocator {
   // out of memory (7: nullptr, and the base raises OutOfMemoryError).
   Block* find_block_locked(Lock& lock, const Request& r, Served& how) override {
     if (Block* b = find_cached_or_new_locked(lock, r, how)) return b;
+    if (cfg_.keep_segments_on_oom) return nullptr;
     return find_after_sync_locked(lock, r, how);
   }
 

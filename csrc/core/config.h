@@ -28,6 +28,10 @@ struct AllocatorConfig {
   bool expandable_segments = false;           // grow segments by mapping pages (VMM)
   bool release_lock_on_device_alloc = true;   // the lock is always dropped around reserve
   bool max_non_split_rounding_set = false;    // PyTorch checks its floor only when given
+  // Not a PyTorch key, never parsed: a private pool's (CUDA graphs,
+  // torch.cuda.MemPool) cached segments stay when the device is out of
+  // memory, because a captured graph replays into its pool's free blocks.
+  bool keep_segments_on_oom = false;
 
   // Parse a whole configuration string on top of the defaults. Throws
   // ConfigError naming the key, the bad value and what is accepted. With

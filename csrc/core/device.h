@@ -38,6 +38,10 @@ class Device {
   virtual void stream_wait_event(StreamId stream, EventId event) = 0;
   // Block the host until all work on all streams has completed.
   virtual void synchronize_device() = 0;
+  // Whether work on `stream` is being captured into a CUDA graph now (no
+  // event of it may then be waited on or queried). Devices without graphs:
+  // never.
+  virtual bool stream_capturing(StreamId /*stream*/) { return false; }
 
   virtual std::size_t total_memory() const = 0;
   virtual std::size_t free_memory() const = 0;

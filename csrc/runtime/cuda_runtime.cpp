@@ -37,6 +37,7 @@ CudaRuntime::PerDevice& CudaRuntime::create(int device) {
   auto d = std::make_shared<PerDevice>();
   d->device = std::make_unique<CudaDevice>(DriverApi::load(driver_), device);
   d->stack = std::make_unique<AllocatorStack>(*d->device, policy_, config_);
+  d->pools = std::make_unique<PrivatePools>(*d->device, config_);
   if (history_on_) d->stack->online().record_history(true, history_max_);
   owners_[device] = d;
   devices_[device].store(d.get(), std::memory_order_release);
@@ -64,7 +65,7 @@ void CudaRuntime::reset() {
   for (int i = 0; i < kMaxDevices; ++i) {
     PerDevice* d = devices_[i].load();
     if (!d) continue;
-    if (const std::size_t live = d->stack->live_bytes()) {
+    if (const std::size_t live = d->stack->live_bytes() + d->pools->live_bytes()) {
       throw ConfigError("cannot reset the CUDA allocator: device " + std::to_string(i) + " has " +
                         format_bytes(live) + " allocated; free every tensor first");
     }
@@ -82,17 +83,72 @@ void CudaRuntime::deallocate(Addr ptr, int device) {
     throw PointerError("free of " + format_addr(ptr) + " on CUDA device " + std::to_string(device) +
                        ", which has no Waterwave allocator: the pointer was not allocated here");
   }
+  if (d->pools->active()) return deallocate_slow(ptr, d);
   d->stack->deallocate(ptr);
   accounts_.freed(ptr);
 }
 
+bool CudaRuntime::PerDevice::free_if_held(Addr ptr) {
+  if (stack->owns(ptr)) {
+    if (pools->windows_open()) {
+      // A free on a capturing stream, or one that records events on other
+      // streams, would touch a capture's events: after the capture.
+      const auto use = stack->online().live_streams(ptr);
+      if (use && (use->shared || device->stream_capturing(use->stream))) {
+        pools->defer_free(ptr);
+        return true;
+      }
+    }
+    stack->deallocate(ptr);
+    return true;
+  }
+  return pools->deallocate(ptr);
+}
+
+void CudaRuntime::deallocate_slow(Addr ptr, PerDevice* first) {
+  if (first && first->free_if_held(ptr)) {
+    accounts_.freed(ptr);
+    return;
+  }
+  for (int i : devices()) {
+    PerDevice* d = find(i);
+    if (d && d != first && d->free_if_held(ptr)) {
+      accounts_.freed(ptr);
+      return;
+    }
+  }
+  // The stack's own error says what the pointer is (a double free, an
+  // address inside a block, one never allocated).
+  if (first) first->stack->deallocate(ptr);
+  throw PointerError("free of " + format_addr(ptr) + ": no Waterwave allocator holds this pointer");
+}
+
 AllocatorStack& CudaRuntime::owner(Addr ptr, const char* what) {
   for (int i : devices()) {
-    AllocatorStack& s = *find(i)->stack;
-    if (s.owns(ptr)) return s;
+    PerDevice* d = find(i);
+    if (d->stack->owns(ptr)) return *d->stack;
+    if (d->pools->active()) {
+      if (AllocatorStack* pool = d->pools->owner(ptr)) return *pool;
+    }
   }
   throw PointerError(std::string(what) + " of " + format_addr(ptr) +
                      ": no Waterwave allocator holds this pointer");
+}
+
+void CudaRuntime::begin_pool_window(int device, PoolId pool) {
+  PerDevice& d = stack_owner(device);
+  if (d.pools->begin_window(pool)) d.stack->sync_and_coalesce();
+}
+
+void CudaRuntime::end_pool_window(int device, PoolId pool) {
+  PerDevice& d = stack_owner(device);
+  for (Addr ptr : d.pools->end_window(pool)) {
+    try {
+      deallocate_slow(ptr, &d);
+    } catch (const std::exception& e) {
+      note_free_error(e.what());
+    }
+  }
 }
 
 void CudaRuntime::record_stream(Addr ptr, StreamId stream) {
@@ -102,8 +158,8 @@ void CudaRuntime::record_stream(Addr ptr, StreamId stream) {
 void CudaRuntime::deallocate_owned(Addr ptr) {
   const int sole = sole_device_.load(std::memory_order_acquire);
   PerDevice* d = sole >= 0 ? find(sole) : nullptr;
-  AllocatorStack& s = d ? *d->stack : owner(ptr, "free");
-  s.deallocate(ptr);
+  if (!d || d->pools->active()) return deallocate_slow(ptr, d);
+  d->stack->deallocate(ptr);
   accounts_.freed(ptr);
 }
 
@@ -122,7 +178,11 @@ bool CudaRuntime::history_enabled() {
 }
 
 void CudaRuntime::empty_cache() {
-  for (int i : devices()) find(i)->stack->empty_cache();
+  for (int i : devices()) {
+    PerDevice* d = find(i);
+    d->stack->empty_cache();
+    d->pools->empty_retired();
+  }
 }
 
 std::vector<int> CudaRuntime::devices() {

@@ -18,6 +18,7 @@
 
 #include "../alloc/stack.h"
 #include "../device/cuda/cuda_device.h"
+#include "private_pools.h"
 #include "thread_accounts.h"
 
 namespace waterwave::cuda {
@@ -62,6 +63,21 @@ class CudaRuntime {
     return ptr;
   }
   void deallocate(Addr ptr, int device);
+
+  // ---- Private pools (private_pools.h): CUDA graphs, torch.cuda.MemPool. ----
+  PrivatePools& pools(int device) { return *stack_owner(device).pools; }
+  Addr allocate_in_pool(PoolId pool, std::size_t bytes, int device, StreamId stream) {
+    PrivatePools& p = pools(device);
+    const Addr ptr = p.allocate(pool, bytes, stream);
+    accounts_.allocated(ptr, [&] { return p.owner(ptr)->allocation_size(ptr); });
+    return ptr;
+  }
+  // beginAllocateToPool; the first window on the device first makes the
+  // device's own cache synced (no stream may be left owing an event that
+  // would have to be recorded while it captures).
+  void begin_pool_window(int device, PoolId pool);
+  // endAllocateToPool; the last window's end runs the frees it deferred.
+  void end_pool_window(int device, PoolId pool);
   // The hook names no device: the pointer belongs to the one stack that
   // holds it.
   void record_stream(Addr ptr, StreamId stream);
@@ -95,10 +111,23 @@ class CudaRuntime {
   struct PerDevice {
     std::unique_ptr<CudaDevice> device;
     std::unique_ptr<AllocatorStack> stack;  // destroyed before its device
-    ~PerDevice() { stack.reset(); }
+    std::unique_ptr<PrivatePools> pools;    // likewise
+    ~PerDevice() {
+      pools.reset();
+      stack.reset();
+    }
+    // Frees ptr if this device's stack or one of its pools holds it
+    // (deferred while a pool window is open, if it must be); false if none.
+    bool free_if_held(Addr ptr);
   };
   PerDevice* find(int device) const;  // nullptr if none yet
   PerDevice& create(int device);
+  PerDevice& stack_owner(int device) {
+    if (PerDevice* d = find(device)) return *d;
+    return create(device);
+  }
+  // The free of a pointer when pools are in play, or its device is unknown.
+  void deallocate_slow(Addr ptr, PerDevice* first);
 
   std::mutex mu_;  // configuration and device creation, never the hot path
   PolicyKind policy_ = PolicyKind::kWaterwave;

@@ -11,7 +11,9 @@
 using waterwave::Addr;
 using waterwave::AllocatorStack;
 using waterwave::cuda::CudaRuntime;
+using waterwave::cuda::PoolId;
 using waterwave::cuda::stream_handle;
+using waterwave::cuda::stream_id;
 
 namespace {
 
@@ -44,6 +46,39 @@ void copy_array(const waterwave::StatArray& from, WaterwaveStat (&to)[3]) {
   for (int i = 0; i < 3; ++i) copy_stat(from.s[i], to[i]);
 }
 
+// Private pools' figures join the device's, as in PyTorch's statistics:
+// current and accumulated counts add up exactly; a peak adds up to a bound
+// (each part's peak may have come at another time).
+void add_stat(const waterwave::Stat& from, waterwave::Stat& to) {
+  to.current += from.current;
+  to.peak += from.peak;
+  to.allocated += from.allocated;
+  to.freed += from.freed;
+}
+
+void add_array(const waterwave::StatArray& from, waterwave::StatArray& to) {
+  for (int i = 0; i < 3; ++i) add_stat(from.s[i], to.s[i]);
+}
+
+void add_stats(const waterwave::AllocatorStats& from, waterwave::AllocatorStats& to) {
+  add_array(from.allocation, to.allocation);
+  add_array(from.segment, to.segment);
+  add_array(from.active, to.active);
+  add_array(from.inactive_split, to.inactive_split);
+  add_array(from.allocated_bytes, to.allocated_bytes);
+  add_array(from.reserved_bytes, to.reserved_bytes);
+  add_array(from.active_bytes, to.active_bytes);
+  add_array(from.inactive_split_bytes, to.inactive_split_bytes);
+  add_array(from.requested_bytes, to.requested_bytes);
+  add_stat(from.oversize_allocations, to.oversize_allocations);
+  add_stat(from.oversize_segments, to.oversize_segments);
+  to.num_alloc_retries += from.num_alloc_retries;
+  to.num_ooms += from.num_ooms;
+  to.num_sync_all_streams += from.num_sync_all_streams;
+  to.num_device_alloc += from.num_device_alloc;
+  to.num_device_free += from.num_device_free;
+}
+
 }  // namespace
 
 int waterwave_native_abi() { return WATERWAVE_NATIVE_ABI; }
@@ -54,7 +89,9 @@ int waterwave_cuda_device_stats(int device, WaterwaveDeviceStats* out, char* mes
     *out = WaterwaveDeviceStats{};
     AllocatorStack* stack = CudaRuntime::get().stack_if_made(device);
     if (!stack) return;  // nothing allocated there yet: all zero, as torch reports
-    const waterwave::AllocatorStats s = stack->stats();
+    waterwave::AllocatorStats s = stack->stats();
+    CudaRuntime::get().pools(device).for_each(
+        [&](PoolId, AllocatorStack& pool) { add_stats(pool.stats(), s); });
     copy_array(s.allocation, out->allocation);
     copy_array(s.segment, out->segment);
     copy_array(s.active, out->active);
@@ -129,8 +166,8 @@ int waterwave_cuda_visit_segments(void* context, WaterwaveSegmentVisitor visit, 
   return guarded(message, capacity, [&] {
     CudaRuntime& rt = CudaRuntime::get();
     std::vector<WaterwaveBlockView> blocks;
-    for (int device : rt.devices()) {
-      for (const waterwave::SegmentInfo& seg : rt.stack(device).snapshot()) {
+    auto visit_stack = [&](int device, AllocatorStack& stack, PoolId pool) {
+      for (const waterwave::SegmentInfo& seg : stack.snapshot()) {
         blocks.clear();
         std::size_t size = 0;
         for (const waterwave::BlockInfo& b : seg.blocks) {
@@ -139,11 +176,23 @@ int waterwave_cuda_visit_segments(void* context, WaterwaveSegmentVisitor visit, 
                             allocated || b.state == "pending_free"});
           size += b.size;
         }
-        const WaterwaveSegmentView view{device, seg.addr, size, stream_handle(seg.stream),
-                                        seg.pool == waterwave::kLargePool, seg.expandable,
-                                        blocks.size(), blocks.data()};
+        const WaterwaveSegmentView view{device,
+                                        seg.addr,
+                                        size,
+                                        stream_handle(seg.stream),
+                                        seg.pool == waterwave::kLargePool,
+                                        seg.expandable,
+                                        pool.first,
+                                        pool.second,
+                                        blocks.size(),
+                                        blocks.data()};
         visit(context, &view);
       }
+    };
+    for (int device : rt.devices()) {
+      visit_stack(device, rt.stack(device), PoolId{});
+      rt.pools(device).for_each(
+          [&](PoolId pool, AllocatorStack& stack) { visit_stack(device, stack, pool); });
     }
   });
 }
@@ -166,5 +215,66 @@ int waterwave_cuda_visit_history(void* context, WaterwaveTraceVisitor visit, cha
         visit(context, &view);
       }
     }
+  });
+}
+
+// ---- Private pools. ----
+
+int waterwave_cuda_pool_create(int device, uint64_t first, uint64_t second, char* message,
+                               size_t capacity) {
+  return guarded(message, capacity,
+                 [&] { CudaRuntime::get().pools(device).create_or_incref({first, second}); });
+}
+
+int waterwave_cuda_pool_begin(int device, uint64_t first, uint64_t second, char* message,
+                              size_t capacity) {
+  return guarded(message, capacity,
+                 [&] { CudaRuntime::get().begin_pool_window(device, {first, second}); });
+}
+
+int waterwave_cuda_pool_end(int device, uint64_t first, uint64_t second, char* message,
+                            size_t capacity) {
+  return guarded(message, capacity,
+                 [&] { CudaRuntime::get().end_pool_window(device, {first, second}); });
+}
+
+int waterwave_cuda_pool_release(int device, uint64_t first, uint64_t second, char* message,
+                                size_t capacity) {
+  return guarded(message, capacity,
+                 [&] { CudaRuntime::get().pools(device).release({first, second}); });
+}
+
+int waterwave_cuda_pool_use_count(int device, uint64_t first, uint64_t second) {
+  try {
+    return CudaRuntime::get().pools(device).use_count({first, second});
+  } catch (...) {
+    return 0;
+  }
+}
+
+int waterwave_cuda_pool_malloc(int device, uint64_t first, uint64_t second, size_t size,
+                               void* stream, void** out, char* message, size_t capacity) {
+  try {
+    *out = reinterpret_cast<void*>(
+        CudaRuntime::get().allocate_in_pool({first, second}, size, device, stream_id(stream)));
+    return kWaterwaveMallocOk;
+  } catch (const waterwave::OutOfMemoryError& e) {
+    const std::string why = std::string(e.what()) +
+                            " (in a private memory pool: a CUDA graph's or torch.cuda.MemPool's, "
+                            "which keeps its cache; free memory before the capture, e.g. "
+                            "torch.cuda.empty_cache())";
+    failed(why.c_str(), message, capacity);
+    return kWaterwaveMallocOutOfMemory;
+  } catch (const std::exception& e) {
+    return failed(e.what(), message, capacity);
+  } catch (...) {
+    return failed("allocation in a private pool failed with an unknown error", message, capacity);
+  }
+}
+
+int waterwave_cuda_pools_empty(char* message, size_t capacity) {
+  return guarded(message, capacity, [&] {
+    CudaRuntime& rt = CudaRuntime::get();
+    for (int device : rt.devices()) rt.pools(device).empty_retired();
   });
 }

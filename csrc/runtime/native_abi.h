@@ -31,3 +31,25 @@ WATERWAVE_EXPORT int waterwave_cuda_record_history(int enabled, size_t max_entri
 WATERWAVE_EXPORT int waterwave_cuda_history_enabled();
 WATERWAVE_EXPORT int waterwave_cuda_visit_history(void* context, WaterwaveTraceVisitor visit,
                                                   char* message, size_t capacity);
+
+// ---- Private pools (private_pools.h), named by PyTorch's MempoolId_t. ----
+// createOrIncrefPool.
+WATERWAVE_EXPORT int waterwave_cuda_pool_create(int device, uint64_t first, uint64_t second,
+                                                char* message, size_t capacity);
+// beginAllocateToPool and endAllocateToPool: open and close a window.
+WATERWAVE_EXPORT int waterwave_cuda_pool_begin(int device, uint64_t first, uint64_t second,
+                                               char* message, size_t capacity);
+WATERWAVE_EXPORT int waterwave_cuda_pool_end(int device, uint64_t first, uint64_t second,
+                                             char* message, size_t capacity);
+// releasePool: one use fewer.
+WATERWAVE_EXPORT int waterwave_cuda_pool_release(int device, uint64_t first, uint64_t second,
+                                                 char* message, size_t capacity);
+// The pool's use count (0: no such pool).
+WATERWAVE_EXPORT int waterwave_cuda_pool_use_count(int device, uint64_t first, uint64_t second);
+// An allocation in the pool; returns kWaterwaveMalloc* as try_malloc does.
+WATERWAVE_EXPORT int waterwave_cuda_pool_malloc(int device, uint64_t first, uint64_t second,
+                                                size_t size, void* stream, void** out,
+                                                char* message, size_t capacity);
+// emptyCache of a private pool: retired pools on every device give their
+// cache back (PyTorch's MemPool does this as it is destroyed).
+WATERWAVE_EXPORT int waterwave_cuda_pools_empty(char* message, size_t capacity);

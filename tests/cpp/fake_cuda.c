@@ -28,7 +28,7 @@ enum {
 #define MAX_EVENTS 4096
 
 struct ctx { int device; };
-struct event { int pending; };
+struct event { int pending, captured; };
 struct alloc { void* ptr; size_t size; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -46,6 +46,95 @@ static int idle; /* an idle GPU: recorded events complete at once */
 static struct event* events[MAX_EVENTS];
 static long long n_alloc, n_free, n_event_create, n_event_destroy, n_record, n_query,
     n_event_sync, n_wait, n_ctx_sync, n_ctx_set;
+
+/* ---- stream capture (CUDA graphs) ---------------------------------------
+ * A stream captures between fake_cuda_begin_capture and fake_cuda_end_capture
+ * (the fake runtime's cudaStreamBeginCapture and cudaStreamEndCapture). As
+ * with the real driver: an event recorded on a capturing stream belongs to
+ * the capture, so querying, synchronizing or waiting on it from outside
+ * fails; nothing may synchronize the device while a stream captures; and
+ * while a capture in global or thread-local mode is under way, a thread
+ * whose capture mode is not relaxed may not make unsafe calls (allocate or
+ * free memory, query or synchronize events). A call refused so invalidates
+ * every capture, whose end then fails, and counts as a violation. */
+#define MAX_CAPTURES 16
+enum { CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901, CAPTURE_IMPLICIT = 906,
+       CAPTURED_EVENT = 907 };
+enum { MODE_GLOBAL = 0, MODE_THREAD_LOCAL = 1, MODE_RELAXED = 2 };
+struct capture { void* stream; unsigned long long id; int mode, invalidated; };
+static struct capture captures[MAX_CAPTURES];
+static unsigned long long next_capture_id = 1;
+static __thread int thread_mode = MODE_GLOBAL;
+static long long n_capture_violations;
+
+static struct capture* capture_of_locked(void* stream) {
+  for (int i = 0; i < MAX_CAPTURES; ++i)
+    if (captures[i].id && captures[i].stream == stream) return &captures[i];
+  return NULL;
+}
+static int capturing_locked(void) {
+  for (int i = 0; i < MAX_CAPTURES; ++i)
+    if (captures[i].id) return 1;
+  return 0;
+}
+static int unsafe_refused_locked(void) {
+  if (thread_mode == MODE_RELAXED) return 0;
+  for (int i = 0; i < MAX_CAPTURES; ++i)
+    if (captures[i].id && captures[i].mode != MODE_RELAXED) return 1;
+  return 0;
+}
+static CUresult violation_locked(CUresult code) {
+  ++n_capture_violations;
+  for (int i = 0; i < MAX_CAPTURES; ++i)
+    if (captures[i].id) captures[i].invalidated = 1;
+  return code;
+}
+
+/* The capture's id; 0 if the stream captures already or too many do. */
+unsigned long long fake_cuda_begin_capture(void* stream, int mode) {
+  pthread_mutex_lock(&mu);
+  unsigned long long id = 0;
+  if (!capture_of_locked(stream)) {
+    for (int i = 0; i < MAX_CAPTURES && !id; ++i) {
+      if (!captures[i].id) {
+        captures[i] = (struct capture){stream, next_capture_id++, mode, 0};
+        id = captures[i].id;
+      }
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return id;
+}
+/* 0: not capturing; 1: capturing; 2: capturing, invalidated. */
+int fake_cuda_capture_status(void* stream, unsigned long long* id) {
+  pthread_mutex_lock(&mu);
+  struct capture* c = capture_of_locked(stream);
+  int status = !c ? 0 : c->invalidated ? 2 : 1;
+  if (id) *id = c ? c->id : 0;
+  pthread_mutex_unlock(&mu);
+  return status;
+}
+/* 0, or CAPTURE_INVALIDATED, or INVALID_VALUE for a stream not capturing. */
+int fake_cuda_end_capture(void* stream) {
+  pthread_mutex_lock(&mu);
+  struct capture* c = capture_of_locked(stream);
+  int r = !c ? INVALID_VALUE : c->invalidated ? CAPTURE_INVALIDATED : SUCCESS;
+  if (c) memset(c, 0, sizeof *c);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+long long fake_cuda_capture_violations(void) { return n_capture_violations; }
+
+CUresult cuStreamIsCapturing(void* stream, int* status) {
+  *status = fake_cuda_capture_status(stream, NULL);
+  return SUCCESS;
+}
+CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+  int old = thread_mode;
+  thread_mode = *mode;
+  *mode = old;
+  return SUCCESS;
+}
 
 /* ---- test controls ---------------------------------------------------- */
 long long fake_cuda_vmm_counter(const char* name); /* below, with the VMM calls */
@@ -126,6 +215,11 @@ CUresult cuCtxSetCurrent(struct ctx* c) {
 CUresult cuCtxSynchronize(void) {
   if (!current) return INVALID_CONTEXT;
   pthread_mutex_lock(&mu);
+  if (capturing_locked()) {
+    CUresult r = violation_locked(CAPTURE_UNSUPPORTED);
+    pthread_mutex_unlock(&mu);
+    return r;
+  }
   ++n_ctx_sync;
   complete_all_locked();
   pthread_mutex_unlock(&mu);
@@ -162,7 +256,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t bytes) {
   if (bytes == 0) return INVALID_VALUE;
   pthread_mutex_lock(&mu);
   CUresult r = SUCCESS;
-  if (fail_next_alloc) {
+  if (unsafe_refused_locked()) {
+    r = violation_locked(CAPTURE_IMPLICIT);
+  } else if (fail_next_alloc) {
     r = fail_next_alloc;
     fail_next_alloc = 0;
   } else if (bytes > capacity - in_use) {
@@ -189,6 +285,11 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
   if (!current) return INVALID_CONTEXT;
   pthread_mutex_lock(&mu);
   CUresult r = INVALID_VALUE;
+  if (unsafe_refused_locked()) {
+    r = violation_locked(CAPTURE_IMPLICIT);
+    pthread_mutex_unlock(&mu);
+    return r;
+  }
   for (int i = 0; i < MAX_ALLOCS; ++i) {
     if (allocs[i].ptr && (CUdeviceptr)(size_t)allocs[i].ptr == ptr) {
       complete_all_locked(); /* cudaFree synchronizes the device */
@@ -242,12 +343,12 @@ CUresult cuEventDestroy_v2(struct event* e) {
   return slot >= 0 ? SUCCESS : INVALID_HANDLE;
 }
 CUresult cuEventRecord(struct event* e, void* stream) {
-  (void)stream;
   if (!current) return INVALID_CONTEXT;
   pthread_mutex_lock(&mu);
   int ok = e && event_slot(e) >= 0;
   if (ok) {
     e->pending = !idle; /* work queued before it has not run yet */
+    e->captured = capture_of_locked(stream) != NULL;
     ++n_record;
   }
   pthread_mutex_unlock(&mu);
@@ -257,12 +358,22 @@ CUresult cuEventQuery(struct event* e) {
   pthread_mutex_lock(&mu);
   int ok = e && event_slot(e) >= 0, pending = ok && e->pending;
   ++n_query;
+  if (ok && (e->captured || unsafe_refused_locked())) {
+    CUresult r = violation_locked(e->captured ? CAPTURED_EVENT : CAPTURE_IMPLICIT);
+    pthread_mutex_unlock(&mu);
+    return r;
+  }
   pthread_mutex_unlock(&mu);
   return !ok ? INVALID_HANDLE : pending ? NOT_READY : SUCCESS;
 }
 CUresult cuEventSynchronize(struct event* e) {
   pthread_mutex_lock(&mu);
   int ok = e && event_slot(e) >= 0;
+  if (ok && (e->captured || unsafe_refused_locked())) {
+    CUresult r = violation_locked(e->captured ? CAPTURED_EVENT : CAPTURE_IMPLICIT);
+    pthread_mutex_unlock(&mu);
+    return r;
+  }
   if (ok) {
     e->pending = 0;
     ++n_event_sync;
@@ -271,11 +382,15 @@ CUresult cuEventSynchronize(struct event* e) {
   return ok ? SUCCESS : INVALID_HANDLE;
 }
 CUresult cuStreamWaitEvent(void* stream, struct event* e, unsigned flags) {
-  (void)stream;
   (void)flags;
   if (!current) return INVALID_CONTEXT;
   pthread_mutex_lock(&mu);
   int ok = e && event_slot(e) >= 0;
+  if (ok && e->captured && !capture_of_locked(stream)) {
+    CUresult r = violation_locked(CAPTURED_EVENT);
+    pthread_mutex_unlock(&mu);
+    return r;
+  }
   if (ok) ++n_wait;
   pthread_mutex_unlock(&mu);
   return ok ? SUCCESS : INVALID_HANDLE;
@@ -289,6 +404,9 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
     case INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; return SUCCESS;
     case NOT_READY: *name = "CUDA_ERROR_NOT_READY"; return SUCCESS;
     case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; return SUCCESS;
+    case CAPTURE_UNSUPPORTED: *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return SUCCESS;
+    case CAPTURE_IMPLICIT: *name = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; return SUCCESS;
+    case CAPTURED_EVENT: *name = "CUDA_ERROR_CAPTURED_EVENT"; return SUCCESS;
     default: return INVALID_VALUE;
   }
 }

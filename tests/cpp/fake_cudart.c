@@ -8,7 +8,8 @@
  *
  * No kernel runs: a call that would need one (a copy, a fill) is not here
  * and fails in the real runtime as it would without a driver. Streams and
- * events are counters; a stream never captures. PyTorch resolves its
+ * events are counters. Streams capture into CUDA graphs (the fake driver
+ * keeps the captures and their rules); a graph replays nothing. PyTorch resolves its
  * driver API through cudaGetDriverEntryPointByVersion: the fake driver's
  * entry point when it has one, else a stub answering "not supported". */
 #include <dlfcn.h>
@@ -17,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { SUCCESS = 0, INVALID_VALUE = 1, INVALID_DEVICE = 101, NOT_SUPPORTED = 801 };
+enum { SUCCESS = 0, INVALID_VALUE = 1, INVALID_DEVICE = 101, NOT_SUPPORTED = 801,
+       ILLEGAL_STATE = 401, CAPTURE_INVALIDATED = 901 };
 
 static int device_count(void) {
   const char* n = getenv("FAKE_CUDA_DEVICES");
@@ -126,12 +128,56 @@ int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
   (void)stream, (void)event, (void)flags;
   return SUCCESS;
 }
+/* Stream capture: the fake driver keeps it (fake_cuda.c), so that the
+ * allocator's driver calls see the same captures PyTorch's runtime calls do. */
+static void* driver_fn(const char* name) { return driver() ? dlsym(driver(), name) : NULL; }
+typedef int (*capture_status_fn)(void*, unsigned long long*);
+static int capture_status(void* stream, unsigned long long* id) {
+  capture_status_fn fn = (capture_status_fn)driver_fn("fake_cuda_capture_status");
+  if (!fn) {
+    if (id) *id = 0;
+    return 0;
+  }
+  return fn(stream, id);
+}
 int cudaStreamIsCapturing(void* stream, int* status) {
-  (void)stream;
-  *status = 0; /* cudaStreamCaptureStatusNone */
+  *status = capture_status(stream, NULL);
   return SUCCESS;
 }
-int cudaThreadExchangeStreamCaptureMode(int* mode) { (void)mode; return SUCCESS; }
+int cudaThreadExchangeStreamCaptureMode(int* mode) {
+  typedef int (*exchange_fn)(int*);
+  exchange_fn fn = (exchange_fn)driver_fn("cuThreadExchangeStreamCaptureMode");
+  return fn ? fn(mode) : SUCCESS;
+}
+int cudaStreamBeginCapture(void* stream, int mode) {
+  typedef unsigned long long (*begin_fn)(void*, int);
+  begin_fn fn = (begin_fn)driver_fn("fake_cuda_begin_capture");
+  return fn && fn(stream, mode) ? SUCCESS : ILLEGAL_STATE;
+}
+int cudaStreamEndCapture(void* stream, void** graph) {
+  typedef int (*end_fn)(void*);
+  end_fn fn = (end_fn)driver_fn("fake_cuda_end_capture");
+  int r = fn ? fn(stream) : INVALID_VALUE;
+  *graph = r == SUCCESS ? new_handle() : NULL;
+  return r == SUCCESS ? SUCCESS : r == INVALID_VALUE ? ILLEGAL_STATE : CAPTURE_INVALIDATED;
+}
+/* Graphs: handles; nothing runs on replay (no kernel ever does here). */
+int cudaGraphGetNodes(void* graph, void** nodes, size_t* count) {
+  (void)graph;
+  if (!nodes) *count = 1;
+  return SUCCESS;
+}
+int cudaGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags) {
+  (void)graph, (void)flags;
+  *exec = new_handle();
+  return SUCCESS;
+}
+int cudaGraphInstantiate(void** exec, void* graph, unsigned long long flags) {
+  return cudaGraphInstantiateWithFlags(exec, graph, flags);
+}
+int cudaGraphLaunch(void* exec, void* stream) { (void)exec, (void)stream; return SUCCESS; }
+int cudaGraphDestroy(void* graph) { (void)graph; return SUCCESS; }
+int cudaGraphExecDestroy(void* exec) { (void)exec; return SUCCESS; }
 int cudaDeviceSynchronize(void) { return SUCCESS; }
 int cudaEventCreateWithFlags(void** event, unsigned flags) {
   (void)flags;
@@ -155,9 +201,7 @@ int cudaDeviceCanAccessPeer(int* can, int device, int peer) {
 /* CUDA 13's signature; the trailing outputs may be NULL. */
 int cudaStreamGetCaptureInfo(void* stream, int* status, unsigned long long* id, void** graph,
                              const void** deps, const void** edges, size_t* num_deps) {
-  (void)stream;
-  *status = 0; /* cudaStreamCaptureStatusNone */
-  if (id) *id = 0;
+  *status = capture_status(stream, id);
   if (graph) *graph = NULL;
   if (deps) *deps = NULL;
   if (edges) *edges = NULL;

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define WATERWAVE_NATIVE_ABI 1
+#define WATERWAVE_NATIVE_ABI 2
 
 // PyTorch's Stat, and its StatArray: [0] all, [1] small pool, [2] large pool.
 typedef struct {
@@ -54,6 +54,7 @@ typedef struct {
   void* stream;
   int is_large;
   int is_expandable;
+  uint64_t pool_first, pool_second;  // the private pool's MempoolId_t; (0, 0): none
   size_t num_blocks;
   const WaterwaveBlockView* blocks;
 } WaterwaveSegmentView;

@@ -12,14 +12,19 @@
 // builds without torch). It is compiled against the torch in use, with
 // c10_cuda's headers and the CUDA runtime's (torch_native.py next door).
 //
-// What has no safe meaning here is refused with a TORCH_CHECK naming it and
-// the fix (IPC handles, private pools for CUDA graphs, checkpointed pool
-// state), never silently wrong.
+// Private pools (CUDA graphs, torch.cuda.MemPool) are Waterwave stacks of
+// their own (csrc/runtime/private_pools.h): while a pool's window is open,
+// an allocation whose stream passes PyTorch's filter goes to the pool, and
+// every allocator call runs in relaxed capture mode, so that Waterwave's
+// own device calls never count as a capture's. What has no safe meaning
+// here is refused with a TORCH_CHECK naming it and the fix (IPC handles,
+// restoring a checkpointed pool state), never silently wrong.
 //
 // May include: c10, c10/cuda, the CUDA runtime's headers, native_abi.h.
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/ApproximateClock.h>
@@ -30,6 +35,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -66,8 +73,33 @@ struct Core {
   int (*record_history)(int, std::size_t, char*, std::size_t);
   int (*history_enabled)();
   int (*visit_history)(void*, WaterwaveTraceVisitor, char*, std::size_t);
+  int (*pool_create)(int, std::uint64_t, std::uint64_t, char*, std::size_t);
+  int (*pool_begin)(int, std::uint64_t, std::uint64_t, char*, std::size_t);
+  int (*pool_end)(int, std::uint64_t, std::uint64_t, char*, std::size_t);
+  int (*pool_release)(int, std::uint64_t, std::uint64_t, char*, std::size_t);
+  int (*pool_use_count)(int, std::uint64_t, std::uint64_t);
+  int (*pool_malloc)(int, std::uint64_t, std::uint64_t, std::size_t, void*, void**, char*,
+                     std::size_t);
+  int (*pools_empty)(char*, std::size_t);
 };
 Core core{};
+
+// Open pool windows (beginAllocateToPool without its end yet), any device.
+// Zero on the fast path: one relaxed load per call.
+std::atomic<int> windows_open{0};
+
+// While a window is open, Waterwave's device calls run in relaxed capture
+// mode: a capture in PyTorch's default (global) mode would otherwise refuse
+// them from any thread, and none of them touches the capturing stream.
+class RelaxedDuringWindows {
+ public:
+  RelaxedDuringWindows() {
+    if (windows_open.load(std::memory_order_acquire) != 0) guard_.emplace(cudaStreamCaptureModeRelaxed);
+  }
+
+ private:
+  std::optional<c10::cuda::CUDAStreamCaptureModeGuard> guard_;
+};
 
 // A call into _C that failed: a c10::Error carrying its message.
 void check(int result, const char* message, const char* what) {
@@ -85,7 +117,18 @@ void copy(const WaterwaveStat (&from)[3], c10::CachingAllocator::StatArray& to) 
   for (int i = 0; i < 3; ++i) copy(from[i], to[static_cast<std::size_t>(i)]);
 }
 
-void deleter(void* ptr) { core.free_owned(ptr); }
+void deleter(void* ptr) {
+  RelaxedDuringWindows relaxed;
+  core.free_owned(ptr);
+}
+
+// A checkpoint of a private pool (getCheckpointState): the pool and its live
+// blocks then. Restoring one is refused (setCheckpointPoolState).
+struct PoolCheckpoint final : cca::AllocatorState {
+  c10::DeviceIndex device = 0;
+  c10::MempoolId_t pool{0, 0};
+  std::vector<std::pair<std::uintptr_t, std::size_t>> live;
+};
 
 class WaterwaveAllocator final : public cca::CUDAAllocator {
  public:
@@ -108,7 +151,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     if (nbytes == 0) return nullptr;
     return malloc(nbytes, c10::cuda::current_device(), stream);
   }
-  void raw_delete(void* ptr) override { core.free_owned(ptr); }
+  void raw_delete(void* ptr) override { deleter(ptr); }
 
   // ---- The allocator as a whole ----
   void init(int /*device_count*/) override { initialized_.store(true); }
@@ -130,8 +173,15 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
                 "cudaMalloc directly");
   }
   bool isEnabled() const override { return true; }
+  // A private pool's cache goes back once the pool is released (its use
+  // count at zero), as PyTorch's MemPool does on destruction.
   void emptyCache(c10::MempoolId_t mempool_id) override {
-    refuse_pool(mempool_id, "emptyCache");
+    RelaxedDuringWindows relaxed;
+    if (is_private(mempool_id)) {
+      char message[kMessage];
+      check(core.pools_empty(message, sizeof message), message, "emptyCache of a private pool");
+      return;
+    }
     core.empty_cache();
   }
   // cuDNN's benchmark mode asks how large a workspace could be: the largest
@@ -156,6 +206,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
   }
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     if (ptr.get() == nullptr) return;
+    RelaxedDuringWindows relaxed;
     core.record_stream(ptr.get(), stream.stream());
   }
 
@@ -186,10 +237,11 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
   void resetPeakStats(c10::DeviceIndex device) override { reset(device, 0); }
 
   // ---- Snapshot and history ----
+  // {0, 0}: every segment, private pools' included (each names its pool);
+  // a private pool: its segments only.
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
-    refuse_pool(mempool_id, "snapshot");
     cca::SnapshotInfo info;
-    SnapshotVisit visit{this, &info};
+    SnapshotVisit visit{this, &info, mempool_id};
     char message[kMessage];
     check(core.visit_segments(&visit, &WaterwaveAllocator::add_segment, message, sizeof message),
           message, "snapshot");
@@ -239,35 +291,101 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
                 "waterwave.install_allocator()");
   }
 
-  // ---- What has no meaning here ----
-  void beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t, std::function<bool(cudaStream_t)>)
-      override {
-    refuse_graphs();
+  // ---- Private pools: CUDA graphs and torch.cuda.MemPool ----
+  // Called before cudaStreamBeginCapture (and by use_mem_pool): from now
+  // on, allocations on `device` whose stream passes `filter` go to the pool.
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    char message[kMessage];
+    check(core.pool_begin(device, mempool_id.first, mempool_id.second, message, sizeof message),
+          message, "beginAllocateToPool");
+    std::lock_guard<std::mutex> g(mu_);
+    routes_.push_back({device, mempool_id, std::move(filter)});
+    windows_open.fetch_add(1, std::memory_order_acq_rel);
   }
-  void endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) override { refuse_graphs(); }
-  void releasePool(c10::DeviceIndex, c10::MempoolId_t) override { refuse_graphs(); }
-  void createOrIncrefPool(c10::DeviceIndex, c10::MempoolId_t,
-                          std::shared_ptr<cca::CUDAAllocator>) override {
-    refuse_graphs();
+  // Called after cudaStreamEndCapture: the frees held during the window run.
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) {
+        return r.device == device && r.pool == mempool_id;
+      });
+      TORCH_CHECK(it != routes_.end(), "endAllocateToPool: allocations on device ", int(device),
+                  " do not go to memory pool (", mempool_id.first, ", ", mempool_id.second, ")");
+      routes_.erase(it);
+    }
+    windows_open.fetch_sub(1, std::memory_order_acq_rel);
+    char message[kMessage];
+    check(core.pool_end(device, mempool_id.first, mempool_id.second, message, sizeof message),
+          message, "endAllocateToPool");
   }
-  int getPoolUseCount(c10::DeviceIndex, c10::MempoolId_t) override { refuse_graphs(); }
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) override { refuse_graphs(); }
-  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override { refuse_graphs(); }
-  bool checkPoolLiveAllocations(c10::DeviceIndex, c10::MempoolId_t,
-                                const std::unordered_set<void*>&) override {
-    refuse_graphs();
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    RelaxedDuringWindows relaxed;
+    char message[kMessage];
+    check(core.pool_release(device, mempool_id.first, mempool_id.second, message,
+                            sizeof message),
+          message, "releasePool");
   }
-  c10::DataPtr allocateWithAddress(std::size_t, void*) override { refuse_graphs(); }
-  cca::ShareableHandle shareIpcHandle(void*) override { refuse_ipc(); }
-  std::shared_ptr<void> getIpcDevPtr(std::string) override { refuse_ipc(); }
-  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex,
-                                                          c10::MempoolId_t) override {
-    refuse_graphs();
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr, "torch.cuda.MemPool with an allocator of its own is not "
+                "supported under the Waterwave allocator (its pools are Waterwave's): create "
+                "the MemPool without `allocator`, or run without waterwave.install_allocator()");
+    char message[kMessage];
+    check(core.pool_create(device, mempool_id.first, mempool_id.second, message, sizeof message),
+          message, "createOrIncrefPool");
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    return core.pool_use_count(device, mempool_id.first, mempool_id.second);
+  }
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
+    TORCH_CHECK(!use_on_oom, "torch.cuda.MemPool(use_on_oom=True) is not supported under the "
+                "Waterwave allocator: a pool's memory is never lent to other allocations; "
+                "create the pool without use_on_oom");
+  }
+  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
+    TORCH_CHECK(false, "torch.cuda.MemPool(no_split=True) is not supported under the Waterwave "
+                "allocator: create the pool without no_split, or set max_split_size_mb in "
+                "waterwave.install_allocator(config=...) to keep large blocks whole");
+  }
+  // cudagraph trees (torch.compile's reduce-overhead mode) check that a
+  // pool's live blocks are exactly the tensors they expect.
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected) override {
+    std::size_t live = 0;
+    bool all_expected = true;
+    for_each_live_block(device, mempool_id, [&](std::uintptr_t addr, std::size_t) {
+      ++live;
+      all_expected = all_expected && expected.count(reinterpret_cast<void*>(addr)) != 0;
+    });
+    return all_expected && live == expected.size();
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t mempool_id) override {
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->device = device;
+    state->pool = mempool_id;
+    for_each_live_block(device, mempool_id, [&](std::uintptr_t addr, std::size_t size) {
+      state->live.emplace_back(addr, size);
+    });
+    return state;
   }
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
                                               std::shared_ptr<cca::AllocatorState>) override {
-    refuse_graphs();
+    TORCH_CHECK(false, "restoring a memory pool to a checkpoint (torch.compile's CUDA graph "
+                "trees, when they record a new graph in the middle of a replayed path) is not "
+                "supported by the Waterwave allocator: set "
+                "torch._inductor.config.triton.cudagraph_trees = False, or use "
+                "torch.compile's default mode");
   }
+
+  // ---- What has no meaning here ----
+  c10::DataPtr allocateWithAddress(std::size_t, void*) override {
+    TORCH_CHECK(false, "allocating at a given address is not supported by the Waterwave "
+                "allocator: run without waterwave.install_allocator() for code that needs it");
+  }
+  cca::ShareableHandle shareIpcHandle(void*) override { refuse_ipc(); }
+  std::shared_ptr<void> getIpcDevPtr(std::string) override { refuse_ipc(); }
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
     c10::cuda::CUDAGuard guard(dev);
     const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
@@ -286,10 +404,40 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
   std::string name() override { return "waterwave"; }
 
  private:
+  struct Route {
+    c10::DeviceIndex device;
+    c10::MempoolId_t pool;
+    std::function<bool(cudaStream_t)> filter;
+  };
+
+  // The pool an allocation on (device, stream) goes to, if a window routes it.
+  std::optional<c10::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
+    std::vector<Route> open;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      open = routes_;
+    }
+    for (const Route& r : open) {  // filters run unlocked: they call CUDA
+      if (r.device == device && r.filter(stream)) return r.pool;
+    }
+    return std::nullopt;
+  }
+
   void* malloc(std::size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     void* out = nullptr;
     char message[kMessage];
-    const int result = core.try_malloc(size, device, stream, &out, message, sizeof message);
+    int result;
+    if (windows_open.load(std::memory_order_acquire) == 0) {  // the fast path
+      result = core.try_malloc(size, device, stream, &out, message, sizeof message);
+    } else {
+      c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+      if (const auto pool = route(device, stream)) {
+        result = core.pool_malloc(device, pool->first, pool->second, size, stream, &out, message,
+                                  sizeof message);
+      } else {
+        result = core.try_malloc(size, device, stream, &out, message, sizeof message);
+      }
+    }
     if (result == kOk) {
       note_context(out);
       return out;
@@ -353,14 +501,47 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     return out;
   }
 
+  static bool is_private(c10::MempoolId_t id) { return id.first != 0 || id.second != 0; }
+
+  // The live blocks of one private pool on one device.
+  void for_each_live_block(c10::DeviceIndex device, c10::MempoolId_t pool,
+                           const std::function<void(std::uintptr_t, std::size_t)>& fn) {
+    struct Visit {
+      c10::DeviceIndex device;
+      c10::MempoolId_t pool;
+      const std::function<void(std::uintptr_t, std::size_t)>* fn;
+    } visit{device, pool, &fn};
+    char message[kMessage];
+    check(core.visit_segments(
+              &visit,
+              [](void* context, const WaterwaveSegmentView* view) {
+                auto* v = static_cast<Visit*>(context);
+                if (view->device != v->device || view->pool_first != v->pool.first ||
+                    view->pool_second != v->pool.second) {
+                  return;
+                }
+                for (std::size_t i = 0; i < view->num_blocks; ++i) {
+                  if (view->blocks[i].allocated) (*v->fn)(view->blocks[i].addr, view->blocks[i].size);
+                }
+              },
+              message, sizeof message),
+          message, "a private pool's live blocks");
+  }
+
   struct SnapshotVisit {
     WaterwaveAllocator* self;
     cca::SnapshotInfo* info;
+    c10::MempoolId_t pool;  // {0, 0}: every segment
   };
 
   static void add_segment(void* context, const WaterwaveSegmentView* view) {
     auto* v = static_cast<SnapshotVisit*>(context);
+    if (is_private(v->pool) &&
+        (view->pool_first != v->pool.first || view->pool_second != v->pool.second)) {
+      return;
+    }
     c10::CachingDeviceAllocator::SegmentInfo seg;
+    seg.owner_private_pool_id = {view->pool_first, view->pool_second};
     seg.device = static_cast<c10::DeviceIndex>(view->device);
     seg.address = view->addr;
     seg.total_size = view->size;
@@ -421,18 +602,6 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     return steady_us - now_steady + now_unix;
   }
 
-  static void refuse_pool(c10::MempoolId_t id, const char* what) {
-    TORCH_CHECK(id.first == 0 && id.second == 0, what, " of a private memory pool: the Waterwave "
-                "allocator has no private pools (torch.cuda.MemPool, CUDA graphs)");
-  }
-
-  [[noreturn]] static void refuse_graphs() {
-    TORCH_CHECK(false, "CUDA graphs and torch.cuda.MemPool need private memory pools, which the "
-                "Waterwave allocator does not provide yet: capture graphs (torch.cuda.graph, "
-                "torch.compile with mode='reduce-overhead') in a process without "
-                "waterwave.install_allocator(), or use torch.compile's default mode");
-  }
-
   [[noreturn]] static void refuse_ipc() {
     TORCH_CHECK(false, "sharing CUDA memory with another process (IPC handles) is not supported "
                 "by the Waterwave allocator: pass tensors between processes through the host, "
@@ -444,6 +613,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
   std::atomic<cca::CreateContextFn> recorder_{nullptr};
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> contexts_;  // under mu_
   std::vector<cca::OutOfMemoryObserver> oom_observers_;                      // under mu_
+  std::vector<Route> routes_;                                                // under mu_
 };
 
 }  // namespace
@@ -468,6 +638,13 @@ WATERWAVE_NATIVE_EXPORT int waterwave_native_init(void* const* entry_points, int
   core.record_history = reinterpret_cast<decltype(core.record_history)>(e[10]);
   core.history_enabled = reinterpret_cast<decltype(core.history_enabled)>(e[11]);
   core.visit_history = reinterpret_cast<decltype(core.visit_history)>(e[12]);
+  core.pool_create = reinterpret_cast<decltype(core.pool_create)>(e[13]);
+  core.pool_begin = reinterpret_cast<decltype(core.pool_begin)>(e[14]);
+  core.pool_end = reinterpret_cast<decltype(core.pool_end)>(e[15]);
+  core.pool_release = reinterpret_cast<decltype(core.pool_release)>(e[16]);
+  core.pool_use_count = reinterpret_cast<decltype(core.pool_use_count)>(e[17]);
+  core.pool_malloc = reinterpret_cast<decltype(core.pool_malloc)>(e[18]);
+  core.pools_empty = reinterpret_cast<decltype(core.pools_empty)>(e[19]);
   return 0;
 }
 

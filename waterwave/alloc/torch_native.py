@@ -24,7 +24,9 @@ ENTRY_POINTS = (
     "waterwave_cuda_memory_fraction", "waterwave_cuda_mem_info",
     "waterwave_cuda_allocation_size", "waterwave_cuda_visit_segments",
     "waterwave_cuda_record_history", "waterwave_cuda_history_enabled",
-    "waterwave_cuda_visit_history",
+    "waterwave_cuda_visit_history", "waterwave_cuda_pool_create", "waterwave_cuda_pool_begin",
+    "waterwave_cuda_pool_end", "waterwave_cuda_pool_release", "waterwave_cuda_pool_use_count",
+    "waterwave_cuda_pool_malloc", "waterwave_cuda_pools_empty",
 )
 
 

@@ -103,6 +103,14 @@ void CudaDevice::synchronize_device() {
   api_.check(api_.cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+bool CudaDevice::stream_capturing(StreamId stream) {
+  if (!api_.cuStreamIsCapturing) return false;
+  ContextScope scope(*this);
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  api_.check(api_.cuStreamIsCapturing(as_stream(stream), &status), "cuStreamIsCapturing");
+  return status != 0;  // active, or invalidated and not yet ended
+}
+
 std::size_t CudaDevice::free_memory() const {
   ContextScope scope(*this);
   std::size_t free = 0, total = 0;

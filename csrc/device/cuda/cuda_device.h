@@ -32,6 +32,7 @@ class CudaDevice final : public Device {
   void synchronize_event(EventId event) override;
   void stream_wait_event(StreamId stream, EventId event) override;
   void synchronize_device() override;
+  bool stream_capturing(StreamId stream) override;
   std::size_t total_memory() const override { return total_; }
   std::size_t free_memory() const override;
   // Virtual memory, when the driver and the device have it: one cuMemCreate

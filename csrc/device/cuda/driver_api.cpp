@@ -84,6 +84,8 @@ const DriverApi& DriverApi::load(const std::string& requested) {
     resolve(lib, path, "cuStreamWaitEvent", a->cuStreamWaitEvent);
     resolve(lib, path, "cuGetErrorName", a->cuGetErrorName);
     resolve_vmm(lib, *a);
+    a->cuStreamIsCapturing = reinterpret_cast<decltype(a->cuStreamIsCapturing)>(
+        dlsym(lib, "cuStreamIsCapturing"));
     a->check(a->cuInit(0), "cuInit");
   } catch (...) {
     delete a;

@@ -81,6 +81,9 @@ struct DriverApi {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*cuGetErrorName)(CUresult, const char**);
+  // CUDA graphs' stream capture (CUDA 10+): optional, nullptr when the
+  // driver lacks it (then no stream is ever capturing).
+  CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;
   // Virtual memory management: optional (nullptr when the driver lacks it;
   // then expandable segments are refused with a clear error).
   CUresult (*cuMemGetAllocationGranularity)(std::size_t*, const CUmemAllocationProp*, int) = nullptr;
