@@ -14,7 +14,9 @@
 // whose blocks other threads free too; each account ends at zero. Then one
 // thread records a step, packs it back to back (the plan
 // need not be optimal to be served) and replays it. Invariants and the
-// driver's bytes are checked at the end.
+// driver's bytes are checked at the end. Last, threads work on private
+// pools (CUDA graphs' and MemPools') beside a capturing stream; no call may
+// break the capture's rules.
 //
 //   cuda_backend_run FAKE_DRIVER.so POLICY THREADS OPS_PER_THREAD SEED
 #include <dlfcn.h>
@@ -193,6 +195,7 @@ int main(int argc, char** argv) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   for (auto& t : pool) t.join();
   for (const Held& b : handoff) waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+  handoff.clear();
   for (std::int64_t id : accounts) {
     if (id == 0) continue;
     if (rt.accounts().usage(id).allocated != 0) fail("a thread account kept bytes after every free");
@@ -229,6 +232,110 @@ int main(int argc, char** argv) {
     fail("the recorded plan was not followed");
   stack.check_invariants();
   stack.clear_plan(std::nullopt);
+  // Private pools, as CUDA graphs and torch.cuda.MemPool use them: each
+  // thread owns a pool and opens windows on it round after round (thread
+  // 0's stream captures meanwhile, in global mode, as torch.cuda.graph's
+  // does); threads allocate into their pool and into the device's stack,
+  // record the capturing stream on their blocks, and free across threads
+  // while windows are open. Every call runs in relaxed capture mode, as the
+  // native registration's do; the fake driver counts any call a real
+  // capture would refuse.
+  using BeginCapture = unsigned long long (*)(void*, int);
+  using EndCapture = int (*)(void*);
+  using Exchange = int (*)(int*);
+  using Violations = long long (*)();
+  auto begin_capture = reinterpret_cast<BeginCapture>(dlsym(fake_driver, "fake_cuda_begin_capture"));
+  auto end_capture = reinterpret_cast<EndCapture>(dlsym(fake_driver, "fake_cuda_end_capture"));
+  auto exchange = reinterpret_cast<Exchange>(dlsym(fake_driver, "cuThreadExchangeStreamCaptureMode"));
+  auto violations = reinterpret_cast<Violations>(dlsym(fake_driver, "fake_cuda_capture_violations"));
+  if (!begin_capture || !end_capture || !exchange || !violations) fail("the fake driver has no captures");
+  std::atomic<std::uint64_t> pool_allocs{0}, captures{0};
+  void* capturing = stream_of(100);
+  auto pool_worker = [&](int tid) {
+    std::mt19937_64 rng(seed * 104729 + tid);
+    int relaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+    exchange(&relaxed);
+    const std::uint64_t pool_id = static_cast<std::uint64_t>(tid) + 1;
+    void* pool_stream = tid == 0 ? capturing : stream_of(100 + tid);
+    void* own_stream = stream_of(200 + tid);
+    char message[256];
+    auto ok = [&](int result, const char* what) {
+      if (result != kWaterwaveMallocOk) fail(std::string(what) + ": " + message);
+    };
+    ok(waterwave_cuda_pool_create(0, 0, pool_id, message, sizeof message), "pool_create");
+    std::vector<Held> mine;
+    try {
+      for (int round = 0; round < 20 && !failed; ++round) {
+        ok(waterwave_cuda_pool_begin(0, 0, pool_id, message, sizeof message), "pool_begin");
+        const bool capture = tid == 0 && begin_capture(capturing, 0) != 0;
+        for (std::uint64_t i = 0; i < ops / 200 && !failed; ++i) {
+          const std::uint64_t r = rng() % 100;
+          if (r < 45 && mine.size() < 32) {
+            const std::size_t size = 1 + rng() % (rng() % 8 == 0 ? 4 * kMiB : 128 * kKiB);
+            const bool in_pool = rng() % 2 == 0;
+            void* stream = in_pool ? pool_stream : own_stream;
+            void* p = nullptr;
+            const int result = in_pool ? waterwave_cuda_pool_malloc(0, 0, pool_id, size, stream, &p,
+                                                                    message, sizeof message)
+                                       : waterwave_cuda_try_malloc(size, 0, stream, &p, message,
+                                                                   sizeof message);
+            if (result == kWaterwaveMallocOutOfMemory) {
+              ++ooms;
+            } else if (result != kWaterwaveMallocOk || !p) {
+              fail(std::string("allocation beside a pool window failed: ") + message);
+            } else {
+              if (in_pool) ++pool_allocs;
+              const auto byte = static_cast<unsigned char>(rng());
+              std::memset(p, byte, size);
+              mine.push_back({p, size, stream, byte});
+              if (!in_pool && rng() % 3 == 0) waterwave_cuda_record_stream(p, capturing);
+            }
+          } else if (r < 90 && !mine.empty()) {
+            const std::size_t k = rng() % mine.size();
+            Held b = mine[k];
+            mine[k] = mine.back();
+            mine.pop_back();
+            if (!intact(b)) fail("a block beside a pool window was overwritten");
+            if (rng() % 4 == 0) {
+              std::lock_guard<std::mutex> g(handoff_mu);
+              handoff.push_back(b);
+            } else {
+              waterwave_cuda_free_owned(b.ptr);
+            }
+          } else {
+            std::vector<Held> take;
+            {
+              std::lock_guard<std::mutex> g(handoff_mu);
+              take.swap(handoff);
+            }
+            for (const Held& b : take) {
+              if (!intact(b)) fail("a handed-off pool block was overwritten");
+              waterwave_cuda_free_owned(b.ptr);
+            }
+          }
+        }
+        if (capture) {
+          ++captures;
+          if (end_capture(capturing) != 0) fail("a capture was invalidated by an allocator call");
+        }
+        ok(waterwave_cuda_pool_end(0, 0, pool_id, message, sizeof message), "pool_end");
+        ok(waterwave_cuda_pool_release(0, 0, pool_id, message, sizeof message), "pool_release");
+      }
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    for (const Held& b : mine) waterwave_cuda_free_owned(b.ptr);
+    ok(waterwave_cuda_pool_release(0, 0, pool_id, message, sizeof message), "pool_release");
+  };
+  std::vector<std::thread> pool_threads;
+  for (int t = 0; t < threads; ++t) pool_threads.emplace_back(pool_worker, t);
+  for (auto& t : pool_threads) t.join();
+  for (const Held& b : handoff) waterwave_cuda_free_owned(b.ptr);
+  handoff.clear();
+  if (violations && violations() != 0) fail("allocator calls broke a capture's rules");
+  if (rt.pools(0).active()) fail("pools, windows or deferred frees were left behind");
+  rt.stack(0).check_invariants();
+
   const auto errors = rt.free_errors();
   if (errors.first) fail("bad frees: " + errors.second);
   rt.reset();
@@ -239,11 +346,13 @@ int main(int argc, char** argv) {
   else if (counter("bytes_in_use") != 0) fail("driver memory leaked");
   std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, %llu map failures injected "
               "(%llu allocations failed with the driver's error), plan of %zu slots served %lld "
-              "allocations, %s\n",
+              "allocations, %llu pool allocations in %llu captures, %s\n",
               policy.c_str(), config.empty() ? "" : " ", config.c_str(), threads,
               static_cast<unsigned long long>(ops),
               static_cast<unsigned long long>(ooms.load()), static_cast<unsigned long long>(injected.load()),
               static_cast<unsigned long long>(driver_errors.load()), trace.size(),
-              static_cast<long long>(ps.planned), failed ? "FAILED" : "invariants held");
+              static_cast<long long>(ps.planned),
+              static_cast<unsigned long long>(pool_allocs.load()),
+              static_cast<unsigned long long>(captures.load()), failed ? "FAILED" : "invariants held");
   return failed ? 1 : 0;
 }
