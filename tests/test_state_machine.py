@@ -44,6 +44,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         super().__init__()
         self.a = None
         self.live = {}  # ptr -> (requested, stream)
+        self.shared = set()  # live ptrs used on another stream (record_stream)
         self.peak_allocated = 0
         self.peak_reserved = 0
         self.just_synced = False
@@ -73,6 +74,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert p not in self.live
         assert a.allocation_size(p) >= size
         self.live[p] = (size, stream)
+        self.shared.discard(p)
         return p
 
     @rule(target=freed, p=consumes(ptrs))
@@ -102,6 +104,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         if p is None or p not in self.live:
             return
         a.record_stream(p, stream)
+        if stream != self.live[p][1]:
+            self.shared.add(p)
         a.launch(stream, duration, [p])
 
     @rule(stream=STREAMS, duration=st.floats(0, 300), data=st.data())
@@ -201,6 +205,33 @@ class WaterwaveMachine(AllocatorMachine):
 
 class PytorchMachine(AllocatorMachine):
     policy = "pytorch"
+
+    # A private pool restored to a checkpoint (setCheckpointPoolState) hands
+    # its blocks out again where they were: a freed block comes back in
+    # place; a live one is never handed out twice.
+    @rule(p=AllocatorMachine.ptrs)
+    def free_and_restore_in_place(self, p):
+        a = self.ready()
+        if p is None or p not in self.live or p in self.shared:
+            return  # a block used on other streams waits on events once freed
+        size, (requested, _) = a.allocation_size(p), self.live[p]
+        a.free(p)
+        assert a._allocate_at(p, size, requested) == p
+        assert a.allocation_size(p) == size
+
+    @rule(p=AllocatorMachine.ptrs)
+    def restoring_over_a_live_block_is_refused(self, p):
+        a = self.ready()
+        if p is None or p not in self.live:
+            return
+        before = a.stats()["allocated_bytes.all.current"]
+        try:
+            a._allocate_at(p, a.allocation_size(p), 1)
+        except ValueError as e:
+            assert "not one cached free block" in str(e)
+        else:
+            raise AssertionError("a live block was handed out twice")
+        assert a.stats()["allocated_bytes.all.current"] == before
 
 
 SETTINGS = settings(max_examples=80, stateful_step_count=60, deadline=None,

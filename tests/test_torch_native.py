@@ -170,7 +170,7 @@ def test_what_has_no_meaning_here_is_a_clear_error(fake_cuda_env):
         for name, call in [("ipc", lambda: x.untyped_storage()._share_cuda_()),
                            ("use_on_oom", lambda: torch.cuda.MemPool(use_on_oom=True)),
                            ("restore", lambda: torch._C._cuda_setCheckpointPoolState(
-                               0, torch._C._cuda_getCheckpointState(0, (0, 1)), [], [])),
+                               0, torch._C._cuda_getCheckpointState(0, (0, 12345)), [], [])),
                            ("disable", lambda: torch._C._cuda_cudaCachingAllocator_enable(False))]:
             try:
                 call()
@@ -181,7 +181,7 @@ def test_what_has_no_meaning_here_is_a_clear_error(fake_cuda_env):
     """)
     assert "IPC handles) is not supported by the Waterwave allocator" in out["ipc"]
     assert "use_on_oom=True) is not supported" in out["use_on_oom"]
-    assert "cudagraph_trees = False" in out["restore"]
+    assert "cannot restore memory pool (0, 12345) to a checkpoint: it is not there" in out["restore"]
     assert "cannot be switched off" in out["disable"]
 
 
@@ -304,6 +304,49 @@ def test_mempool_and_use_mem_pool(fake_cuda_env):
     assert out["holds_t"] and not out["holds_u"]
     assert out["live_check"] is True and out["live_check_wrong"] is False
     assert out["reserved_pool_alive"] and out["reserved_after"] < out["reserved"]
+
+
+def test_a_pool_restored_to_its_checkpoint_as_cuda_graph_trees_do(fake_cuda_env):
+    """torch.compile's CUDA graph trees checkpoint a pool after each
+    recording and restore it before recording mid-path: the pool's blocks
+    become the checkpoint's again at their addresses, torch's binding hands
+    the live tensors their memory back, and every later free is clean."""
+    out = run(fake_cuda_env, """
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.empty(1 << 18, device="cuda")
+            b = torch.empty(3 << 18, device="cuda")
+        state = torch._C._cuda_getCheckpointState(0, pool.id)
+        ptrs = dict(a=a.data_ptr(), b=b.data_ptr())
+        sizes = dict(a=a.untyped_storage().nbytes(), b=b.untyped_storage().nbytes())
+        # As after replays: the pool has a's and b's blocks back, while their
+        # data lives on in storages made from pointers, owning nothing.
+        for t in (a, b):
+            torch._C._free_And_Remove_DeleterFn(t.untyped_storage()._cdata)
+        del a, b
+        a, b = (torch._C._construct_storage_from_data_pointer(ptrs[k], torch.device("cuda", 0),
+                                                              sizes[k]) for k in "ab")
+        with torch.cuda.use_mem_pool(pool):
+            c = torch.empty(1 << 18, device="cuda")          # a's block, now c's
+        seen = dict(c_took_a=c.data_ptr() == ptrs["a"],
+                    standard_a=torch._C._has_Standard_Deleter(a._cdata))
+        torch._C._cuda_setCheckpointPoolState(0, state, [c.untyped_storage()._cdata],
+                                              [a._cdata, b._cdata])
+        seen.update(
+            live_is_checkpoint=torch._C._cuda_checkPoolLiveAllocations(
+                0, pool.id, {ptrs["a"], ptrs["b"]}),
+            a_owned=torch._C._has_Standard_Deleter(a._cdata),
+            c_owned=torch._C._has_Standard_Deleter(c.untyped_storage()._cdata),
+            allocated=torch.cuda.memory_allocated())
+        del a, b, c
+        seen.update(allocated_after=torch.cuda.memory_allocated(), errors=wc.free_errors()[0],
+                    live_after=torch._C._cuda_checkPoolLiveAllocations(0, pool.id, set()))
+        print(json.dumps(seen))
+    """)
+    assert out["c_took_a"] and out["standard_a"] is False
+    assert out["live_is_checkpoint"] and out["a_owned"] and not out["c_owned"]
+    assert out["allocated"] == 4 * MiB
+    assert out["allocated_after"] == 0 and out["errors"] == 0 and out["live_after"]
 
 
 def test_auto_falls_back_to_the_pluggable_registration_and_says_why(fake_cuda_env, tmp_path):

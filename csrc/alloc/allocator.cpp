@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <iterator>
 #include <sstream>
 
 namespace waterwave {
@@ -86,6 +87,40 @@ Addr Allocator::allocate(std::size_t bytes, StreamId stream) {
   hand_out(b, r);
   stats_.served[static_cast<int>(how)]++;
   if (history_.on()) note("alloc", b->addr, b->size, stream);
+  return b->addr;
+}
+
+Addr Allocator::allocate_at(Addr addr, std::size_t size, std::size_t requested) {
+  Lock lock(mu_);
+  auto refuse = [&](const char* why) {
+    throw ConfigError("cannot hand out " + format_bytes(size) + " at " + format_addr(addr) +
+                      ": " + why);
+  };
+  // Only PyTorch's policy files a free block under the stream of its
+  // segment; the waterwave policy's unsynced blocks belong to the stream
+  // that freed them.
+  if (kind_ != PolicyKind::kPytorch) refuse("only the pytorch policy restores blocks in place");
+  if (size == 0 || requested > size || addr + size < addr) refuse("not a block's size");
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) refuse("no segment holds that address");
+  Segment* seg = std::prev(it)->second;
+  if (addr + size > seg->addr + seg->size) refuse("it runs past its segment");
+  Block* b = seg->head;
+  while (b && b->end() <= addr) b = b->next;
+  if (!b || !b->set || !b->mapped || !b->events.empty() || b->addr > addr ||
+      b->end() < addr + size) {
+    refuse("that memory is not one cached free block");
+  }
+  FreeSet* origin = b->set;
+  erase_free(b);
+  if (b->addr < addr) {  // the front stays cached where it was
+    Block* rest = split(b, addr - b->addr);
+    insert_free(*origin, b);
+    b = rest;
+  }
+  if (b->size > size) insert_free(*origin, split(b, size));
+  hand_out(b, Request{requested, size, seg->pool, seg->stream});
+  if (history_.on()) note("alloc", b->addr, b->size, b->stream);
   return b->addr;
 }
 

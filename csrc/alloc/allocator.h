@@ -66,6 +66,12 @@ class Allocator {
   // Returns a device address for `bytes` usable on `stream`; 0 for 0 bytes.
   // Throws OutOfMemoryError with the statistics when nothing can be found.
   Addr allocate(std::size_t bytes, StreamId stream);
+  // Hands out exactly [addr, addr + size) with `requested` bytes asked for:
+  // a private pool restored to a checkpoint (PyTorch's setCheckpointPoolState)
+  // gets its live blocks back where they were. The range must lie inside one
+  // cached free block of a segment, waiting on no event; else ConfigError and
+  // nothing changes. The block keeps its segment's stream.
+  Addr allocate_at(Addr addr, std::size_t size, std::size_t requested);
   // Frees a pointer returned by allocate. Throws PointerError for an unknown
   // pointer, a double free, or a pointer into the middle of an allocation.
   void deallocate(Addr ptr);

@@ -92,6 +92,13 @@ void bind_stack(py::module_& m) {
       // The allocation path.
       .def("alloc", &BoundStack::allocate, py::arg("nbytes"), py::arg("stream") = 0, release_gil)
       .def("free", [](BoundStack& a, Addr p) { a.stack().deallocate(p); }, py::arg("ptr"), release_gil)
+      .def("_allocate_at",
+           [](BoundStack& a, Addr p, std::size_t size, std::size_t requested) {
+             return a.stack().online().allocate_at(p, size, requested);
+           },
+           py::arg("ptr"), py::arg("size"), py::arg("requested"), release_gil,
+           "Hand out exactly [ptr, ptr + size) again (a private pool restored to a "
+           "checkpoint; the pytorch policy only).")
       .def("record_stream", [](BoundStack& a, Addr p, StreamId s) { a.stack().record_stream(p, s); },
            py::arg("ptr"), py::arg("stream"), release_gil)
       .def("allocation_size", [](BoundStack& a, Addr p) { return a.stack().allocation_size(p); },

@@ -140,6 +140,15 @@ void CudaRuntime::begin_pool_window(int device, PoolId pool) {
   if (d.pools->begin_window(pool)) d.stack->sync_and_coalesce();
 }
 
+void CudaRuntime::restore_pool(int device, PoolId pool,
+                               const std::vector<PrivatePools::LiveBlock>& live,
+                               std::vector<Addr>& freed) {
+  PrivatePools& p = pools(device);
+  p.restore(pool, live, freed);
+  for (Addr ptr : freed) accounts_.freed(ptr);
+  for (const auto& b : live) accounts_.allocated(b.addr, [&] { return b.size; });
+}
+
 void CudaRuntime::end_pool_window(int device, PoolId pool) {
   PerDevice& d = stack_owner(device);
   for (Addr ptr : d.pools->end_window(pool)) {

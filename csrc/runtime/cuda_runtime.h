@@ -78,6 +78,9 @@ class CudaRuntime {
   void begin_pool_window(int device, PoolId pool);
   // endAllocateToPool; the last window's end runs the frees it deferred.
   void end_pool_window(int device, PoolId pool);
+  // setCheckpointPoolState (PrivatePools::restore), with thread accounts kept.
+  void restore_pool(int device, PoolId pool, const std::vector<PrivatePools::LiveBlock>& live,
+                    std::vector<Addr>& freed);
   // The hook names no device: the pointer belongs to the one stack that
   // holds it.
   void record_stream(Addr ptr, StreamId stream);

@@ -278,3 +278,15 @@ int waterwave_cuda_pools_empty(char* message, size_t capacity) {
     for (int device : rt.devices()) rt.pools(device).empty_retired();
   });
 }
+
+int waterwave_cuda_pool_restore(int device, uint64_t first, uint64_t second,
+                                const WaterwaveLiveBlock* live, size_t count, void* context,
+                                WaterwaveAddrVisitor freed, char* message, size_t capacity) {
+  return guarded(message, capacity, [&] {
+    std::vector<waterwave::cuda::PrivatePools::LiveBlock> blocks;
+    for (size_t i = 0; i < count; ++i) blocks.push_back({live[i].addr, live[i].size, live[i].requested});
+    std::vector<Addr> gone;
+    CudaRuntime::get().restore_pool(device, {first, second}, blocks, gone);
+    for (Addr p : gone) freed(context, p);
+  });
+}

@@ -53,3 +53,9 @@ WATERWAVE_EXPORT int waterwave_cuda_pool_malloc(int device, uint64_t first, uint
 // emptyCache of a private pool: retired pools on every device give their
 // cache back (PyTorch's MemPool does this as it is destroyed).
 WATERWAVE_EXPORT int waterwave_cuda_pools_empty(char* message, size_t capacity);
+// setCheckpointPoolState: the pool's allocated blocks are freed (each address
+// goes to `freed`), then `live` are handed out again where they were.
+WATERWAVE_EXPORT int waterwave_cuda_pool_restore(int device, uint64_t first, uint64_t second,
+                                                 const WaterwaveLiveBlock* live, size_t count,
+                                                 void* context, WaterwaveAddrVisitor freed,
+                                                 char* message, size_t capacity);

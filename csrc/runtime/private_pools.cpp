@@ -175,6 +175,29 @@ void PrivatePools::empty_retired() {
   publish_locked();
 }
 
+void PrivatePools::restore(PoolId id, const std::vector<LiveBlock>& live,
+                           std::vector<Addr>& freed) {
+  UniqueLock g(mu_);
+  auto it = pools_.find(id);
+  if (it == pools_.end() || it->second.uses == 0) {
+    throw ConfigError("cannot restore memory pool " + describe(id) + " to a checkpoint: it is " +
+                      (it == pools_.end() ? "not there" : "released"));
+  }
+  if (windows_.load() != 0) {
+    throw ConfigError("cannot restore memory pool " + describe(id) +
+                      " to a checkpoint while allocations are routed to a pool (end the capture "
+                      "or use_mem_pool first)");
+  }
+  AllocatorStack& stack = *it->second.stack;
+  for (const SegmentInfo& seg : stack.snapshot()) {
+    for (const BlockInfo& b : seg.blocks) {
+      if (b.state == "allocated") freed.push_back(b.addr);
+    }
+  }
+  for (Addr p : freed) stack.deallocate(p);
+  for (const LiveBlock& b : live) stack.online().allocate_at(b.addr, b.size, b.requested);
+}
+
 void PrivatePools::for_each(const std::function<void(PoolId, AllocatorStack&)>& fn) {
   SharedLock g(mu_);
   for (auto& [pid, p] : pools_) fn(pid, *p.stack);

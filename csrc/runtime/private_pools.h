@@ -86,6 +86,17 @@ class PrivatePools {
   // empty_cache: retired pools give back their free segments, and those
   // with no live block are dropped; nothing while a window is open.
   void empty_retired();
+  // Restore pool `id` to a checkpoint (PyTorch's setCheckpointPoolState):
+  // every block allocated in it now is freed (its address joins `freed`),
+  // then each of `live` ((address, size, requested) of the checkpoint's
+  // allocated blocks) is handed out again where it was. Refused (ConfigError)
+  // for a pool that is not in use or while a window is open.
+  struct LiveBlock {
+    Addr addr;
+    std::size_t size;
+    std::size_t requested;
+  };
+  void restore(PoolId id, const std::vector<LiveBlock>& live, std::vector<Addr>& freed);
   // Visit each pool (shared lock held: fn must not call back here).
   void for_each(const std::function<void(PoolId, AllocatorStack&)>& fn);
   // Visit one pool; false if there is none.

@@ -332,6 +332,50 @@ int main(int argc, char** argv) {
   for (auto& t : pool_threads) t.join();
   for (const Held& b : handoff) waterwave_cuda_free_owned(b.ptr);
   handoff.clear();
+  // A pool restored to a checkpoint (setCheckpointPoolState), as CUDA graph
+  // trees do: its blocks then come back where they were, the others go.
+  {
+    char message[256];
+    const std::uint64_t id = 1000;
+    void* stream = stream_of(0);
+    waterwave_cuda_pool_create(0, 0, id, message, sizeof message);
+    std::vector<WaterwaveLiveBlock> checkpoint;
+    std::vector<void*> later;
+    waterwave_cuda_pool_begin(0, 0, id, message, sizeof message);
+    for (std::size_t size : {4096ul, 3 * kMiB, 512ul, 700 * kKiB}) {
+      void* p = nullptr;
+      waterwave_cuda_pool_malloc(0, 0, id, size, stream, &p, message, sizeof message);
+      std::size_t block = 0;
+      waterwave_cuda_allocation_size(p, &block, message, sizeof message);
+      checkpoint.push_back({reinterpret_cast<std::uintptr_t>(p), block, size});
+    }
+    waterwave_cuda_free_owned(reinterpret_cast<void*>(checkpoint[1].addr));
+    for (std::size_t size : {kMiB, 2 * kMiB}) {
+      void* p = nullptr;
+      waterwave_cuda_pool_malloc(0, 0, id, size, stream, &p, message, sizeof message);
+      later.push_back(p);
+    }
+    waterwave_cuda_pool_end(0, 0, id, message, sizeof message);
+    waterwave_cuda_pool_release(0, 0, id, message, sizeof message);
+    std::vector<std::uintptr_t> freed;
+    const int restored = waterwave_cuda_pool_restore(
+        0, 0, id, checkpoint.data(), checkpoint.size(), &freed,
+        [](void* context, std::uintptr_t addr) {
+          static_cast<std::vector<std::uintptr_t>*>(context)->push_back(addr);
+        },
+        message, sizeof message);
+    if (restored != 0) fail(std::string("restoring a pool failed: ") + message);
+    if (freed.size() != checkpoint.size() - 1 + later.size()) fail("a restore freed the wrong blocks");
+    for (const WaterwaveLiveBlock& b : checkpoint) {
+      std::size_t block = 0;
+      if (waterwave_cuda_allocation_size(reinterpret_cast<void*>(b.addr), &block, message,
+                                         sizeof message) != 0 || block != b.size) {
+        fail("a restored block is not where it was");
+      }
+      waterwave_cuda_free_owned(reinterpret_cast<void*>(b.addr));
+    }
+    waterwave_cuda_pool_release(0, 0, id, message, sizeof message);
+  }
   if (violations && violations() != 0) fail("allocator calls broke a capture's rules");
   if (rt.pools(0).active()) fail("pools, windows or deferred frees were left behind");
   rt.stack(0).check_invariants();

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define WATERWAVE_NATIVE_ABI 2
+#define WATERWAVE_NATIVE_ABI 3
 
 // PyTorch's Stat, and its StatArray: [0] all, [1] small pool, [2] large pool.
 typedef struct {
@@ -68,6 +68,13 @@ typedef struct {
   double time_us;  // the host's steady clock
 } WaterwaveTraceView;
 
+// One allocated block of a private pool's checkpoint.
+typedef struct {
+  uintptr_t addr;
+  size_t size, requested;
+} WaterwaveLiveBlock;
+
+typedef void (*WaterwaveAddrVisitor)(void* context, uintptr_t addr);
 typedef void (*WaterwaveSegmentVisitor)(void* context, const WaterwaveSegmentView* segment);
 typedef void (*WaterwaveTraceVisitor)(void* context, const WaterwaveTraceView* entry);
 

@@ -18,7 +18,7 @@
 // every allocator call runs in relaxed capture mode, so that Waterwave's
 // own device calls never count as a capture's. What has no safe meaning
 // here is refused with a TORCH_CHECK naming it and the fix (IPC handles,
-// restoring a checkpointed pool state), never silently wrong.
+// allocating at a given address), never silently wrong.
 //
 // May include: c10, c10/cuda, the CUDA runtime's headers, native_abi.h.
 #include <c10/core/Allocator.h>
@@ -81,6 +81,8 @@ struct Core {
   int (*pool_malloc)(int, std::uint64_t, std::uint64_t, std::size_t, void*, void**, char*,
                      std::size_t);
   int (*pools_empty)(char*, std::size_t);
+  int (*pool_restore)(int, std::uint64_t, std::uint64_t, const WaterwaveLiveBlock*, std::size_t,
+                      void*, WaterwaveAddrVisitor, char*, std::size_t);
 };
 Core core{};
 
@@ -122,12 +124,12 @@ void deleter(void* ptr) {
   core.free_owned(ptr);
 }
 
-// A checkpoint of a private pool (getCheckpointState): the pool and its live
-// blocks then. Restoring one is refused (setCheckpointPoolState).
+// A checkpoint of a private pool (getCheckpointState): the pool and its
+// allocated blocks then, which setCheckpointPoolState hands out again.
 struct PoolCheckpoint final : cca::AllocatorState {
   c10::DeviceIndex device = 0;
   c10::MempoolId_t pool{0, 0};
-  std::vector<std::pair<std::uintptr_t, std::size_t>> live;
+  std::vector<WaterwaveLiveBlock> live;
 };
 
 class WaterwaveAllocator final : public cca::CUDAAllocator {
@@ -354,9 +356,9 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
                                 const std::unordered_set<void*>& expected) override {
     std::size_t live = 0;
     bool all_expected = true;
-    for_each_live_block(device, mempool_id, [&](std::uintptr_t addr, std::size_t) {
+    for_each_live_block(device, mempool_id, [&](const WaterwaveBlockView& b) {
       ++live;
-      all_expected = all_expected && expected.count(reinterpret_cast<void*>(addr)) != 0;
+      all_expected = all_expected && expected.count(reinterpret_cast<void*>(b.addr)) != 0;
     });
     return all_expected && live == expected.size();
   }
@@ -365,18 +367,38 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     auto state = std::make_shared<PoolCheckpoint>();
     state->device = device;
     state->pool = mempool_id;
-    for_each_live_block(device, mempool_id, [&](std::uintptr_t addr, std::size_t size) {
-      state->live.emplace_back(addr, size);
+    for_each_live_block(device, mempool_id, [&](const WaterwaveBlockView& b) {
+      state->live.push_back({b.addr, b.size, b.requested});
     });
     return state;
   }
-  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
-                                              std::shared_ptr<cca::AllocatorState>) override {
-    TORCH_CHECK(false, "restoring a memory pool to a checkpoint (torch.compile's CUDA graph "
-                "trees, when they record a new graph in the middle of a replayed path) is not "
-                "supported by the Waterwave allocator: set "
-                "torch._inductor.config.triton.cudagraph_trees = False, or use "
-                "torch.compile's default mode");
+  // CUDA graph trees (torch.compile's reduce-overhead mode), before they
+  // record a new graph in the middle of a replayed path: the pool's blocks
+  // become the checkpoint's again. PyTorch's binding then strips the
+  // deleters of stale tensors and gives the returned DataPtrs to the live.
+  cca::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> as) override {
+    auto state = std::dynamic_pointer_cast<PoolCheckpoint>(as);
+    TORCH_CHECK(state, "setCheckpointPoolState: the state was not taken by the Waterwave "
+                "allocator (getCheckpointState of this process)");
+    TORCH_CHECK(state->device == device, "setCheckpointPoolState: the state is device ",
+                int(state->device), "'s, not device ", int(device), "'s");
+    cca::CheckpointDelta delta;
+    char message[kMessage];
+    check(core.pool_restore(
+              device, state->pool.first, state->pool.second, state->live.data(),
+              state->live.size(), &delta.ptrs_freed,
+              [](void* context, std::uintptr_t addr) {
+                static_cast<std::vector<void*>*>(context)->push_back(reinterpret_cast<void*>(addr));
+              },
+              message, sizeof message),
+          message, "setCheckpointPoolState");
+    for (const WaterwaveLiveBlock& b : state->live) {
+      void* ptr = reinterpret_cast<void*>(b.addr);
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &deleter,
+                                         c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
 
   // ---- What has no meaning here ----
@@ -505,11 +527,11 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
 
   // The live blocks of one private pool on one device.
   void for_each_live_block(c10::DeviceIndex device, c10::MempoolId_t pool,
-                           const std::function<void(std::uintptr_t, std::size_t)>& fn) {
+                           const std::function<void(const WaterwaveBlockView&)>& fn) {
     struct Visit {
       c10::DeviceIndex device;
       c10::MempoolId_t pool;
-      const std::function<void(std::uintptr_t, std::size_t)>* fn;
+      const std::function<void(const WaterwaveBlockView&)>* fn;
     } visit{device, pool, &fn};
     char message[kMessage];
     check(core.visit_segments(
@@ -521,7 +543,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
                   return;
                 }
                 for (std::size_t i = 0; i < view->num_blocks; ++i) {
-                  if (view->blocks[i].allocated) (*v->fn)(view->blocks[i].addr, view->blocks[i].size);
+                  if (view->blocks[i].allocated) (*v->fn)(view->blocks[i]);
                 }
               },
               message, sizeof message),
@@ -645,6 +667,7 @@ WATERWAVE_NATIVE_EXPORT int waterwave_native_init(void* const* entry_points, int
   core.pool_use_count = reinterpret_cast<decltype(core.pool_use_count)>(e[17]);
   core.pool_malloc = reinterpret_cast<decltype(core.pool_malloc)>(e[18]);
   core.pools_empty = reinterpret_cast<decltype(core.pools_empty)>(e[19]);
+  core.pool_restore = reinterpret_cast<decltype(core.pool_restore)>(e[20]);
   return 0;
 }
 

@@ -26,7 +26,7 @@ ENTRY_POINTS = (
     "waterwave_cuda_record_history", "waterwave_cuda_history_enabled",
     "waterwave_cuda_visit_history", "waterwave_cuda_pool_create", "waterwave_cuda_pool_begin",
     "waterwave_cuda_pool_end", "waterwave_cuda_pool_release", "waterwave_cuda_pool_use_count",
-    "waterwave_cuda_pool_malloc", "waterwave_cuda_pools_empty",
+    "waterwave_cuda_pool_malloc", "waterwave_cuda_pools_empty", "waterwave_cuda_pool_restore",
 )
 
 
