@@ -189,9 +189,10 @@ def test_a_job_failing_in_any_group_stops_alone(schedule):
         def failing(group, env, k=k, run_group=run_group):
             run_group(group, env)
             if group == k:
-                made = [env[n] for n in bad.job.runner.stages[group].nodes
-                        if isinstance(env.get(n), torch.Tensor)]
-                theirs = {env[n].untyped_storage().data_ptr() for n in inputs}
+                runner = bad.job.runner
+                made = [runner.value(env, n) for n in runner.stages[group].nodes
+                        if isinstance(runner.value(env, n), torch.Tensor)]
+                theirs = {runner.value(env, n).untyped_storage().data_ptr() for n in inputs}
                 held.extend(weakref.ref(t) for t in made
                             if t.untyped_storage().data_ptr() not in theirs)
                 raise RuntimeError(f"boom in group {group}")
