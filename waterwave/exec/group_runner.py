@@ -63,6 +63,9 @@ class GroupRunner:
         # optimizer's hyperparameters (patched in place when a scheduler
         # changes them) are called through their node, so they always read
         # the values patched last.
+        from torch.fx import map_arg
+
+        self._map_arg = map_arg
         self.slot = {n: i for i, n in enumerate(fx_graph.nodes) if n.op != "output"}
         patched = {name for name, *_ in step.sites.sites}
         self._groups = [self._compile(k, stage, patched) for k, stage in enumerate(self.stages)]
@@ -105,9 +108,7 @@ class GroupRunner:
         return namespace["run"]
 
     def _by_node(self, n, env: list):
-        from torch.fx import map_arg
-
-        slot = self.slot
+        map_arg, slot = self._map_arg, self.slot
         args = map_arg(n.args, lambda x: env[slot[x]])
         kwargs = map_arg(n.kwargs, lambda x: env[slot[x]])
         return self._call(n, args, kwargs)
@@ -147,6 +148,4 @@ class GroupRunner:
                          "which the trainer cannot run")
 
     def finish(self, env: list):
-        from torch.fx import map_arg
-
-        return map_arg(self.output.args[0], lambda x: env[self.slot[x]])
+        return self._map_arg(self.output.args[0], lambda x: env[self.slot[x]])
