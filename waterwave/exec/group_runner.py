@@ -1,6 +1,7 @@
 """Running a captured step's FX graph one node group at a time, in a
 partition's order, each value dropped after its last use as eager PyTorch
 frees it: what each job of the NodeGroup pipeline runs between barrier waits.
+Each group is compiled once into a function of straight-line operator calls.
 
 May import: waterwave.pipeline, this package; torch.
 """
@@ -25,7 +26,9 @@ class GroupRunner:
 
     def __init__(self, step: CapturedStep, part: Partition):
         g = step.graph
-        # Run node by node (run_group), so a new hyperparameter needs no recompile.
+        # Not the module's own code: each group is compiled below, and the
+        # nodes holding hyperparameters read them from their patched nodes,
+        # so a new hyperparameter needs no recompile.
         self.module = step.reorder([g.nodes[v].name for v in part.order], compiled=False)
         group_of = {g.nodes[v].name: k for k, grp in enumerate(part.groups) for v in grp.nodes}
         fx_graph = self.module.graph
