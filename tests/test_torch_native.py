@@ -275,12 +275,18 @@ def test_mempool_and_use_mem_pool(fake_cuda_env):
     go to the pool, counted in torch's figures; the pool's snapshot shows
     its segments only; deleting the pool gives its memory back."""
     out = run(fake_cuda_env, """
+        torch.cuda.memory._record_memory_history(max_entries=1000)
         pool = torch.cuda.MemPool()
         seen = dict(uses_before=pool.use_count())
         with torch.cuda.use_mem_pool(pool):
             t = torch.empty(1 << 20, device="cuda")
             seen["uses_inside"] = pool.use_count()
         u = torch.empty(1 << 20, device="cuda")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        seen["traced"] = [e["action"] for e in trace
+                          if e["addr"] in (t.data_ptr(), u.data_ptr()) and e["action"] == "alloc"]
+        times = [e["time_us"] for e in trace]
+        seen["in_time_order"] = times == sorted(times)
         segments = pool.snapshot()
         seen.update(
             uses_after=pool.use_count(), allocated=torch.cuda.memory_allocated(),
@@ -300,6 +306,7 @@ def test_mempool_and_use_mem_pool(fake_cuda_env):
         print(json.dumps(seen))
     """)
     assert out["uses_before"] == 1 and out["uses_inside"] == 2 and out["uses_after"] == 1
+    assert out["traced"] == ["alloc", "alloc"] and out["in_time_order"]  # the pool's and u's
     assert out["allocated"] == 8 * MiB and out["pool_segments"] == 1
     assert out["holds_t"] and not out["holds_u"]
     assert out["live_check"] is True and out["live_check_wrong"] is False

@@ -38,7 +38,10 @@ CudaRuntime::PerDevice& CudaRuntime::create(int device) {
   d->device = std::make_unique<CudaDevice>(DriverApi::load(driver_), device);
   d->stack = std::make_unique<AllocatorStack>(*d->device, policy_, config_);
   d->pools = std::make_unique<PrivatePools>(*d->device, config_);
-  if (history_on_) d->stack->online().record_history(true, history_max_);
+  if (history_on_) {
+    d->stack->online().record_history(true, history_max_);
+    d->pools->record_history(true, history_max_);
+  }
   owners_[device] = d;
   devices_[device].store(d.get(), std::memory_order_release);
   const std::vector<int> made = devices();
@@ -177,7 +180,10 @@ void CudaRuntime::record_history(bool enabled, std::size_t max_entries) {
   history_on_ = enabled && max_entries > 0;
   history_max_ = max_entries;
   for (int i = 0; i < kMaxDevices; ++i) {
-    if (PerDevice* d = find(i)) d->stack->online().record_history(enabled, max_entries);
+    if (PerDevice* d = find(i)) {
+      d->stack->online().record_history(enabled, max_entries);
+      d->pools->record_history(enabled, max_entries);
+    }
   }
 }
 

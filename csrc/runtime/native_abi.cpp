@@ -1,5 +1,6 @@
 #include "native_abi.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -209,7 +210,17 @@ int waterwave_cuda_visit_history(void* context, WaterwaveTraceVisitor visit, cha
   return guarded(message, capacity, [&] {
     CudaRuntime& rt = CudaRuntime::get();
     for (int device : rt.devices()) {
-      for (const waterwave::HistoryEntry& e : rt.stack(device).online().history()) {
+      // The device's own stack and its private pools, merged in time order.
+      std::vector<waterwave::HistoryEntry> entries = rt.stack(device).online().history();
+      rt.pools(device).for_each([&](PoolId, AllocatorStack& pool) {
+        const std::vector<waterwave::HistoryEntry> more = pool.online().history();
+        entries.insert(entries.end(), more.begin(), more.end());
+      });
+      std::stable_sort(entries.begin(), entries.end(),
+                       [](const waterwave::HistoryEntry& a, const waterwave::HistoryEntry& b) {
+                         return a.time_us < b.time_us;
+                       });
+      for (const waterwave::HistoryEntry& e : entries) {
         const WaterwaveTraceView view{e.action, device, e.addr, e.size, stream_handle(e.stream),
                                       e.time_us};
         visit(context, &view);

@@ -37,6 +37,7 @@ PrivatePools::Pool& PrivatePools::create_or_incref_locked(PoolId id) {
   }
   Pool& p = pools_[id];
   p.stack = std::make_unique<AllocatorStack>(device_, PolicyKind::kPytorch, config_);
+  if (history_on_) p.stack->online().record_history(true, history_max_);
   publish_locked();
   return p;
 }
@@ -221,6 +222,13 @@ std::size_t PrivatePools::live_bytes() {
 std::size_t PrivatePools::deferred_count() {
   std::lock_guard<std::mutex> d(deferred_mu_);
   return deferred_.size();
+}
+
+void PrivatePools::record_history(bool enabled, std::size_t max_entries) {
+  UniqueLock g(mu_);
+  history_on_ = enabled && max_entries > 0;
+  history_max_ = max_entries;
+  for (auto& [pid, p] : pools_) p.stack->online().record_history(enabled, max_entries);
 }
 
 }  // namespace waterwave::cuda

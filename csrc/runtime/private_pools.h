@@ -103,6 +103,8 @@ class PrivatePools {
   bool visit(PoolId id, const std::function<void(AllocatorStack&)>& fn);
   std::size_t live_bytes();
   std::size_t deferred_count();
+  // Memory history in every pool, those made later included.
+  void record_history(bool enabled, std::size_t max_entries);
 
  private:
   struct Pool {
@@ -126,6 +128,8 @@ class PrivatePools {
   std::mutex deferred_mu_;       // after mu_ when both are held
   std::vector<Addr> deferred_;   // under deferred_mu_
   std::atomic<int> active_{0};   // pools, windows and deferred frees, any
+  bool history_on_ = false;      // under mu_
+  std::size_t history_max_ = 0;
 };
 
 }  // namespace waterwave::cuda
