@@ -34,19 +34,45 @@ void AllocatorStats::note_allocated_change() {
 }
 
 namespace {
-// Every Stat of PyTorch's kind in `s`: the nine StatArrays' three each, and
-// the two oversize counts.
+// Every Stat of PyTorch's kind: the nine StatArrays' three each, and the two
+// oversize counts.
+constexpr StatArray AllocatorStats::*kStatArrays[] = {
+    &AllocatorStats::allocation,   &AllocatorStats::allocated_bytes,
+    &AllocatorStats::requested_bytes, &AllocatorStats::active,
+    &AllocatorStats::active_bytes, &AllocatorStats::segment,
+    &AllocatorStats::reserved_bytes, &AllocatorStats::inactive_split,
+    &AllocatorStats::inactive_split_bytes};
+constexpr Stat AllocatorStats::*kStats[] = {&AllocatorStats::oversize_allocations,
+                                            &AllocatorStats::oversize_segments};
+
+// visit(Stat& in s, const Stat& the same one in t) for each of them.
+template <typename Visit>
+void for_each_stat(AllocatorStats& s, const AllocatorStats& t, Visit visit) {
+  for (auto member : kStatArrays) {
+    for (int i = 0; i < 3; ++i) visit((s.*member).s[i], (t.*member).s[i]);
+  }
+  for (auto member : kStats) visit(s.*member, t.*member);
+}
+
 template <typename Visit>
 void for_each_stat(AllocatorStats& s, Visit visit) {
-  for (StatArray* a : {&s.allocation, &s.allocated_bytes, &s.requested_bytes, &s.active,
-                       &s.active_bytes, &s.segment, &s.reserved_bytes, &s.inactive_split,
-                       &s.inactive_split_bytes}) {
-    for (Stat& x : a->s) visit(x);
-  }
-  visit(s.oversize_allocations);
-  visit(s.oversize_segments);
+  for_each_stat(s, s, [&](Stat& x, const Stat&) { visit(x); });
 }
 }  // namespace
+
+void AllocatorStats::add(const AllocatorStats& other) {
+  for_each_stat(*this, other, [](Stat& x, const Stat& y) {
+    x.current += y.current;
+    x.peak += y.peak;
+    x.allocated += y.allocated;
+    x.freed += y.freed;
+  });
+  num_alloc_retries += other.num_alloc_retries;
+  num_ooms += other.num_ooms;
+  num_sync_all_streams += other.num_sync_all_streams;
+  num_device_alloc += other.num_device_alloc;
+  num_device_free += other.num_device_free;
+}
 
 void AllocatorStats::reset_peaks() {
   for_each_stat(*this, [](Stat& x) { x.reset_peak(); });

@@ -91,6 +91,10 @@ struct AllocatorStats {
   // PyTorch's reset_accumulated_memory_stats: every Stat's allocated and
   // freed, and the counts of retries, OOMs, syncs and device calls.
   void reset_accumulated();
+  // Another allocator's figures joined to these (a device's private pools,
+  // reported with it as PyTorch reports them): PyTorch's Stats and the
+  // accumulated counts add up; a peak adds up to a bound on the joint peak.
+  void add(const AllocatorStats& other);
   // (reserved - allocated) / reserved at the peak of reserved.
   double fragmentation_at_peak() const;
   // 1 - peak allocated / peak reserved.

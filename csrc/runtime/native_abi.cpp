@@ -19,11 +19,7 @@ using waterwave::cuda::stream_id;
 namespace {
 
 int failed(const char* what, char* message, std::size_t capacity) {
-  if (message && capacity > 0) {
-    std::strncpy(message, what, capacity - 1);
-    message[capacity - 1] = '\0';
-  }
-  return kWaterwaveMallocFailed;
+  return waterwave::cuda::abi_failure(kWaterwaveMallocFailed, what, message, capacity);
 }
 
 // Runs `body`, turning any exception into the ABI's error code.
@@ -47,39 +43,6 @@ void copy_array(const waterwave::StatArray& from, WaterwaveStat (&to)[3]) {
   for (int i = 0; i < 3; ++i) copy_stat(from.s[i], to[i]);
 }
 
-// Private pools' figures join the device's, as in PyTorch's statistics:
-// current and accumulated counts add up exactly; a peak adds up to a bound
-// (each part's peak may have come at another time).
-void add_stat(const waterwave::Stat& from, waterwave::Stat& to) {
-  to.current += from.current;
-  to.peak += from.peak;
-  to.allocated += from.allocated;
-  to.freed += from.freed;
-}
-
-void add_array(const waterwave::StatArray& from, waterwave::StatArray& to) {
-  for (int i = 0; i < 3; ++i) add_stat(from.s[i], to.s[i]);
-}
-
-void add_stats(const waterwave::AllocatorStats& from, waterwave::AllocatorStats& to) {
-  add_array(from.allocation, to.allocation);
-  add_array(from.segment, to.segment);
-  add_array(from.active, to.active);
-  add_array(from.inactive_split, to.inactive_split);
-  add_array(from.allocated_bytes, to.allocated_bytes);
-  add_array(from.reserved_bytes, to.reserved_bytes);
-  add_array(from.active_bytes, to.active_bytes);
-  add_array(from.inactive_split_bytes, to.inactive_split_bytes);
-  add_array(from.requested_bytes, to.requested_bytes);
-  add_stat(from.oversize_allocations, to.oversize_allocations);
-  add_stat(from.oversize_segments, to.oversize_segments);
-  to.num_alloc_retries += from.num_alloc_retries;
-  to.num_ooms += from.num_ooms;
-  to.num_sync_all_streams += from.num_sync_all_streams;
-  to.num_device_alloc += from.num_device_alloc;
-  to.num_device_free += from.num_device_free;
-}
-
 }  // namespace
 
 int waterwave_native_abi() { return WATERWAVE_NATIVE_ABI; }
@@ -92,7 +55,7 @@ int waterwave_cuda_device_stats(int device, WaterwaveDeviceStats* out, char* mes
     if (!stack) return;  // nothing allocated there yet: all zero, as torch reports
     waterwave::AllocatorStats s = stack->stats();
     CudaRuntime::get().pools(device).for_each(
-        [&](PoolId, AllocatorStack& pool) { add_stats(pool.stats(), s); });
+        [&](PoolId, AllocatorStack& pool) { s.add(pool.stats()); });
     copy_array(s.allocation, out->allocation);
     copy_array(s.segment, out->segment);
     copy_array(s.active, out->active);
@@ -265,22 +228,16 @@ int waterwave_cuda_pool_use_count(int device, uint64_t first, uint64_t second) {
 
 int waterwave_cuda_pool_malloc(int device, uint64_t first, uint64_t second, size_t size,
                                void* stream, void** out, char* message, size_t capacity) {
-  try {
-    *out = reinterpret_cast<void*>(
-        CudaRuntime::get().allocate_in_pool({first, second}, size, device, stream_id(stream)));
-    return kWaterwaveMallocOk;
-  } catch (const waterwave::OutOfMemoryError& e) {
-    const std::string why = std::string(e.what()) +
-                            " (in a private memory pool: a CUDA graph's or torch.cuda.MemPool's, "
-                            "which keeps its cache; free memory before the capture, e.g. "
-                            "torch.cuda.empty_cache())";
-    failed(why.c_str(), message, capacity);
-    return kWaterwaveMallocOutOfMemory;
-  } catch (const std::exception& e) {
-    return failed(e.what(), message, capacity);
-  } catch (...) {
-    return failed("allocation in a private pool failed with an unknown error", message, capacity);
-  }
+  return waterwave::cuda::try_allocation(out, message, capacity, [&] {
+    try {
+      return CudaRuntime::get().allocate_in_pool({first, second}, size, device, stream_id(stream));
+    } catch (const waterwave::OutOfMemoryError& e) {
+      throw waterwave::OutOfMemoryError(
+          std::string(e.what()) + " (in a private memory pool: a CUDA graph's or "
+          "torch.cuda.MemPool's, which keeps its cache; free memory before the capture, e.g. "
+          "torch.cuda.empty_cache())");
+    }
+  });
 }
 
 int waterwave_cuda_pools_empty(char* message, size_t capacity) {

@@ -13,28 +13,20 @@ void* waterwave_cuda_malloc(std::size_t size, int device, void* stream) {
   return reinterpret_cast<void*>(CudaRuntime::get().allocate(size, device, stream_id(stream)));
 }
 
-namespace {
-int fail(int kind, const char* what, char* message, std::size_t capacity) {
+int waterwave::cuda::abi_failure(int kind, const char* what, char* message,
+                                 std::size_t capacity) {
   if (message && capacity > 0) {
     std::strncpy(message, what, capacity - 1);
     message[capacity - 1] = '\0';
   }
   return kind;
 }
-}  // namespace
 
 int waterwave_cuda_try_malloc(std::size_t size, int device, void* stream, void** out, char* message,
                               std::size_t capacity) {
-  try {
-    *out = waterwave_cuda_malloc(size, device, stream);
-    return kWaterwaveMallocOk;
-  } catch (const waterwave::OutOfMemoryError& e) {
-    return fail(kWaterwaveMallocOutOfMemory, e.what(), message, capacity);
-  } catch (const std::exception& e) {
-    return fail(kWaterwaveMallocFailed, e.what(), message, capacity);
-  } catch (...) {
-    return fail(kWaterwaveMallocFailed, "allocation failed with an unknown error", message, capacity);
-  }
+  return waterwave::cuda::try_allocation(out, message, capacity, [&] {
+    return CudaRuntime::get().allocate(size, device, stream_id(stream));
+  });
 }
 
 int waterwave_cuda_try_malloc_abi() { return kWaterwaveTryMallocAbi; }

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <mutex>
 #include <string>
@@ -302,19 +303,23 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     check(core.pool_begin(device, mempool_id.first, mempool_id.second, message, sizeof message),
           message, "beginAllocateToPool");
     std::lock_guard<std::mutex> g(mu_);
-    routes_.push_back({device, mempool_id, std::move(filter)});
+    auto routes = std::make_shared<std::vector<Route>>(*routes_);
+    routes->push_back({device, mempool_id, std::move(filter)});
+    routes_ = std::move(routes);
     windows_open.fetch_add(1, std::memory_order_acq_rel);
   }
   // Called after cudaStreamEndCapture: the frees held during the window run.
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     {
       std::lock_guard<std::mutex> g(mu_);
-      auto it = std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) {
+      auto routes = std::make_shared<std::vector<Route>>(*routes_);
+      auto it = std::find_if(routes->begin(), routes->end(), [&](const Route& r) {
         return r.device == device && r.pool == mempool_id;
       });
-      TORCH_CHECK(it != routes_.end(), "endAllocateToPool: allocations on device ", int(device),
+      TORCH_CHECK(it != routes->end(), "endAllocateToPool: allocations on device ", int(device),
                   " do not go to memory pool (", mempool_id.first, ", ", mempool_id.second, ")");
-      routes_.erase(it);
+      routes->erase(it);
+      routes_ = std::move(routes);
     }
     windows_open.fetch_sub(1, std::memory_order_acq_rel);
     char message[kMessage];
@@ -434,12 +439,12 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
 
   // The pool an allocation on (device, stream) goes to, if a window routes it.
   std::optional<c10::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
-    std::vector<Route> open;
+    std::shared_ptr<const std::vector<Route>> open;
     {
       std::lock_guard<std::mutex> g(mu_);
-      open = routes_;
+      open = routes_;  // a reference: windows replace the list, never change it
     }
-    for (const Route& r : open) {  // filters run unlocked: they call CUDA
+    for (const Route& r : *open) {  // filters run unlocked: they call CUDA
       if (r.device == device && r.filter(stream)) return r.pool;
     }
     return std::nullopt;
@@ -635,7 +640,9 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
   std::atomic<cca::CreateContextFn> recorder_{nullptr};
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> contexts_;  // under mu_
   std::vector<cca::OutOfMemoryObserver> oom_observers_;                      // under mu_
-  std::vector<Route> routes_;                                                // under mu_
+  // The open windows; replaced whole under mu_, so an allocation reads them
+  // unlocked from the reference it took.
+  std::shared_ptr<const std::vector<Route>> routes_ = std::make_shared<std::vector<Route>>();
 };
 
 }  // namespace
