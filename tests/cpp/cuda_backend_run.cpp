@@ -58,6 +58,15 @@ bool intact(const Held& b) {
   return p[b.size - 1] == b.byte;
 }
 
+// A held block chosen at random, taken out of `mine`.
+Held take_any(std::vector<Held>& mine, std::mt19937_64& rng) {
+  const std::size_t k = rng() % mine.size();
+  Held b = mine[k];
+  mine[k] = mine.back();
+  mine.pop_back();
+  return b;
+}
+
 // One step of a fixed program, as the planned trainer runs it.
 void program_step(std::vector<void*>& live, void* stream) {
   static const std::size_t sizes[] = {4096, 3 * kMiB, 512, 2 * kMiB, 700 * kKiB, 3 * kMiB, 64 * kKiB};
@@ -151,10 +160,7 @@ int main(int argc, char** argv) {
             mine.push_back({p, size, stream, byte});
           }
         } else if (r < 850 && !mine.empty()) {
-          const std::size_t k = rng() % mine.size();
-          Held b = mine[k];
-          mine[k] = mine.back();
-          mine.pop_back();
+          Held b = take_any(mine, rng);
           if (!intact(b)) fail("a live block was overwritten");
           if (rng() % 4 == 0) {
             std::lock_guard<std::mutex> g(handoff_mu);
@@ -291,10 +297,7 @@ int main(int argc, char** argv) {
               if (!in_pool && rng() % 3 == 0) waterwave_cuda_record_stream(p, capturing);
             }
           } else if (r < 90 && !mine.empty()) {
-            const std::size_t k = rng() % mine.size();
-            Held b = mine[k];
-            mine[k] = mine.back();
-            mine.pop_back();
+            Held b = take_any(mine, rng);
             if (!intact(b)) fail("a block beside a pool window was overwritten");
             if (rng() % 4 == 0) {
               std::lock_guard<std::mutex> g(handoff_mu);
