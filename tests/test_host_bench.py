@@ -42,6 +42,13 @@ def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
     for row in res["rows"]:
         assert row["eager_ms_per_step"] > 0 and row["train_ms_per_step"] > 0
         assert abs(row["ratio"] - row["train_ms_per_step"] / row["eager_ms_per_step"]) < 1e-9
+        assert row["train_page_faults_per_step"] >= 0 and row["eager_context_switches_per_step"] >= 0
+    assert {row["malloc"] for row in res["rows"]} == {"default"}  # --quick: glibc as it is
+    two = res["rows"][1]  # two jobs: eager loops from a thread each are measured too
+    assert two["eager_threads_ms_per_step"] > 0
+    assert abs(two["ratio_to_eager_threads"]
+               - two["train_ms_per_step"] / two["eager_threads_ms_per_step"]) < 1e-9
+    assert "eager_threads_ms_per_step" not in res["rows"][0]
     assert "| mlp | 2 |" in (tmp_path / "train_host.md").read_text()
 
 

@@ -1,21 +1,26 @@
 """What ``Job.train`` costs the host, on the CPU: the wall time per step of
-k jobs trained with ``job.train`` from k threads at once (Optuna's
-``n_jobs``), against plain PyTorch training the same jobs one after
-another in eager loops, for a small MLP, resnet18 on 32x32 images and a
-small transformer encoder, with 1, 2 and 4 jobs.
+k jobs trained with ``job.train`` (one job on the main thread; more from k
+threads at once, as Optuna's ``n_jobs`` runs trials), against plain PyTorch
+training the same jobs one after another in eager loops, and against eager
+loops run from k threads at once, for a small MLP, resnet18 on 32x32
+images and a small transformer encoder, with 1, 2 and 4 jobs.
 
-    python bench/concurrent/train_host.py [--out bench/results] [--steps 30] [--quick]
+    python bench/concurrent/train_host.py [--out bench/results] [--steps 30] [--repeats 5] [--quick]
 
 Each job trains ``steps`` steps after one warm-up call (its capture is not
-counted; an eager loop's first step is not either). Every measurement runs
-in a fresh process, eager and ``job.train`` in turn: run in one process,
-whichever ran second was slowed by the memory the first left behind. The session has no
-memory limit (the CPU has none), so the jobs run side by side; on a 2-core
-machine they share its cores, as eager loops run one after another do not,
-so the ratio also holds the cost of that sharing. Results go to
-bench/results/train_host.{json,md}, naming the machine. A benchmark, not a
-test: it prints what it measured, and the target (within 10% of eager for
-resnet18 and the transformer) is read from the table.
+counted; an eager loop's first step is not either). A thread builds its own
+job, as an objective builds its model in its trial's thread. Every
+measurement runs in a fresh process, the modes in turn: run in one
+process, whichever ran second was slowed by the memory the first left
+behind. Each also counts the process's minor page faults and context
+switches, where most of the differences on the CPU lie (glibc's
+per-thread heaps, OpenMP's sleeping workers; see docs/results.md). The
+session has no memory limit (the CPU has none), so the jobs run side by
+side; on a 2-core machine they share its cores, as eager loops run one
+after another do not. Results go to bench/results/train_host.{json,md},
+naming the machine. A benchmark, not a test: it prints what it measured,
+and the target (within 10% of eager for resnet18 and the transformer) is
+read from the table.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -82,109 +88,191 @@ def optimizer(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def eager_seconds(model_name: str, jobs: int, steps: int) -> float:
-    """Wall seconds for ``jobs`` eager loops of ``steps`` steps, one after another."""
-    total = 0.0
-    for k in range(jobs):
-        model, data = make(model_name, k)
-        opt = optimizer(model)
+def _eager_job(model_name: str, k: int):
+    """A function that trains job k eagerly for n steps, warmed up by one step
+    (as the job's first call is)."""
+    model, data = make(model_name, k)
+    opt = optimizer(model)
+    done = [0]
 
-        def step(i):
-            x, y = data[i % len(data)]
+    def train(n: int) -> None:
+        for _ in range(n):
+            x, y = data[done[0] % len(data)]
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            return loss.item()
+            loss.item()
+            done[0] += 1
 
-        step(0)  # warm-up, as the job's first call is
+    train(1)
+    return train
+
+
+def _waterwave_job(model_name: str, k: int, session):
+    """A function that trains job k by ``job.train``, after a warm-up call
+    (the first call cuts the step into groups)."""
+    model, data = make(model_name, k)
+    job = ww.Job(model, loss_fn=F.cross_entropy, optimizer=optimizer(model), data=data)
+    job.train(1, session=session)
+
+    def train(n: int) -> None:
+        job.train(n, session=session)
+        if job.failed:
+            raise RuntimeError(f"the job failed: {job.error!r}")
+    return train
+
+
+class _Counters:
+    """The process's minor page faults and context switches over a window."""
+
+    def __init__(self):
+        self.start = resource.getrusage(resource.RUSAGE_SELF)
+
+    def since(self) -> dict:
+        now = resource.getrusage(resource.RUSAGE_SELF)
+        return {"page_faults": now.ru_minflt - self.start.ru_minflt,
+                "context_switches": (now.ru_nvcsw + now.ru_nivcsw
+                                     - self.start.ru_nvcsw - self.start.ru_nivcsw)}
+
+
+def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
+    """One measurement: the wall seconds (and the process's page faults and
+    context switches) for ``jobs`` jobs of ``steps`` steps each.
+
+    ``eager``: eager loops one after another on the main thread, each built
+    there. ``eager-threads``: eager loops from a thread each, at once.
+    ``train``: ``job.train`` (one job: on the main thread, as a plain loop
+    calls it; more: from a thread each, at once). Threads build their own
+    job, as an Optuna objective builds its model in the trial's thread: a
+    model built on the main thread would start an OpenMP thread team there
+    too, and with more OpenMP threads than cores every parallel region
+    wakes sleeping workers (libgomp spins only 100 times before sleeping
+    then), which slows eager loops and ``job.train`` alike."""
+    if mode == "eager":
+        made = [_eager_job(model_name, k) for k in range(jobs)]
+        counters = _Counters()
         start = time.perf_counter()
-        for i in range(steps):
-            step(i + 1)
-        total += time.perf_counter() - start
-    return total
+        for train in made:
+            train(steps)
+        return {"seconds": time.perf_counter() - start, **counters.since()}
+    session = ww.TrainingSession("cpu") if mode == "train" else None
 
-
-def train_seconds(model_name: str, jobs: int, steps: int) -> float:
-    """Wall seconds for ``jobs`` threads each calling ``job.train(steps)`` at
-    once; one job calls it on the main thread, as a plain loop (or Optuna's
-    ``n_jobs=1``) does. (PyTorch's CPU operators run slower from a second
-    thread than from the main one, whoever calls them: resnet18's eager step
-    took 88 ms there against 62 ms on the main thread, its OpenMP thread team
-    being the thread's own. A thread for one job measured that, not
-    Waterwave.)"""
-    session = ww.TrainingSession("cpu")
-    made = []
-    for k in range(jobs):
-        model, data = make(model_name, k)
-        job = ww.Job(model, loss_fn=F.cross_entropy, optimizer=optimizer(model), data=data)
-        job.train(1, session=session)  # warm-up: the first call cuts the step into groups
-        made.append(job)
-    if jobs == 1:
+    def build(k):
+        return (_eager_job(model_name, k) if mode == "eager-threads"
+                else _waterwave_job(model_name, k, session))
+    if jobs == 1 and mode == "train":
+        train = build(0)
+        counters = _Counters()
         start = time.perf_counter()
-        made[0].train(steps, session=session)
-        elapsed = time.perf_counter() - start
-        if made[0].failed:
-            raise RuntimeError(f"the job failed: {made[0].error!r}")
-        return elapsed
+        train(steps)
+        return {"seconds": time.perf_counter() - start, **counters.since()}
     go = threading.Barrier(jobs + 1)
-    threads = [threading.Thread(target=lambda j=j: (go.wait(), j.train(steps, session=session)))
-               for j in made]
+    errors: list[BaseException] = []
+
+    def thread(k):
+        try:
+            train = build(k)
+        except BaseException as e:
+            errors.append(e)
+            go.abort()
+            return
+        try:
+            go.wait()
+            train(steps)
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=thread, args=(k,)) for k in range(jobs)]
     for t in threads:
         t.start()
-    go.wait()
+    try:
+        go.wait()
+    except threading.BrokenBarrierError:
+        pass
+    counters = _Counters()
     start = time.perf_counter()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    failed = [j for j in made if j.failed]
-    if failed:
-        raise RuntimeError(f"a job failed: {failed[0].error!r}")
-    return elapsed
+    if errors:
+        raise RuntimeError(f"a job failed: {errors[0]!r}")
+    return {"seconds": elapsed, **counters.since()}
 
 
-def measure(model_name: str, jobs: int, steps: int, mode: str) -> float:
-    """Seconds of one measurement, in a fresh process."""
+# glibc's malloc settings a measurement runs under (read at process start).
+# By default glibc gives the top of its heap back to the system whenever
+# more than a threshold is free there, and the next step faults those pages
+# in again; how often depends on where long-lived tensors sit in the heap,
+# so it differs between eager loops (whose gradients live from one step to
+# the next) and a captured step (whose gradients die at their update).
+# "no trim" keeps freed memory in the process, as PyTorch's CPU tuning guide
+# gets by recommending jemalloc or TCMalloc, so that what is left is the
+# cost of the training loops themselves.
+MALLOC = {"default": {}, "no-trim": {"MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+                                     "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}}
+
+
+def measure(model_name: str, jobs: int, steps: int, mode: str, malloc: str = "default") -> dict:
+    """One measurement, in a fresh process, under the ``malloc`` settings."""
+    env = {**os.environ, **MALLOC[malloc]}
     r = subprocess.run([sys.executable, __file__, "--one", model_name, str(jobs), str(steps), mode],
-                       capture_output=True, text=True, timeout=900, check=False)
+                       capture_output=True, text=True, timeout=900, check=False, env=env)
     if r.returncode != 0:
-        raise RuntimeError(f"{mode} {model_name} x{jobs} failed: {r.stderr[-2000:]}")
-    return float(r.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{mode} {model_name} x{jobs} ({malloc} malloc) failed: "
+                           f"{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="one model, 1 and 2 jobs, 3 steps")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--malloc", choices=[*MALLOC, "both"], default="both",
+                    help="glibc malloc settings to measure under (default: both)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one model, 1 and 2 jobs, 3 steps, default malloc")
     ap.add_argument("--one", nargs=4, metavar=("MODEL", "JOBS", "STEPS", "MODE"),
                     help=argparse.SUPPRESS)  # one measurement: what measure() runs
     args = ap.parse_args(argv)
     if args.one:
         model_name, jobs, steps, mode = args.one
-        run = eager_seconds if mode == "eager" else train_seconds
-        print(run(model_name, int(jobs), int(steps)))
+        print(json.dumps(run_mode(model_name, int(jobs), int(steps), mode)))
         return 0
     models = ["mlp"] if args.quick else ["mlp", "resnet18-32", "transformer"]
     counts = [1, 2] if args.quick else [1, 2, 4]
     steps = 3 if args.quick else args.steps
     repeats = 1 if args.quick else args.repeats
+    mallocs = (["default"] if args.quick else
+               list(MALLOC) if args.malloc == "both" else [args.malloc])
     rows = []
-    for model_name in models:
-        for jobs in counts:
-            times = {"eager": [], "train": []}
-            for _ in range(repeats):  # in turn, so that drift hits both alike
-                for mode in times:
-                    times[mode].append(measure(model_name, jobs, steps, mode))
-            eager, ours = statistics.median(times["eager"]), statistics.median(times["train"])
-            row = {"model": model_name, "jobs": jobs, "steps_per_job": steps,
-                   "eager_ms_per_step": 1000 * eager / (jobs * steps),
-                   "train_ms_per_step": 1000 * ours / (jobs * steps), "ratio": ours / eager}
-            rows.append(row)
-            print(f"{model_name:12} {jobs} job(s): eager one after another "
-                  f"{row['eager_ms_per_step']:7.2f} ms/step, job.train side by side "
-                  f"{row['train_ms_per_step']:7.2f} ms/step ({row['ratio']:.2f}x)", flush=True)
+    for model_name, jobs, malloc in ((m, j, a) for m in models for j in counts for a in mallocs):
+        modes = ["eager", "train"] if jobs == 1 else ["eager", "eager-threads", "train"]
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for _ in range(repeats):  # in turn, so that drift hits all alike
+            for mode in modes:
+                runs[mode].append(measure(model_name, jobs, steps, mode, malloc))
+        row = {"model": model_name, "jobs": jobs, "malloc": malloc, "steps_per_job": steps}
+        for mode, got in runs.items():
+            key = mode.replace("-", "_")
+            row[f"{key}_ms_per_step"] = 1000 * statistics.median(
+                r["seconds"] for r in got) / (jobs * steps)
+            row[f"{key}_ms_per_step_runs"] = [1000 * r["seconds"] / (jobs * steps)
+                                              for r in got]
+            row[f"{key}_page_faults_per_step"] = statistics.median(
+                r["page_faults"] for r in got) / (jobs * steps)
+            row[f"{key}_context_switches_per_step"] = statistics.median(
+                r["context_switches"] for r in got) / (jobs * steps)
+        row["ratio"] = row["train_ms_per_step"] / row["eager_ms_per_step"]
+        if jobs > 1:
+            row["ratio_to_eager_threads"] = (row["train_ms_per_step"]
+                                             / row["eager_threads_ms_per_step"])
+        rows.append(row)
+        threads = (f", eager from threads {row['eager_threads_ms_per_step']:7.2f}"
+                   if jobs > 1 else "")
+        print(f"{model_name:12} {jobs} job(s), {malloc} malloc: eager one after another "
+              f"{row['eager_ms_per_step']:7.2f} ms/step{threads}, job.train "
+              f"{row['train_ms_per_step']:7.2f} ms/step ({row['ratio']:.2f}x)", flush=True)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"torch {torch.__version__} ({torch.get_num_threads()} intra-op threads)")
     os.makedirs(args.out, exist_ok=True)
@@ -192,14 +280,31 @@ def main(argv=None) -> int:
         json.dump({"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
     lines = ["# Job.train's host cost against eager loops (measured on the CPU)", "",
              f"Machine: {machine}; {time.strftime('%Y-%m-%d')}. Made by "
-             "`python bench/concurrent/train_host.py`: the median of "
+             "`python bench/concurrent/train_host.py`: per figure, the median of "
              f"{repeats} runs of {steps} steps per job, after a warm-up call, each run in a fresh "
              "process.", "",
-             "| model | jobs | eager, one after another, ms/step | job.train (one job: on the main "
-             "thread; more: from a thread each), ms/step | ratio |", "|---|---|---|---|---|"]
+             "glibc malloc: `default`, or `no-trim` (MALLOC_TRIM_THRESHOLD_=4 GiB, "
+             "MALLOC_MMAP_THRESHOLD_=32 MiB: freed memory stays in the process).", "",
+             "| model | jobs | malloc | eager, one after another | eager, a thread each | "
+             "job.train | ratio to one after another | ratio to eager threads | "
+             "page faults per step (eager / threads / job.train) | context switches per step "
+             "(eager / threads / job.train) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(r, key, fmt):
+        value = r.get(key)
+        return "–" if value is None else format(value, fmt)
     for r in rows:
-        lines.append(f"| {r['model']} | {r['jobs']} | {r['eager_ms_per_step']:.2f} | "
-                     f"{r['train_ms_per_step']:.2f} | {r['ratio']:.2f} |")
+        lines.append(
+            f"| {r['model']} | {r['jobs']} | {r['malloc']} | {r['eager_ms_per_step']:.2f} ms | "
+            f"{cell(r, 'eager_threads_ms_per_step', '.2f')} | {r['train_ms_per_step']:.2f} ms | "
+            f"{r['ratio']:.2f} | {cell(r, 'ratio_to_eager_threads', '.2f')} | "
+            f"{r['eager_page_faults_per_step']:.0f} / "
+            f"{cell(r, 'eager_threads_page_faults_per_step', '.0f')} / "
+            f"{r['train_page_faults_per_step']:.0f} | "
+            f"{r['eager_context_switches_per_step']:.0f} / "
+            f"{cell(r, 'eager_threads_context_switches_per_step', '.0f')} / "
+            f"{r['train_context_switches_per_step']:.0f} |")
     with open(os.path.join(args.out, "train_host.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"results: {args.out}/train_host.md and .json")
