@@ -330,13 +330,13 @@ R18_32 = JobModel("resnet18-32px", lambda b: models.build("resnet18", b, input_s
 def test_the_pipeline_chooses_by_throughput_never_below_lockstep_or_turns(jobs, batch, gpu, room):
     """Issue 27, part 4 (simulated): with the kernels of different jobs at
     once, the pipeline's node groups run in whichever operator order trains
-    faster, so under the same allocator it is never below the better of
-    lockstep (where that fits) and turns. Against lockstep under PyTorch's
-    policy (what users run now) it is within 0.3%: jobs running free in
-    program order are lockstep's run exactly, less the waterwave policy's
-    asynchronous stream waits (a block reused across streams instead of a
-    new segment). Four resnet18 jobs at batch 64 on 32x32 inputs on the
-    H100 run at least 1.3x one after another."""
+    faster, under the waterwave policy or PyTorch's, whichever trains
+    faster, so it is never below the better of lockstep (where that fits)
+    and turns: jobs running free in program order under PyTorch's policy are
+    lockstep's run exactly, and the waterwave policy's asynchronous stream
+    waits (a block reused across streams instead of a new segment) cost
+    where memory is to spare. Four resnet18 jobs at batch 64 on 32x32 inputs
+    on the H100 run at least 1.3x one after another."""
     from waterwave.sim.maxbatch import simulate_models
 
     limit = None
@@ -349,7 +349,8 @@ def test_the_pipeline_chooses_by_throughput_never_below_lockstep_or_turns(jobs, 
     assert runs["waterwave"].ok and runs["turns"].ok
     assert runs["lockstep"].ok == (room is None)
     best_other = max(r.throughput for s, r in runs.items() if s != "waterwave" and r.ok)
-    assert runs["waterwave"].throughput >= best_other * (1 - 3e-3)
+    assert runs["waterwave"].throughput >= best_other
+    assert runs["waterwave"].policy in ("waterwave", "pytorch")
     same_policy = [simulate_models([R18_32] * jobs, batch, gpu, s, memory_limit=limit,
                                    kernels=KERNELS, record=False, concurrent_kernels=True,
                                    policy="waterwave", config="max_split_size_mb:128")[0]
@@ -358,11 +359,17 @@ def test_the_pipeline_chooses_by_throughput_never_below_lockstep_or_turns(jobs, 
     assert runs["waterwave"].order in ("bfs", "program")
     if jobs == 4:
         assert runs["waterwave"].throughput >= 1.3 * runs["sequential"].throughput
-    # Each order alone is a run of its own; the choice is the faster of them.
-    each = [simulate_models([R18_32] * jobs, batch, gpu, "waterwave", memory_limit=limit,
-                            kernels=KERNELS, record=False, concurrent_kernels=True, order=o)[0]
-            for o in ("bfs", "program")]
-    assert runs["waterwave"].throughput == max(r.throughput for r in each if r.ok)
+    # Each order under each policy is a run of its own; the choice is the
+    # fastest of them, and what it names is what ran.
+    each = {(o, policy): simulate_models([R18_32] * jobs, batch, gpu, "waterwave",
+                                         memory_limit=limit, kernels=KERNELS, record=False,
+                                         concurrent_kernels=True, order=o, policy=policy,
+                                         config=config)[0]
+            for o in ("bfs", "program")
+            for policy, config in (("waterwave", "max_split_size_mb:128"), ("pytorch", ""))}
+    assert runs["waterwave"].throughput == max(r.throughput for r in each.values() if r.ok)
+    chosen = each[(runs["waterwave"].order, runs["waterwave"].policy)]
+    assert chosen.throughput == runs["waterwave"].throughput
 
 
 def test_an_order_is_for_a_schedule_that_leaves_it_open():

@@ -60,7 +60,7 @@ def one(model: JobModel, jobs: int, batch: int, gpu: str, schedule: str, kernels
                            record=False, concurrent_kernels=True)
     return {"ok": r.ok, "throughput": r.throughput if r.ok else None,
             "gpu_busy": r.gpu_busy if r.ok else None, "peak_reserved": r.peak_reserved,
-            "order": r.order}
+            "order": r.order, "policy": r.policy}
 
 
 def main(argv=None) -> int:
@@ -93,13 +93,16 @@ def main(argv=None) -> int:
              f"second of all jobs together in steady steps ({STEPS} steps per job), kernels of "
              "different jobs at once where their shares fit; the GPU's SM-weighted busy share in "
              "brackets; - where the schedule ran out of memory. The pipeline's node groups run "
-             "in the operator order that trains faster (bfs or program, named after its figure). "
+             "in the operator order that trains faster (bfs or program, named after its figure), "
+             "under the waterwave policy or, where it trains faster, PyTorch's (named). "
              "Simulated, not measured.", "",
              "| model | GPU | jobs | batch | " + " | ".join(SCHEDULES) + " | pipeline / best other |",
              "|---|---|---|---|" + "---|" * (len(SCHEDULES) + 1)]
     for r in rows:
         cells = [f"{r[s]['throughput']:,.0f} ({r[s]['gpu_busy']:.0%})"
-                 + (f" {r[s]['order']}" if r[s].get("order") else "") if r[s]["throughput"]
+                 + (f" {r[s]['order']}" if r[s].get("order") else "")
+                 + (f", {r[s]['policy']} policy" if s == "waterwave"
+                    and r[s].get("policy") == "pytorch" else "") if r[s]["throughput"]
                  else "-" for s in SCHEDULES]
         others = [r[s]["throughput"] for s in ("turns", "lockstep") if r[s]["throughput"]]
         ratio = (f"{r['waterwave']['throughput'] / max(others):.2f}"

@@ -80,6 +80,7 @@ class SimResult:
     shared_rounds: float = 1.0
     concurrent_kernels: bool = False  # kernels of different jobs ran at once where they fit
     order: str | None = None  # a node-group schedule's operator order (bfs, program), if it chose
+    config: str | None = None  # the allocator settings, when simulate_models chose the policy
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)

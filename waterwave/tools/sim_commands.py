@@ -114,8 +114,8 @@ def _simulate_at(args, jobs, kernels, limit, schedule: str, batch: int):
 def _schedule_figures(summary: dict) -> dict:
     """What compares schedules at one batch: throughput (samples per second,
     all jobs), the GPU's busy share, step times, the peak, and the operator
-    order a pipeline schedule chose."""
-    return {k: summary[k] for k in ("ok", "policy", "throughput", "gpu_busy", "step_time_us",
+    order and allocator policy a pipeline schedule chose."""
+    return {k: summary[k] for k in ("ok", "policy", "config", "throughput", "gpu_busy", "step_time_us",
                                     "peak_reserved", "shared_rounds", "order")}
 
 
@@ -126,7 +126,8 @@ def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
     progress.remove_task(task)
     if args.plot:
         jobs_memory(r, args.plot)
-    return {"simulated": True, **r.summary(), "config": allocator_for(args, schedule)[1],
+    config = r.config if r.config is not None else allocator_for(args, schedule)[1]
+    return {"simulated": True, **r.summary(), "config": config,
             "split_size": split, "plot": args.plot}
 
 
