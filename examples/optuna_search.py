@@ -11,7 +11,9 @@ The data is scikit-learn's handwritten digits (8x8 images, 10 classes).
 
     python examples/optuna_search.py                      # 16 trials, 4 at a time
     python examples/optuna_search.py --storage sqlite:///digits.db   # run it in
-        several processes (one per GPU, on one machine or many) to share the study
+        several processes (one per GPU, on one machine or many) to share the study;
+        --storage journal:digits.log shares it through Optuna's journal file (a
+        shared file system, no database), a database URL across machines
 
 Needs: pip install 'waterwave[optuna,demo]' (Optuna and scikit-learn).
 """
@@ -81,13 +83,30 @@ def objective(trial: optuna.Trial, epochs: int = 10) -> float:
     return acc
 
 
+def open_storage(spec: str | None):
+    """The Optuna storage ``--storage`` names: None keeps the study in memory;
+    ``journal:PATH`` is Optuna's journal file (processes append to one file,
+    over a shared file system where SQLite's locks fail, as on NFS); anything
+    else is a database URL (``sqlite:///digits.db``, ``postgresql://...``)."""
+    if spec is not None and spec.startswith("journal:"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        path = spec[len("journal:"):]
+        if not path:
+            raise SystemExit("--storage journal:PATH needs the journal file's path")
+        return JournalStorage(JournalFileBackend(path))
+    return spec
+
+
 def main(argv=None) -> optuna.Study:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--jobs", type=int, default=4, help="trials side by side (Optuna's n_jobs)")
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--storage", help="an Optuna storage URL shared by several processes "
-                                      "(sqlite:///file.db, a database URL); default: in memory")
+    ap.add_argument("--storage", help="an Optuna storage shared by several processes: "
+                                      "sqlite:///file.db, journal:FILE (Optuna's journal file) "
+                                      "or a database URL; default: in memory")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--simulate", metavar="GPU", nargs="?", const="H100-80GB",
                     help="then show what the largest trials, --jobs of them side by side, would "
@@ -96,7 +115,7 @@ def main(argv=None) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.manual_seed(args.seed)
     study = optuna.create_study(
-        study_name="digits", storage=args.storage, load_if_exists=True, direction="maximize",
+        study_name="digits", storage=open_storage(args.storage), load_if_exists=True, direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=args.seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=2))
 

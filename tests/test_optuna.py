@@ -1,7 +1,8 @@
 """An ordinary Optuna study over Job.train (issue 24, item 4): trials side
 by side through ``study.optimize(n_jobs=4)`` with a pruner, each trial
 trained exactly as eager PyTorch trains it; a failing trial that leaves
-the others training; two worker processes sharing one SQLite study."""
+the others training; two worker processes sharing one study, over
+SQLite and over Optuna's journal file."""
 import json
 import subprocess
 import sys
@@ -136,21 +137,39 @@ WORKER = textwrap.dedent("""
     import waterwave as ww
     from test_optuna import make_objective
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name="shared", storage={storage!r})
+    study = optuna.load_study(study_name="shared", storage={storage})
     study.optimize(make_objective(ww.training_session("cpu"), epochs=2), n_trials=3, n_jobs=2)
 """)
 
 
-def test_two_worker_processes_share_one_sqlite_study(tmp_path):
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
+def journal(path):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_two_worker_processes_share_one_study(tmp_path, kind):
+    """Over one SQLite file, and over one Optuna journal file (a shared file
+    system without a database)."""
+    if kind == "sqlite":
+        storage = f"sqlite:///{tmp_path / 'study.db'}"
+        in_worker = repr(storage)
+    else:
+        storage = journal(tmp_path / "study.log")
+        in_worker = ("optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend("
+                     f"{str(tmp_path / 'study.log')!r}))")
     optuna.create_study(study_name="shared", storage=storage, direction="maximize")
-    script = WORKER.format(tests=str(__import__("pathlib").Path(__file__).parent), storage=storage)
+    script = WORKER.format(tests=str(__import__("pathlib").Path(__file__).parent),
+                           storage=in_worker)
     workers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for w in workers:
         _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err[-2000:]
-    study = optuna.load_study(study_name="shared", storage=storage)
+    study = optuna.load_study(study_name="shared",
+                              storage=storage if kind == "sqlite" else journal(tmp_path / "study.log"))
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = [t for t in study.trials if t.state in finished]  # the default pruner may prune
     assert len(done) == 6, [(t.number, t.state) for t in study.trials]
@@ -158,13 +177,16 @@ def test_two_worker_processes_share_one_sqlite_study(tmp_path):
     assert json.dumps(study.best_params)  # a best trial, readable by any worker
 
 
-def test_the_example_search_runs_and_reports_its_trials_and_the_simulated_gpu():
-    """examples/optuna_search.py, as make demo runs it but shorter."""
+def test_the_example_search_runs_and_reports_its_trials_and_the_simulated_gpu(tmp_path):
+    """examples/optuna_search.py, as make demo runs it but shorter, its study
+    kept in an Optuna journal file."""
     root = __import__("pathlib").Path(__file__).parent.parent
+    log = tmp_path / "digits.log"
     r = subprocess.run([sys.executable, str(root / "examples" / "optuna_search.py"), "--trials", "4",
-                        "--jobs", "2", "--epochs", "2", "--simulate"],
+                        "--jobs", "2", "--epochs", "2", "--simulate", "--storage", f"journal:{log}"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert len(optuna.load_study(study_name="digits", storage=journal(log)).trials) == 4
     assert r.stdout.count("held-out accuracy") == 5  # four trials and the best
     assert "at most 2 training at once" in r.stdout or "at most 1 training at once" in r.stdout
     assert "2 of these trials side by side on a simulated H100-80GB" in r.stdout
