@@ -265,3 +265,44 @@ def test_ctrl_c_stops_every_thread_training_and_the_next_call_works():
     assert out["worker_after"] < 1 and not out["alive"] and "interrupted" in out["message"]
     assert out["steps"] == out["still"] and min(out["steps"]) > 0
     assert out["after"] == [2, 3] and out["training"] == 0
+
+
+def test_no_stale_gradient_is_left_in_grad_after_training():
+    """The captured step's gradients live inside the step, so a ``.grad``
+    from before (here an eager backward) would silently outlive training:
+    each way of training sets it to None, as ``optimizer.zero_grad()``
+    does, and the parameters still train exactly as eagerly."""
+    import torch.nn.functional as F
+
+    def fresh():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        data = [(torch.randn(6, 4), torch.randint(0, 3, (6,))) for _ in range(2)]
+        F.cross_entropy(model(data[0][0]), data[0][1]).backward()  # a stale .grad
+        assert all(p.grad is not None for p in model.parameters())
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), data
+
+    eager, opt, data = fresh()
+    for x, y in data:
+        opt.zero_grad()
+        F.cross_entropy(eager(x), y).backward()
+        opt.step()
+
+    model, opt, data = fresh()
+    ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=data).train(2)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), eager.parameters()))
+
+    model, opt, data = fresh()
+    ww.ConcurrentTrainer([ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt,
+                                 data=data)]).run(2)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), eager.parameters()))
+
+    model, opt, data = fresh()
+    trainer = ww.optimize(model, (data[0][0],), F.cross_entropy, opt,
+                          example_targets=(data[0][1],))
+    for x, y in data:
+        trainer.step(x, targets=y)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), eager.parameters()))

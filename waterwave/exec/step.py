@@ -85,6 +85,15 @@ class CapturedStep:
         ``guards.StaleCaptureError`` naming the change otherwise."""
         self.guard.check(self.model)
 
+    def clear_grads(self) -> None:
+        """Before a call's steps: every trained parameter's ``.grad`` to None,
+        as ``optimizer.zero_grad()`` leaves it. The captured step's gradients
+        live inside the step and die at their update, so a ``.grad`` left
+        from before (an eager step, a warm-up) would be stale after training,
+        silently: None says plainly that there is none."""
+        for p in self.params:
+            p.grad = None
+
     def flat_inputs(self, inputs: Sequence[Any] = (), targets=None) -> list:
         """The next step's inputs, in the captured graph's order (the example
         batch when none is given), with the optimizer's state as it is in

@@ -121,6 +121,7 @@ class Trainer:
                              + ("with" if self._captured.takes_targets else "without")
                              + " example targets: pass targets= to step() exactly when it was")
         self._captured.check_context()
+        self._captured.clear_grads()
         flat = self._captured.flat_inputs(inputs, targets)
         if self._plan_device is None:
             with torch.no_grad():
