@@ -62,18 +62,20 @@ class GroupRunner:
         # Each group as one compiled function of straight-line calls: the
         # interpreter's per-node cost (argument mapping, dictionary lookups)
         # was a tenth of a small model's step on the CPU. Values live in a
-        # list, one slot per FX node. Nodes whose arguments hold the
-        # optimizer's hyperparameters (patched in place when a scheduler
-        # changes them) are called through their node, so they always read
-        # the values patched last.
+        # list, one slot per FX node. An argument that holds one of the
+        # optimizer's hyperparameters (patched into its node when a
+        # scheduler changes it) is read from its node at each call, so the
+        # value patched last is the one used, with no recompile.
         from torch.fx import map_arg
 
         self._map_arg = map_arg
         self.slot = {n: i for i, n in enumerate(fx_graph.nodes) if n.op != "output"}
-        patched = {name for name, *_ in step.sites.sites}
+        patched: dict[str, set] = {}
+        for name, where, *_ in step.sites.sites:
+            patched.setdefault(name, set()).add(where)
         self._groups = [self._compile(k, stage, patched) for k, stage in enumerate(self.stages)]
 
-    def _compile(self, k: int, stage: _Stage, patched: set):
+    def _compile(self, k: int, stage: _Stage, patched: dict[str, set]):
         from torch.fx import Node
 
         consts: list = []
@@ -97,10 +99,13 @@ class GroupRunner:
 
         lines = ["def run(e, c=c, by_node=by_node):"]
         for n in stage.nodes:
-            if n.op == "call_function" and n.name not in patched and all(
-                    key.isidentifier() for key in n.kwargs):
-                parts = [render(a) for a in n.args]
-                parts += [f"{key}={render(v)}" for key, v in n.kwargs.items()]
+            if n.op == "call_function" and all(key.isidentifier() for key in n.kwargs):
+                live = patched.get(n.name, ())
+                node = const(n) if live else ""
+                parts = [f"{node}.args[{i}]" if i in live else render(a)
+                         for i, a in enumerate(n.args)]
+                parts += [f"{key}={node}.kwargs[{key!r}]" if key in live else f"{key}={render(v)}"
+                          for key, v in n.kwargs.items()]
                 lines.append(f"    e[{self.slot[n]}] = {const(n.target)}({', '.join(parts)})")
             else:
                 lines.append(f"    e[{self.slot[n]}] = by_node({const(n)}, e)")
