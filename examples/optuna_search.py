@@ -115,7 +115,8 @@ def main(argv=None) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.manual_seed(args.seed)
     study = optuna.create_study(
-        study_name="digits", storage=open_storage(args.storage), load_if_exists=True, direction="maximize",
+        study_name="digits", storage=open_storage(args.storage), load_if_exists=True,
+        direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=args.seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=2))
 

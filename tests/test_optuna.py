@@ -153,14 +153,13 @@ def journal(path):
 def test_two_worker_processes_share_one_study(tmp_path, kind):
     """Over one SQLite file, and over one Optuna journal file (a shared file
     system without a database)."""
-    if kind == "sqlite":
-        storage = f"sqlite:///{tmp_path / 'study.db'}"
-        in_worker = repr(storage)
-    else:
-        storage = journal(tmp_path / "study.log")
-        in_worker = ("optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend("
-                     f"{str(tmp_path / 'study.log')!r}))")
-    optuna.create_study(study_name="shared", storage=storage, direction="maximize")
+    url, log = f"sqlite:///{tmp_path / 'study.db'}", str(tmp_path / "study.log")
+
+    def storage():
+        return url if kind == "sqlite" else journal(log)
+    in_worker = repr(url) if kind == "sqlite" else (
+        f"optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend({log!r}))")
+    optuna.create_study(study_name="shared", storage=storage(), direction="maximize")
     script = WORKER.format(tests=str(__import__("pathlib").Path(__file__).parent),
                            storage=in_worker)
     workers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
@@ -168,8 +167,7 @@ def test_two_worker_processes_share_one_study(tmp_path, kind):
     for w in workers:
         _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err[-2000:]
-    study = optuna.load_study(study_name="shared",
-                              storage=storage if kind == "sqlite" else journal(tmp_path / "study.log"))
+    study = optuna.load_study(study_name="shared", storage=storage())
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = [t for t in study.trials if t.state in finished]  # the default pruner may prune
     assert len(done) == 6, [(t.number, t.state) for t in study.trials]

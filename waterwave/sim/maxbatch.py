@@ -134,7 +134,6 @@ def simulate_models(models: list[JobModel], batch: int, gpu: GPU | str, schedule
             result = simulate(traces, gpu, memory_limit, sched, run_policy, steps,
                               config=run_config, **kwargs)
             result.order = candidate if open_order else None
-            result.config = run_config
             if best is None or _faster(result, best[0]):
                 best = (result, traces)
     return best

@@ -80,7 +80,7 @@ class SimResult:
     shared_rounds: float = 1.0
     concurrent_kernels: bool = False  # kernels of different jobs ran at once where they fit
     order: str | None = None  # a node-group schedule's operator order (bfs, program), if it chose
-    config: str | None = None  # the allocator settings, when simulate_models chose the policy
+    config: str = ""  # the allocator settings it ran under, as given
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)
@@ -141,7 +141,8 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
                        shared_rounds=_shared_rounds(segments),
-                       concurrent_kernels=concurrent_kernels)
+                       concurrent_kernels=concurrent_kernels,
+                       config=config if isinstance(config, str) else str(config))
     try:
         run.go()
     except _C.OutOfMemoryError as e:

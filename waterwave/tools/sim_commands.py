@@ -115,8 +115,8 @@ def _schedule_figures(summary: dict) -> dict:
     """What compares schedules at one batch: throughput (samples per second,
     all jobs), the GPU's busy share, step times, the peak, and the operator
     order and allocator policy a pipeline schedule chose."""
-    return {k: summary[k] for k in ("ok", "policy", "config", "throughput", "gpu_busy", "step_time_us",
-                                    "peak_reserved", "shared_rounds", "order")}
+    return {k: summary[k] for k in ("ok", "policy", "config", "throughput", "gpu_busy",
+                                    "step_time_us", "peak_reserved", "shared_rounds", "order")}
 
 
 def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
@@ -126,9 +126,7 @@ def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
     progress.remove_task(task)
     if args.plot:
         jobs_memory(r, args.plot)
-    config = r.config if r.config is not None else allocator_for(args, schedule)[1]
-    return {"simulated": True, **r.summary(), "config": config,
-            "split_size": split, "plot": args.plot}
+    return {"simulated": True, **r.summary(), "split_size": split, "plot": args.plot}
 
 
 def _max_batches(args, jobs, kernels, limit, schedules, progress) -> dict:
