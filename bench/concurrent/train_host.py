@@ -123,17 +123,17 @@ def _waterwave_job(model_name: str, k: int, session):
     return train
 
 
-class _Counters:
-    """The process's minor page faults and context switches over a window."""
-
-    def __init__(self):
-        self.start = resource.getrusage(resource.RUSAGE_SELF)
-
-    def since(self) -> dict:
-        now = resource.getrusage(resource.RUSAGE_SELF)
-        return {"page_faults": now.ru_minflt - self.start.ru_minflt,
-                "context_switches": (now.ru_nvcsw + now.ru_nivcsw
-                                     - self.start.ru_nvcsw - self.start.ru_nivcsw)}
+def _timed(run) -> dict:
+    """``run()``'s wall seconds, and the process's minor page faults and
+    context switches meanwhile."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"seconds": seconds, "page_faults": after.ru_minflt - before.ru_minflt,
+            "context_switches": (after.ru_nvcsw + after.ru_nivcsw
+                                 - before.ru_nvcsw - before.ru_nivcsw)}
 
 
 def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
@@ -151,11 +151,7 @@ def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
     then), which slows eager loops and ``job.train`` alike."""
     if mode == "eager":
         made = [_eager_job(model_name, k) for k in range(jobs)]
-        counters = _Counters()
-        start = time.perf_counter()
-        for train in made:
-            train(steps)
-        return {"seconds": time.perf_counter() - start, **counters.since()}
+        return _timed(lambda: [train(steps) for train in made])
     session = ww.TrainingSession("cpu") if mode == "train" else None
 
     def build(k):
@@ -163,10 +159,7 @@ def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
                 else _waterwave_job(model_name, k, session))
     if jobs == 1 and mode == "train":
         train = build(0)
-        counters = _Counters()
-        start = time.perf_counter()
-        train(steps)
-        return {"seconds": time.perf_counter() - start, **counters.since()}
+        return _timed(lambda: train(steps))
     go = threading.Barrier(jobs + 1)
     errors: list[BaseException] = []
 
@@ -189,14 +182,10 @@ def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
         go.wait()
     except threading.BrokenBarrierError:
         pass
-    counters = _Counters()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
+    measured = _timed(lambda: [t.join() for t in threads])
     if errors:
         raise RuntimeError(f"a job failed: {errors[0]!r}")
-    return {"seconds": elapsed, **counters.since()}
+    return measured
 
 
 # glibc's malloc settings a measurement runs under (read at process start).
