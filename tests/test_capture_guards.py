@@ -1,6 +1,6 @@
 """A captured step runs the model as it was captured; when the model or the
 context changed since (train/eval mode, a parameter replaced, a hook added,
-autocast), the next step refuses with an error that names the change and the
+autocast, a Python value its modules' code read), the next step refuses with an error that names the change and the
 fix, instead of silently training another model than eager PyTorch would."""
 import pytest
 
@@ -86,3 +86,88 @@ def test_a_step_asked_for_without_gradients_is_refused(way):
             step()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing trained
     step()
+
+
+class Scaled(torch.nn.Module):
+    """A model whose forward reads Python values kept as attributes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1),
+                                        torch.nn.Linear(32, 4))
+        self.scale, self.shift = 1.0, (0.0,)
+        self.mask = torch.ones(4)
+        self.epoch = 0  # bookkeeping its forward never reads
+
+    def forward(self, x):
+        return self.body(x) * self.scale * self.mask + self.shift[0]
+
+
+def _step_of(way, model, loss=loss_fn):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if way == "optimize":
+        trainer = ww.optimize(model, (X,), loss, opt)
+        return lambda: trainer.step(X)
+    job = ww.Job(model, (X,), loss, opt)
+    session = ww.TrainingSession("cpu")
+    return lambda: job.train(1, session=session)
+
+
+@pytest.mark.parametrize("way", ["optimize", "train"])
+@pytest.mark.parametrize("change, message", [
+    (lambda m: setattr(m, "scale", 2.0), r"the model's scale is 2\.0 now; it was 1\.0"),
+    (lambda m: setattr(m, "shift", (0.5,)), r"shift is \(0\.5,\) now; it was \(0\.0,\)"),
+    (lambda m: setattr(m.body[1], "p", 0.5), r"body\.1\.p is 0\.5 now; it was 0\.1"),
+    (lambda m: setattr(m, "mask", torch.zeros(4)), r"mask is tensor.* it was another tensor"),
+    (lambda m: delattr(m, "scale"), r"scale is deleted now"),
+])
+def test_a_python_value_the_trace_read_that_changed_is_refused(way, change, message):
+    """A dropout's p, a scale kept as an attribute: the trace holds what they
+    were, so a step after a change would silently train the old model."""
+    model = Scaled()
+    step = _step_of(way, model)
+    step()
+    before = [p.detach().clone() for p in model.parameters()]
+    change(model)
+    with pytest.raises(StaleCaptureError, match=message + ".*make a new Job"):
+        step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing trained
+
+
+@pytest.mark.parametrize("way", ["optimize", "train"])
+def test_values_the_trace_did_not_read_may_change_and_in_place_edits_are_followed(way):
+    eager, model = Scaled(), Scaled()
+    step = _step_of(way, model)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.01)
+    torch.manual_seed(5)
+    for epoch in range(3):
+        opt.zero_grad()
+        loss_fn(eager(X)).backward()
+        opt.step()
+        eager.epoch = epoch
+        eager.mask[epoch] = 0.5  # the same tensor, edited in place
+    torch.manual_seed(5)
+    for epoch in range(3):
+        step()
+        model.epoch = epoch
+        model.mask[epoch] = 0.5
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert type(model) is Scaled and type(model.body[0]) is torch.nn.Linear  # classes restored
+
+
+def test_a_loss_modules_setting_is_guarded_too():
+    model = Scaled()
+    loss = torch.nn.MSELoss(reduction="mean")
+    step = _step_of("train", model, lambda out, loss=loss: loss(out, torch.zeros_like(out)))
+    step()  # a function closing over a module: not a module, not guarded
+
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    job = ww.Job(model, (X,), criterion, torch.optim.SGD(model.parameters(), lr=0.01),
+                 targets=torch.zeros(8, dtype=torch.long))
+    session = ww.TrainingSession("cpu")
+    job.train(1, session=session)
+    criterion.label_smoothing = 0.2
+    with pytest.raises(StaleCaptureError, match=r"loss_fn\.label_smoothing is 0\.2 now; it was 0\.1"):
+        job.train(1, session=session)

@@ -235,6 +235,45 @@ def test_what_the_update_cannot_do_is_refused_at_capture():
         ww.capture(model, (x,), loss_fn, torch.optim.Adagrad(model.parameters(), lr_decay=0.1))
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda ps: torch.optim.AdamW(ps, fused=True), r"AdamW\(fused=True\).*rounds differently"),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, fused=True), r"SGD\(fused=True\)"),
+    (lambda ps: torch.optim.Adagrad(ps, fused=True), r"Adagrad\(fused=True\)"),
+    (lambda ps: torch.optim.Adam(ps, capturable=True), r"capturable=True.*leave capturable"),
+    (lambda ps: torch.optim.Adam(ps, differentiable=True), r"differentiable=True"),
+    (lambda ps: torch.optim.Adam(ps, lr=torch.tensor(0.01)), r"lr is a Tensor.*lr=float"),
+    (lambda ps: torch.optim.SGD(ps, lr=torch.tensor(0.01)), r"lr is a Tensor"),
+    (lambda ps: torch.optim.Adam(ps, betas=(torch.tensor(0.9), torch.tensor(0.99))),
+     r"betas\[0\] is a Tensor.*betas=\(float"),
+])
+def test_settings_that_select_another_update_are_refused_at_capture(make, message):
+    """Each would make torch's step compute otherwise than the captured
+    update (tested: the parameters came out different, silently)."""
+    model = net()
+    with pytest.raises(CaptureError, match=message):
+        ww.capture(model, (batches(1)[0],), loss_fn, make(model.parameters()))
+
+
+def test_numpy_float64_hyperparameters_train_as_eager_and_float32_is_refused():
+    """numpy's float64 is a Python float (it used to break the graph's code:
+    its repr is np.float64(...)); its float32 rounds arithmetic in float32."""
+    np = pytest.importorskip("numpy")
+    model = net()
+    with pytest.raises(CaptureError, match="lr is a float32.*lr=float"):
+        ww.capture(model, (batches(1)[0],), loss_fn,
+                   torch.optim.Adam(model.parameters(), lr=np.float32(1e-2)))
+    xs = batches(3)
+    eager, model = net(), net()
+    make = lambda ps: torch.optim.AdamW(ps, lr=np.float64(1e-2), betas=(np.float64(0.8), 0.99),  # noqa: E731,E501
+                                        weight_decay=np.float64(0.1))
+    eager_opt, opt = make(eager.parameters()), make(model.parameters())
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    eager_steps(eager, eager_opt, xs)
+    for x in xs:
+        trainer.step(x)
+    assert_same(eager, eager_opt, model, opt)
+
+
 def test_jobs_trained_together_keep_their_state_where_eager_would():
     x = batches(1)[0]
     eagers, jobs = [], []

@@ -2,16 +2,27 @@
 
 A capture traces the model as it was: in train or eval mode (dropout and
 batch norm trace differently), with its parameters and hooks then, outside
-or inside ``torch.autocast`` (and with gradients on, as training needs). A
-step run after any of these changed would
+or inside ``torch.autocast`` (and with gradients on, as training needs), and
+with the Python values its modules' code read (a dropout's ``p``, a scale
+kept as an attribute, a flag): the trace holds what they were, and its step
+never runs that code again. A step run after any of these changed would
 silently train another model than eager PyTorch would. ``StepGuard`` notes
 them at capture and raises ``StaleCaptureError`` at the next step when one
 changed, naming it and the fix; it never guesses.
+
+Which attributes a trace read is recorded while it runs (``AttributeReads``):
+each module's class is swapped for a subclass whose ``__getattribute__``
+notes reads of its public instance attributes, and swapped back after.
+Only what was read is guarded, so bookkeeping kept on a model (an epoch
+count) may change freely. Values are compared when they are plain (numbers,
+strings, None, tuples and lists of them, dtypes, devices) and tensors by
+identity; other objects are not compared.
 
 May import: nothing of waterwave; torch lazily.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -31,6 +42,105 @@ def _autocast(device: str) -> tuple:
     return (True, str(torch.get_autocast_dtype(device)))
 
 
+_MISSING = ("missing",)  # an attribute deleted since the capture
+_RECORDING: dict[type, type] = {}  # a module class -> its recording subclass
+
+
+def _plain(value, depth: int = 0):
+    """A comparable copy of a plain value, or None where there is none."""
+    import torch
+
+    if value is None or isinstance(value, (bool, int, str, bytes, torch.dtype, torch.device)):
+        return ("v", value)
+    if isinstance(value, float):
+        return ("v", "nan" if math.isnan(value) else value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value))
+    if isinstance(value, (tuple, list)) and depth < 3 and len(value) <= 64:
+        items = tuple(_plain(v, depth + 1) for v in value)
+        return None if any(i is None for i in items) else (type(value).__name__, items)
+    return None
+
+
+def _recording_class(cls: type) -> type:
+    """``cls`` with reads of public instance attributes noted in the
+    instance's ``_waterwave_reads`` set, made once per class."""
+    sub = _RECORDING.get(cls)
+    if sub is None:
+        base = cls.__getattribute__
+
+        def __getattribute__(self, name, _base=base):
+            value = _base(self, name)
+            if name[:1] != "_" and name != "training":
+                d = _base(self, "__dict__")
+                if name in d:
+                    reads = d.get("_waterwave_reads")
+                    if reads is not None:
+                        reads.add((id(self), name))
+            return value
+        sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__,
+                                          "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+        _RECORDING[cls] = sub
+    return sub
+
+
+class AttributeReads:
+    """``with AttributeReads({name: module, ...}) as reads:`` records the
+    public instance attributes the modules' code reads inside the block;
+    ``reads.read`` is then a list of (name, attribute) read."""
+
+    def __init__(self, modules: dict):
+        self.modules = modules
+        self.read: list[tuple[str, str]] = []
+        self._swapped: list = []
+        self._log: set = set()
+
+    def __enter__(self) -> AttributeReads:
+        for m in self.modules.values():
+            cls = type(m)
+            try:
+                m.__dict__["_waterwave_reads"] = self._log
+                m.__class__ = _recording_class(cls)
+            except (TypeError, AttributeError):  # a class that cannot be swapped: not recorded
+                m.__dict__.pop("_waterwave_reads", None)
+                continue
+            self._swapped.append((m, cls))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m, cls in self._swapped:
+            m.__class__ = cls
+            m.__dict__.pop("_waterwave_reads", None)
+        names = {id(m): name for name, m in self.modules.items()}
+        self.read = sorted((names[i], attr) for i, attr in self._log if i in names)
+
+
+def attribute_values(modules: dict, read: list[tuple[str, str]]) -> tuple:
+    """(module name, attribute, comparable value) of each attribute read
+    whose value is plain; a missing module or attribute reads as missing."""
+    out = []
+    for name, attr in read:
+        m = modules.get(name)
+        value = m.__dict__.get(attr, _MISSING) if m is not None else _MISSING
+        frozen = _MISSING if value is _MISSING else _plain(value)
+        if frozen is not None:
+            out.append((name, attr, frozen))
+    return tuple(out)
+
+
+def guarded_modules(model, loss_fn=None) -> dict:
+    """The modules whose attributes a step's code reads: the model's, and
+    the loss's when it is a module."""
+    import torch
+
+    modules = dict(model.named_modules())
+    if isinstance(loss_fn, torch.nn.Module):
+        modules.update({"loss_fn" + ("." + n if n else ""): m
+                        for n, m in loss_fn.named_modules()})
+    return modules
+
+
 @dataclass(frozen=True)
 class StepGuard:
     training: tuple[tuple[str, bool], ...]  # (module name, training) for every module
@@ -39,10 +149,16 @@ class StepGuard:
     global_hooks: int
     autocast: tuple                         # on the step's device, at capture
     device: str
+    attributes: tuple = ()  # (module, attribute, value) read by the trace
+    loss_fn: object = None
 
     @classmethod
-    def of(cls, model, device: str) -> StepGuard:
-        return cls(*cls._read(model, device), device)
+    def of(cls, model, device: str, read: list[tuple[str, str]] = (),
+           loss_fn=None) -> StepGuard:
+        """The guard of a step traced from ``model`` (and ``loss_fn``),
+        whose trace read the module attributes ``read``."""
+        values = attribute_values(guarded_modules(model, loss_fn), list(read))
+        return cls(*cls._read(model, device), device, values, loss_fn)
 
     @staticmethod
     def _read(model, device: str) -> tuple:
@@ -88,9 +204,35 @@ class StepGuard:
         if hooks != self.hooks or global_hooks != self.global_hooks:
             raise StaleCaptureError("module hooks changed since the step was captured (a captured "
                                     f"step runs the hooks it traced, no others): {remake}")
+        if self.attributes:
+            modules = guarded_modules(model, self.loss_fn)
+            now = attribute_values(modules, [(n, a) for n, a, _ in self.attributes])
+            for (name, attr, was), (_, _, value) in zip(self.attributes, now):
+                if value != was:
+                    where = f"{name}.{attr}" if name else f"the model's {attr}"
+                    shown = "deleted" if value == _MISSING else \
+                        f"{modules[name].__dict__[attr]!r}"
+                    raise StaleCaptureError(
+                        f"{where} is {shown} now; it was {_shown(was)} when the step was "
+                        "captured, and a captured step runs the values its trace read (the "
+                        "module's Python code does not run again): set it before making the "
+                        f"Job, or {remake}")
         if autocast != self.autocast:
             raise StaleCaptureError(
                 f"torch.autocast is {'on' if autocast[0] else 'off'} here and was "
                 f"{'on' if self.autocast[0] else 'off'} when the step was captured; a captured "
                 "step runs in the precision it traced: train outside autocast and give the Job "
                 "autocast_dtype= (its forward pass then runs inside autocast, as eager code's)")
+
+
+def _shown(frozen) -> str:
+    """A comparable value (``_plain``) as the user wrote it."""
+    kind, value = frozen[0], frozen[1] if len(frozen) > 1 else None
+    if kind == "v":
+        return "nan" if value == "nan" else repr(value)
+    if kind == "tensor":
+        return "another tensor"
+    if kind == "missing":
+        return "missing"
+    items = ", ".join(_shown(v) for v in value)
+    return f"({items}{',' if len(value) == 1 else ''})" if kind == "tuple" else f"[{items}]"

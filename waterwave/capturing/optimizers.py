@@ -24,7 +24,9 @@ What decides the update's shape (momentum, weight decay or dampening zero
 or not, nesterov, centered) is read at capture; a change of it is refused
 at the next step with an error that names the fix, never ignored, as are
 what the update cannot do (maximize, amsgrad, Adagrad's lr_decay, SGD's
-first step with dampening, step hooks).
+first step with dampening, step hooks) and settings that select another
+implementation of the update (fused, capturable, differentiable, tensor
+hyperparameters).
 
 Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam,
 each checked against torch's own ``step`` in the tests. What changes every
@@ -86,6 +88,7 @@ def structure(optimizer) -> list[tuple]:
         if group.get("lr_decay"):
             raise OptimizerError("capture does not support Adagrad's lr_decay yet (its rate "
                                  "changes every step): use lr_decay=0")
+        _refuse_other_implementations(name, group)
         wd = ("weight_decay != 0", bool(group["weight_decay"]))
         if name == "SGD":
             out.append((("momentum != 0", bool(group["momentum"])), wd,
@@ -98,6 +101,38 @@ def structure(optimizer) -> list[tuple]:
         else:
             out.append((wd, ("decoupled weight decay", _decoupled(name, group))))
     return out
+
+
+# Settings that select another implementation of the update than the
+# single-tensor one the captured step reproduces (foreach rounds alike).
+OTHER_IMPLEMENTATIONS = {
+    "fused": "its fused kernel rounds differently from the single-tensor and foreach updates "
+             "the captured step reproduces: leave fused unset (or False)",
+    "capturable": "it keeps the step count on the device and computes the bias corrections "
+                  "there, rounding differently: leave capturable False",
+    "differentiable": "it backpropagates through the update, which a captured step does not: "
+                      "leave differentiable False",
+}
+# Hyperparameters the update takes as Python numbers: a tensor selects other
+# code in torch, and numpy's float32 rounds its arithmetic in float32.
+NUMBERS = ("lr", "momentum", "dampening", "weight_decay", "eps", "alpha", "momentum_decay",
+           "initial_accumulator_value")
+
+
+def _refuse_other_implementations(name: str, group: dict) -> None:
+    """An update the captured step would compute otherwise than eager
+    ``optimizer.step()``: refused with the fix, never trained silently."""
+    for setting, why in OTHER_IMPLEMENTATIONS.items():
+        if group.get(setting):
+            raise OptimizerError(f"capture does not support {name}({setting}=True): {why}")
+    values = [(k, group[k]) for k in NUMBERS if k in group]
+    values += [(f"betas[{i}]", b) for i, b in enumerate(group.get("betas", ()))]
+    for key, value in values:
+        if not isinstance(value, (int, float)):  # numpy's float64 is a float
+            fix = "betas=(float(...), float(...))" if key.startswith("betas") else f"{key}=float(...)"
+            raise OptimizerError(
+                f"{name}'s {key} is a {type(value).__name__}; the captured update takes its "
+                f"hyperparameters as Python numbers, as torch's default update does: pass {fix}")
 
 
 def constants(optimizer) -> list[dict[str, float]]:
@@ -125,7 +160,9 @@ def constants(optimizer) -> list[dict[str, float]]:
                         "weight_decay": wd, "decay": 1 - lr * wd, "b1": b1, "lr": lr})
             if name == "NAdam":
                 out[-1]["momentum_decay"] = g["momentum_decay"]
-    return out
+    # As Python floats: a numpy float64 would be written into the graph's
+    # code as np.float64(...), which its namespace cannot evaluate.
+    return [{k: float(v) for k, v in c.items()} for c in out]
 
 
 SENTINEL = -987654.25  # and below it, one for each constant: no graph holds these

@@ -49,7 +49,8 @@ class CapturedStep:
         self.takes_targets = bool(example_targets)
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
-        with _CAPTURE_LOCK:
+        modules = guards.guarded_modules(model, loss_fn)
+        with _CAPTURE_LOCK, guards.AttributeReads(modules) as reads:
             self.gm, roles, names, grads, self.sites = fake_step.trace_step(
                 model, example_inputs, loss_fn, optimizer, example_targets, clip, micro_batches,
                 autocast_dtype, grad_scaler)
@@ -76,7 +77,7 @@ class CapturedStep:
         # runs as compiled code (then a change recompiles it: 54 ms for
         # resnet50's step) or node by node (then the patched nodes suffice).
         self.modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({self.gm: False})
-        self.guard = guards.StepGuard.of(model, self.device)
+        self.guard = guards.StepGuard.of(model, self.device, reads.read, loss_fn)
         self.steps = 0  # steps run through this capture
 
     def check_context(self) -> None:
