@@ -171,3 +171,39 @@ def test_a_loss_modules_setting_is_guarded_too():
     criterion.label_smoothing = 0.2
     with pytest.raises(StaleCaptureError, match=r"loss_fn\.label_smoothing is 0\.2 now; it was 0\.1"):
         job.train(1, session=session)
+
+
+class Branches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        if x.mean() > 0:  # a branch on the batch's values
+            return self.lin(x)
+        return -self.lin(x)
+
+
+class Masks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.lin(x)[x[:, 0] > 0]  # as many rows as the batch has positive
+
+
+@pytest.mark.parametrize("model, message", [
+    (Branches, r"reads a tensor's value in Python at .*test_capture_guards\.py:\d+ in forward: "
+               r"if x\.mean\(\) > 0.*torch\.where.*train this model eagerly"),
+    (lambda: torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.BatchNorm1d(4, momentum=None)),
+     r"reads a tensor's value .*batchnorm\.py:\d+ in forward: .*num_batches_tracked.*give batch "
+     r"norm a momentum"),
+    (Masks, r"aten\.index\.Tensor makes a tensor whose size depends on the values.*torch\.where"),
+])
+def test_python_that_reads_a_tensors_value_is_a_clear_error_at_capture(model, message):
+    """Data-dependent control flow and sizes: torch's symbolic-shape error
+    becomes one that says where, in the model's code, and the fix."""
+    m = model()
+    with pytest.raises(ww.capturing.CaptureError, match=message):
+        ww.Job(m, (X,), loss_fn, torch.optim.SGD(m.parameters(), lr=0.01))

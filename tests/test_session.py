@@ -306,3 +306,42 @@ def test_no_stale_gradient_is_left_in_grad_after_training():
         trainer.step(x, targets=y)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), eager.parameters()))
+
+
+@pytest.mark.parametrize("layer", [torch.nn.LSTM, torch.nn.GRU])
+def test_recurrent_layers_train_as_eager(layer):
+    """A captured step runs in the grad mode it was traced in: mkldnn's LSTM
+    kernel on the CPU leaves out the workspace its backward needs when
+    gradients are off, and the step failed."""
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = layer(4, 6, batch_first=True)
+            self.head = torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(5, 7, 4, generator=g), torch.randint(0, 3, (5,), generator=g))
+            for _ in range(3)]
+    torch.manual_seed(0)
+    eager, by_job, by_optimize = Tagger(), Tagger(), Tagger()
+    by_job.load_state_dict(eager.state_dict())
+    by_optimize.load_state_dict(eager.state_dict())
+    cross_entropy = torch.nn.functional.cross_entropy
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (eager, by_job, by_optimize)]
+    losses = []
+    for x, y in data * 2:
+        opts[0].zero_grad()
+        loss = cross_entropy(eager(x), y)
+        loss.backward()
+        opts[0].step()
+        losses.append(loss.item())
+    job = ww.Job(by_job, loss_fn=cross_entropy, optimizer=opts[1], data=data)
+    assert job.train(6, session=ww.TrainingSession("cpu")) == losses
+    trainer = ww.optimize(by_optimize, (data[0][0],), cross_entropy, opts[2],
+                          example_targets=(data[0][1],))
+    assert [trainer.step(x, targets=(y,)).item() for x, y in data * 2] == losses
+    for m in (by_job, by_optimize):
+        assert all(torch.equal(a, b) for a, b in zip(eager.parameters(), m.parameters()))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..graph import Graph, round_size
-from . import optimizers
+from . import data_dependence, optimizers
 from .cuda_kernels import cuda_kernels, emulating, own_kernels
 
 SUPPORTED_OPTIMIZERS = optimizers.SUPPORTED
@@ -296,7 +296,13 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     except optimizers.OptimizerError as e:
         raise CaptureError(str(e)) from None
     except Exception as e:
+        explained = data_dependence.explain_trace_error(e)
+        if explained is not None:
+            raise CaptureError(explained) from None
         raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
+    value_sized = data_dependence.value_sized_node(gm)
+    if value_sized is not None:
+        raise CaptureError(data_dependence.value_sized_message(value_sized))
     sites.patch(gm.graph, optimizers.constants(optimizer))
     gm.recompile()
     return gm, layout.roles(), layout.names(), grads_seen, sites

@@ -189,7 +189,7 @@ class Job:
             return self.step_fn, self.runner
         found = self._other_shapes.get(key)
         if found is None:
-            with torch.enable_grad():  # the job's loop runs its steps under no_grad
+            with torch.enable_grad():  # a capture needs gradients, whatever the caller's mode
                 step = self._capture_at(inputs, targets)
             found = self._other_shapes[key] = [step, None, None]
         if found[2] is not self.partition:  # cut into this trainer's or session's groups

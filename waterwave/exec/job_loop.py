@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from .. import cuda
 from ..pipeline.counter_barrier import BarrierAborted
 from ..pipeline.round_feed import RoundFeed
+from .step import grad_mode
 from .workers import Task
 
 LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see run_job)
@@ -53,8 +54,8 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
     try:
         if stream is not None:  # the model and batch were made on the default stream
             stream.wait_stream(torch.cuda.default_stream(stream.device))
-        with torch.no_grad(), (torch.cuda.stream(stream) if stream is not None
-                               else contextlib.nullcontext()):
+        with grad_mode(), (torch.cuda.stream(stream) if stream is not None
+                           else contextlib.nullcontext()):
             for round_, step, group in feed.entries(k):
                 if step != step_no:
                     inputs, targets = job.next_batch()

@@ -27,6 +27,16 @@ from ..planner.plan import PlanError
 _CAPTURE_LOCK = threading.Lock()
 
 
+def grad_mode():
+    """The grad mode a captured step runs in: the one it was traced in, on.
+    Its tensors require no gradient, so autograd records nothing; but some
+    kernels read the mode (mkldnn's RNN layers on the CPU leave out the
+    workspace their backward needs when gradients are off)."""
+    import torch
+
+    return torch.enable_grad()
+
+
 def batches_per_step(accumulate_grad_batches) -> int:
     """A Job's or optimize's ``accumulate_grad_batches``, checked: a whole
     number, at least 1."""

@@ -20,7 +20,7 @@ from ..capturing import as_tuple
 from ..capturing.optimizers import GradClip
 from ..planner import Plan, PlanError, check_plan, plan_from_trace
 from ..planner import plan as make_plan
-from .step import CapturedStep, batches_per_step
+from .step import CapturedStep, batches_per_step, grad_mode
 
 
 def _cuda_index(tensors) -> int | None:
@@ -114,8 +114,6 @@ class Trainer:
         ``targets`` theirs likewise (the loss returned is their mean). On a
         planned GPU run the loss comes back on the CPU: a GPU copy kept by
         the caller would occupy planned memory during the next step."""
-        import torch
-
         if bool(as_tuple(targets)) != self._captured.takes_targets:
             raise ValueError("this trainer was built "
                              + ("with" if self._captured.takes_targets else "without")
@@ -124,7 +122,7 @@ class Trainer:
         self._captured.clear_grads()
         flat = self._captured.flat_inputs(inputs, targets)
         if self._plan_device is None:
-            with torch.no_grad():
+            with grad_mode():
                 loss = self.module(*flat)
             return loss.to("cpu") if self._loss_to_cpu else loss
         self._planned_steps += 1
@@ -134,7 +132,7 @@ class Trainer:
         elif recording:
             cuda.start_recording(self._plan_device)
         try:
-            with torch.no_grad():
+            with grad_mode():
                 loss = self.module(*flat).to("cpu")
         except BaseException:
             if recording:
