@@ -54,8 +54,64 @@ def test_a_replaced_parameter_or_a_new_hook_is_refused(way):
     handle.remove()
     step()
     model[3].weight = torch.nn.Parameter(torch.zeros_like(model[3].weight))
-    with pytest.raises(StaleCaptureError, match="parameters are not those"):
+    with pytest.raises(StaleCaptureError, match="parameters are not those.*optimizer trains"):
         step()
+
+
+@pytest.mark.parametrize("way", ["optimize", "train"])
+def test_buffers_replaced_alike_are_followed_as_eager_follows_them(way):
+    """A running mean reset by assignment, a model moved there and back
+    (``_apply`` replaces buffers): the next steps use the new buffers."""
+    eager, model = Scaled(), Scaled()
+    for m in (eager, model):
+        m.body.insert(2, torch.nn.BatchNorm1d(32))
+    step = _step_of(way, model)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.01)
+    torch.manual_seed(5)
+    for i in range(4):
+        if i == 1:
+            eager.body[2].running_mean = torch.full((32,), 0.5)
+        if i == 2:
+            eager.double().float()
+        opt.zero_grad()
+        loss_fn(eager(X)).backward()
+        opt.step()
+    torch.manual_seed(5)
+    for i in range(4):
+        if i == 1:
+            model.body[2].running_mean = torch.full((32,), 0.5)
+        if i == 2:
+            model.double().float()
+        step()
+    for a, b in zip([*eager.parameters(), *eager.buffers()], [*model.parameters(), *model.buffers()]):
+        assert torch.equal(a, b)
+    model.body[2].register_buffer("extra", torch.zeros(1))
+    with pytest.raises(StaleCaptureError, match="parameters or buffers were added or removed"):
+        step()
+
+
+@pytest.mark.parametrize("way", ["optimize", "job"])
+def test_a_model_cast_or_moved_in_place_is_refused_and_cast_back_trains_again(way):
+    model = net()
+    step = dict(trainers(model))[way]
+    step()
+    model.double()  # the same parameters, their data now float64
+    with pytest.raises(StaleCaptureError, match=r"parameter 0\.weight is float64 of shape "
+                                                r"\[32, 16\] on cpu now; .* float32"):
+        step()
+    model.float()
+    step()
+
+
+def test_models_a_capture_cannot_trace_are_refused_with_the_fix():
+    model = net()
+    with pytest.raises(ww.capturing.CaptureError, match=r"torch\.compile.*model\._orig_mod"):
+        ww.Job(torch.compile(model), (X,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1))
+    sparse = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten())
+    with pytest.raises(ww.capturing.CaptureError, match=r"module 0 \(Embedding\) makes sparse "
+                                                       r"gradients.*sparse=False"):
+        ww.Job(sparse, (torch.randint(0, 10, (8, 2)),), loss_fn,
+               torch.optim.SGD(sparse.parameters(), lr=0.1))
 
 
 @pytest.mark.parametrize("way", ["optimize", "job"])

@@ -236,6 +236,20 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
     return flat
 
 
+def _refuse_untraceable(model) -> None:
+    """Models a capture cannot trace, refused up front with the fix."""
+    torch = _torch()
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        raise CaptureError("the model is wrapped by torch.compile, whose compiled code a capture "
+                           "cannot trace: give the module itself (model._orig_mod); the "
+                           "captured step replaces what compiling would do")
+    for name, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            raise CaptureError(f"module {name or 'the model'} ({type(m).__name__}) makes sparse "
+                               "gradients (sparse=True), "
+                               "which a captured step does not hold: use sparse=False")
+
+
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None,
                micro_batches: int = 1, autocast_dtype=None, grad_scaler=None):
@@ -256,6 +270,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     ``step`` and ``update`` do, on the device, with no host sync."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    _refuse_untraceable(model)
     try:
         shapes = optimizers.structure(optimizer)  # also refuses what the update cannot do
     except optimizers.OptimizerError as e:

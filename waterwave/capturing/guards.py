@@ -145,6 +145,8 @@ def guarded_modules(model, loss_fn=None) -> dict:
 class StepGuard:
     training: tuple[tuple[str, bool], ...]  # (module name, training) for every module
     parameters: tuple[int, ...]             # ids of the model's parameters, in order
+    layouts: tuple[tuple[str, str, tuple, str], ...]  # (name, dtype, shape, device) of each
+    # parameter and buffer (a buffer replaced alike is followed: see CapturedStep)
     hooks: tuple[tuple[str, int], ...]      # (module name, hooks registered) where any are
     global_hooks: int
     autocast: tuple                         # on the step's device, at capture
@@ -173,7 +175,11 @@ class StepGuard:
         global_hooks = (len(nn_module._global_forward_hooks)
                         + len(nn_module._global_forward_pre_hooks)
                         + len(nn_module._global_backward_hooks))
-        return (tuple(training), tuple(id(p) for p in model.parameters()), tuple(hooks),
+        tensors = ([(f"parameter {n}", t) for n, t in model.named_parameters()]
+                   + [(f"buffer {n}", t) for n, t in model.named_buffers()])
+        layouts = tuple((name, str(t.dtype), tuple(t.shape), str(t.device))
+                        for name, t in tensors)
+        return (tuple(training), tuple(id(p) for p in model.parameters()), layouts, tuple(hooks),
                 global_hooks,
                 _autocast("cuda" if device == "cuda" else "cpu"))
 
@@ -187,7 +193,7 @@ class StepGuard:
                 "gradients are off here (inside torch.no_grad() or torch.inference_mode()): "
                 "an eager step could not backpropagate, and a captured one would train anyway: "
                 "call train() or step() outside them")
-        training, ids, hooks, global_hooks, autocast = self._read(model, self.device)
+        training, ids, layouts, hooks, global_hooks, autocast = self._read(model, self.device)
         remake = "make a new Job (or waterwave.optimize) for the model as it is now"
         if training != self.training:
             then = dict(self.training)
@@ -198,9 +204,21 @@ class StepGuard:
                 f"module {name or 'the model'} is in {now} mode; the step was captured in {was} "
                 f"mode, which fixes what dropout and batch norm do: call model.{was}() before "
                 f"training, or {remake}")
+        changed = next(((a, b) for a, b in zip(self.layouts, layouts)
+                        if a[0] == b[0] and a != b), None)
+        if changed is not None:
+            (name, *was), (_, *now) = changed
+            raise StaleCaptureError(
+                f"{name} is {_layout(now)} now; the step was captured with it {_layout(was)} "
+                "(model.to(), .double() or .half() changed it in place), and a captured step's "
+                f"operators are made for those: {remake}")
+        if [n for n, *_ in layouts] != [n for n, *_ in self.layouts]:
+            raise StaleCaptureError("the model's parameters or buffers were added or removed "
+                                    f"since the step was captured: {remake}")
         if ids != self.parameters:
             raise StaleCaptureError("the model's parameters are not those the step was captured "
-                                    f"with (one was replaced, added or removed): {remake}")
+                                    "with (one was replaced), and its optimizer trains those: "
+                                    f"{remake}")
         if hooks != self.hooks or global_hooks != self.global_hooks:
             raise StaleCaptureError("module hooks changed since the step was captured (a captured "
                                     f"step runs the hooks it traced, no others): {remake}")
@@ -236,3 +254,8 @@ def _shown(frozen) -> str:
         return "missing"
     items = ", ".join(_shown(v) for v in value)
     return f"({items}{',' if len(value) == 1 else ''})" if kind == "tuple" else f"[{items}]"
+
+
+def _layout(layout) -> str:
+    dtype, shape, device = layout
+    return f"{dtype.removeprefix('torch.')} of shape {list(shape)} on {device}"

@@ -178,7 +178,7 @@ class ConcurrentTrainer:
         if not jobs:
             return
         for job in jobs:  # on the caller's thread: its train/eval mode, autocast, hooks
-            job.step_fn.check_context()
+            job.check_context()
         for job in jobs:  # every check passed: nothing is touched by a refused run
             job.step_fn.clear_grads()
         self._check_budget(jobs)

@@ -144,6 +144,14 @@ class Job:
         self.graph = self.step_fn.graph
         self.session = self.partition = self.runner = self.plan = self.measured = None
 
+    def check_context(self) -> None:
+        """Before a call's steps, on the caller's thread: the model is as its
+        step was captured (``CapturedStep.check_context``); the captures at
+        other shapes take the model's buffers as they are now too."""
+        self.step_fn.check_context()
+        for found in self._other_shapes.values():
+            found[0].buffers = self.step_fn.buffers
+
     @property
     def device(self):
         """The device the model trains on (a ``torch.device``)."""

@@ -119,7 +119,7 @@ class TrainingSession:
     def train(self, job, steps: int) -> None:
         """``steps`` steps of ``job`` on the calling thread, beside the others."""
         steps = whole_steps(steps)
-        job.step_fn.check_context()  # its train/eval mode, autocast, hooks: the caller's
+        job.check_context()  # its train/eval mode, autocast, hooks: the caller's
         job.step_fn.clear_grads()
         on_cuda = job.step_fn.device == "cuda"
         probe = MemoryProbe(job.device) if on_cuda else None

@@ -93,8 +93,11 @@ class CapturedStep:
     def check_context(self) -> None:
         """On the caller's thread, before its steps: the model and the context
         (train/eval mode, parameters, hooks, autocast) are still as captured;
-        ``guards.StaleCaptureError`` naming the change otherwise."""
+        ``guards.StaleCaptureError`` naming the change otherwise. Buffers
+        replaced by others alike (``model.to()`` there and back, a running
+        mean reset by assignment) are followed, as eager code follows them."""
         self.guard.check(self.model)
+        self.buffers = [b for _, b in self.model.named_buffers()]
 
     def clear_grads(self) -> None:
         """Before a call's steps: every trained parameter's ``.grad`` to None,
