@@ -274,6 +274,50 @@ def test_numpy_float64_hyperparameters_train_as_eager_and_float32_is_refused():
     assert_same(eager, eager_opt, model, opt)
 
 
+class PartlyUnused(torch.nn.Module):
+    """A head the loss never reaches, and a scale used without gradient: an
+    eager step leaves their .grad None, and optimizer.step() skips them (no
+    weight decay, no momentum, no state)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(16, 4)
+        self.unused_head = torch.nn.Linear(4, 2)
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return self.body(x) * self.scale.detach()
+
+
+@pytest.mark.parametrize("way", ["optimize", "train"])
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.1),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+])
+def test_parameters_no_gradient_reaches_are_skipped_as_eager_skips_them(way, make):
+    xs = batches(3)
+    eager, model = PartlyUnused(), PartlyUnused()
+    eager_opt, opt = make(eager.parameters()), make(model.parameters())
+    for x in xs:
+        eager_opt.zero_grad()
+        loss_fn(eager(x)).backward()
+        torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.5)
+        eager_opt.step()
+    if way == "optimize":
+        trainer = ww.optimize(model, (xs[0],), loss_fn, opt, clip_grad_norm=0.5)
+        for x in xs:
+            trainer.step(x)
+    else:
+        job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=[(x,) for x in xs],
+                     clip_grad_norm=0.5)
+        job.train(3, session=ww.TrainingSession("cpu"))
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert len(opt.state) == 2  # the body's weight and bias, as eager
+    assert_same_optimizer_state(eager_opt, opt)
+
+
 def test_jobs_trained_together_keep_their_state_where_eager_would():
     x = batches(1)[0]
     eagers, jobs = [], []

@@ -62,13 +62,15 @@ def _default_loss(output):
     raise CaptureError(f"cannot derive a loss from a {type(output).__name__}; pass loss_fn")
 
 
-def trained_parameters(model, optimizer) -> list[tuple[str, Any, int]]:
+def trained_parameters(model, optimizer, untrained: frozenset[str] = frozenset()
+                       ) -> list[tuple[str, Any, int]]:
     """(name, parameter, parameter group) for each parameter the optimizer
     updates, in the model's order: the order of the traced step's first
-    inputs."""
+    inputs. ``untrained``: names of parameters no gradient reaches, which
+    eager ``optimizer.step()`` skips (their ``.grad`` stays None)."""
     group_of = {id(p): k for k, group in enumerate(optimizer.param_groups) for p in group["params"]}
     return [(n, p, group_of[id(p)]) for n, p in model.named_parameters()
-            if p.requires_grad and id(p) in group_of]
+            if p.requires_grad and id(p) in group_of and n not in untrained]
 
 
 @dataclass
@@ -87,6 +89,7 @@ class StepLayout:
     optimizer: str = ""
     micro_batches: int = 1  # batches whose gradients one update sums (accumulation)
     scaler: bool = False    # a GradScaler's scale and growth tracker follow the scalars
+    untrained: frozenset = frozenset()  # parameters no gradient reaches: not updated
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
@@ -100,10 +103,13 @@ class StepLayout:
 
     @classmethod
     def of(cls, model, optimizer, n_inputs: int, n_targets: int,
-           micro_batches: int = 1, scaler: bool = False) -> "StepLayout":
-        named_params = trained_parameters(model, optimizer)
+           micro_batches: int = 1, scaler: bool = False,
+           untrained: frozenset[str] = frozenset()) -> "StepLayout":
+        named_params = trained_parameters(model, optimizer, untrained)
         if not named_params:
-            raise CaptureError("the optimizer updates none of the model's parameters")
+            raise CaptureError("the optimizer updates none of the model's parameters"
+                               + (" that the loss's gradient reaches: check that the loss "
+                                  "depends on the model's output" if untrained else ""))
         groups = [k for _, _, k in named_params]
         # With a GradScaler, Adam counts its steps on the device (a skipped
         # step must not count): its step tensors are inputs, no scalars.
@@ -113,7 +119,7 @@ class StepLayout:
                    [optimizers.state_names(optimizer, k, device_steps) for k in groups],
                    [n for n, _ in model.named_buffers()],
                    len(scalars) * len(optimizer.param_groups), n_inputs, n_targets,
-                   type(optimizer).__name__, micro_batches, scaler)
+                   type(optimizer).__name__, micro_batches, scaler, frozenset(untrained))
 
     def split(self, flat):
         """(params, buffers, state, scalars, scaler, inputs, targets) of the flat inputs."""
@@ -146,23 +152,31 @@ class StepLayout:
 def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: list,
                    clip: optimizers.GradClip, shapes: list[tuple], consts: list[dict],
                    autocast: tuple[str, Any] | None = None,
-                   scaling: tuple[float, float, int] | None = None):
+                   scaling: tuple[float, float, int] | None = None,
+                   no_gradient: set | None = None):
     """The training step as a pure function of the flat inputs: forward,
-    backward, and the optimizer's update in place; returns the loss."""
+    backward, and the optimizer's update in place; returns the loss. The
+    names of parameters no batch's gradient reaches go into
+    ``no_gradient``."""
     torch = _torch()
     from torch.func import functional_call
 
     per_group = layout.scalar_names
+    # Parameters eager's step skips are the model's own, not inputs: what
+    # the forward pass does with them (nothing, or without gradient) reads them.
+    untrained = {n: p.detach() for n, p in model.named_parameters() if n in layout.untrained}
 
     def step(*flat):
         params, buffers, state_flat, scalars, scaler, inputs, targets = layout.split(flat)
         tensors = dict(zip(layout.param_names, params))
+        tensors.update(untrained)
         tensors.update(zip(layout.buffer_names, buffers))
         # Gradient accumulation, as eager code does it: each batch's loss / k
         # backward in turn, the gradients summed in batch order (.grad += g).
         k = layout.micro_batches
         n_in, n_t = len(inputs) // k, len(targets) // k
         grads, losses = None, []
+        reached = [False] * len(params)
         for i in range(k):
             # Mixed precision as eager code runs it: the forward pass and the
             # loss inside torch.autocast, backward and the update outside.
@@ -175,9 +189,14 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
             if scaling:  # GradScaler.scale(loss): backward from loss * scale
                 scaled = scaled * scaler[0]
             part = torch.autograd.grad(scaled, params, allow_unused=True)
+            reached = [r or g is not None for r, g in zip(reached, part)]
+            # A parameter one batch reaches and another does not: eager's .grad
+            # sums the batches that reach it, as adding zeros does.
             part = [g if g is not None else torch.zeros_like(p) for g, p in zip(part, params)]
             grads_seen.extend(part)
             grads = part if grads is None else [a + b for a, b in zip(grads, part)]
+        if no_gradient is not None:
+            no_gradient.update(n for n, r in zip(layout.param_names, reached) if not r)
         if k > 1:  # the step's loss: the batches' mean
             loss = sum(losses[1:], losses[0]).detach() / k
             grads_seen.extend(grads)
@@ -216,7 +235,7 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
     buffers, zero optimizer state, Adam's step-1 scalars, inputs, targets."""
     torch = _torch()
     with torch.no_grad():
-        params = [p for _, p, _ in trained_parameters(model, optimizer)]
+        params = [p for _, p, _ in trained_parameters(model, optimizer, layout.untrained)]
         flat = [p.detach().clone() for p in params]
         flat += [b.detach().clone() for _, b in model.named_buffers()]
         for p, names in zip(params, layout.param_states):
@@ -302,12 +321,25 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
             raise CaptureError(f"autocast_dtype must be torch.bfloat16 or torch.float16, got "
                                f"{autocast_dtype!r}")
         autocast = (model_device(model, example_inputs), autocast_dtype)
-    step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen, clip,
-                          shapes, traced_with, autocast, scaling)
-    flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
+    # Eager optimizer.step() skips a parameter whose .grad is None (no
+    # momentum, no weight decay, no state): when the first trace finds
+    # parameters no gradient reaches, the step is traced again without them.
+    no_gradient: set = set()
     try:
-        gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+        while True:
+            grads_seen.clear()
+            step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen,
+                                  clip, shapes, traced_with, autocast, scaling, no_gradient)
+            flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
+            gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+            if not no_gradient - layout.untrained:
+                break
+            layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
+                                   micro_batches, scaling is not None,
+                                   frozenset(no_gradient | layout.untrained))
         sites = optimizers.ConstantSites(gm.graph, traced_with)
+    except CaptureError:
+        raise
     except optimizers.OptimizerError as e:
         raise CaptureError(str(e)) from None
     except Exception as e:

@@ -77,7 +77,8 @@ class CapturedStep:
                                  if isinstance(x, torch.Tensor)]}
         self.graph = fake_step.graph_from_trace(self.gm, roles, names, grads,
                                                 name or type(model).__name__, meta)
-        trained = fake_step.trained_parameters(model, optimizer)
+        traced = {n for n, role in zip(names, roles) if role == "param"}
+        trained = [t for t in fake_step.trained_parameters(model, optimizer) if t[0] in traced]
         self.params = [p for _, p, _ in trained]
         self.groups = [k for _, _, k in trained]  # each parameter's group
         self.buffers = [b for _, b in model.named_buffers()]
