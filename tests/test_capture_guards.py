@@ -91,6 +91,21 @@ def test_buffers_replaced_alike_are_followed_as_eager_follows_them(way):
 
 
 @pytest.mark.parametrize("way", ["optimize", "job"])
+def test_a_replaced_module_is_refused(way):
+    """A module with no parameters (an activation) swapped for another: the
+    step would still run the one it traced."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    step = dict(trainers(model))[way]
+    step()
+    model[1] = torch.nn.GELU()
+    with pytest.raises(StaleCaptureError, match=r"module 1 was replaced.*make a new Job"):
+        step()
+    model.append(torch.nn.Tanh())
+    with pytest.raises(StaleCaptureError, match="modules were added or removed"):
+        step()
+
+
+@pytest.mark.parametrize("way", ["optimize", "job"])
 def test_a_model_cast_or_moved_in_place_is_refused_and_cast_back_trains_again(way):
     model = net()
     step = dict(trainers(model))[way]

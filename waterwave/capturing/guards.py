@@ -23,7 +23,6 @@ May import: nothing of waterwave; torch lazily.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 
 class StaleCaptureError(ValueError):
@@ -116,19 +115,6 @@ class AttributeReads:
         self.read = sorted((names[i], attr) for i, attr in self._log if i in names)
 
 
-def attribute_values(modules: dict, read: list[tuple[str, str]]) -> tuple:
-    """(module name, attribute, comparable value) of each attribute read
-    whose value is plain; a missing module or attribute reads as missing."""
-    out = []
-    for name, attr in read:
-        m = modules.get(name)
-        value = m.__dict__.get(attr, _MISSING) if m is not None else _MISSING
-        frozen = _MISSING if value is _MISSING else _plain(value)
-        if frozen is not None:
-            out.append((name, attr, frozen))
-    return tuple(out)
-
-
 def guarded_modules(model, loss_fn=None) -> dict:
     """The modules whose attributes a step's code reads: the model's, and
     the loss's when it is a module."""
@@ -141,51 +127,40 @@ def guarded_modules(model, loss_fn=None) -> dict:
     return modules
 
 
-@dataclass(frozen=True)
 class StepGuard:
-    training: tuple[tuple[str, bool], ...]  # (module name, training) for every module
-    parameters: tuple[int, ...]             # ids of the model's parameters, in order
-    layouts: tuple[tuple[str, str, tuple, str], ...]  # (name, dtype, shape, device) of each
-    # parameter and buffer (a buffer replaced alike is followed: see CapturedStep)
-    hooks: tuple[tuple[str, int], ...]      # (module name, hooks registered) where any are
-    global_hooks: int
-    autocast: tuple                         # on the step's device, at capture
-    device: str
-    attributes: tuple = ()  # (module, attribute, value) read by the trace
-    loss_fn: object = None
+    """What a step traced from ``model`` (and ``loss_fn``) took as fixed,
+    read at capture; ``check`` compares the model with it before each call
+    or step, in one walk over its modules (it runs per step under
+    ``optimize``, so it is kept to identity and equality tests)."""
+
+    def __init__(self, model, device: str, read: list[tuple[str, str]] = (), loss_fn=None):
+        self.device = device
+        walk = _Walk(model)
+        self.module_ids, self.names = walk.module_ids, walk.names
+        self.training = walk.training  # ((module name, training), ...): the capture's modes
+        self.parameters, self.keys, self.layouts = walk.parameters, walk.keys, walk.layouts
+        self.hooks, self.global_hooks = walk.hooks, _global_hooks()
+        self.autocast = _autocast("cuda" if device == "cuda" else "cpu")
+        modules = guarded_modules(model, loss_fn)
+        self.attributes = []  # (where, attribute, module, value then, its comparable copy)
+        for name, attr in read:
+            m = modules[name]
+            value = m.__dict__.get(attr, _MISSING)
+            frozen = _MISSING if value is _MISSING else _plain(value)
+            if frozen is not None:
+                self.attributes.append((name, attr, m, value, frozen))
 
     @classmethod
     def of(cls, model, device: str, read: list[tuple[str, str]] = (),
            loss_fn=None) -> StepGuard:
         """The guard of a step traced from ``model`` (and ``loss_fn``),
         whose trace read the module attributes ``read``."""
-        values = attribute_values(guarded_modules(model, loss_fn), list(read))
-        return cls(*cls._read(model, device), device, values, loss_fn)
+        return cls(model, device, read, loss_fn)
 
-    @staticmethod
-    def _read(model, device: str) -> tuple:
-        import torch.nn.modules.module as nn_module
-
-        training, hooks = [], []
-        for name, m in model.named_modules():
-            training.append((name, m.training))
-            n = sum(len(getattr(m, h, ())) for h in HOOKS)
-            if n:
-                hooks.append((name, n))
-        global_hooks = (len(nn_module._global_forward_hooks)
-                        + len(nn_module._global_forward_pre_hooks)
-                        + len(nn_module._global_backward_hooks))
-        tensors = ([(f"parameter {n}", t) for n, t in model.named_parameters()]
-                   + [(f"buffer {n}", t) for n, t in model.named_buffers()])
-        layouts = tuple((name, str(t.dtype), tuple(t.shape), str(t.device))
-                        for name, t in tensors)
-        return (tuple(training), tuple(id(p) for p in model.parameters()), layouts, tuple(hooks),
-                global_hooks,
-                _autocast("cuda" if device == "cuda" else "cpu"))
-
-    def check(self, model) -> None:
+    def check(self, model) -> list:
         """Raise ``StaleCaptureError`` if what the capture took as fixed changed,
-        or if gradients are off where the step is asked for."""
+        or if gradients are off where the step is asked for. Returns the
+        model's buffers now, in the step's order."""
         import torch
 
         if not torch.is_grad_enabled():
@@ -193,54 +168,101 @@ class StepGuard:
                 "gradients are off here (inside torch.no_grad() or torch.inference_mode()): "
                 "an eager step could not backpropagate, and a captured one would train anyway: "
                 "call train() or step() outside them")
-        training, ids, layouts, hooks, global_hooks, autocast = self._read(model, self.device)
+        walk = _Walk(model)
         remake = "make a new Job (or waterwave.optimize) for the model as it is now"
-        if training != self.training:
+        if walk.module_ids != self.module_ids:
+            if walk.names != self.names:
+                raise StaleCaptureError(f"the model's modules were added or removed since the "
+                                        f"step was captured: {remake}")
+            name = next(n for n, a, b in zip(self.names, self.module_ids, walk.module_ids)
+                        if a != b)
+            raise StaleCaptureError(f"module {name or 'the model'} was replaced since the step "
+                                    f"was captured, which runs the modules it traced: {remake}")
+        if walk.training != self.training:
             then = dict(self.training)
-            name, mode = next((n, t) for n, t in training if then.get(n) != t)
+            name, mode = next((n, t) for n, t in walk.training if then.get(n) != t)
             was = "train" if then.get(name) else "eval"
             now = "train" if mode else "eval"
             raise StaleCaptureError(
                 f"module {name or 'the model'} is in {now} mode; the step was captured in {was} "
                 f"mode, which fixes what dropout and batch norm do: call model.{was}() before "
                 f"training, or {remake}")
-        changed = next(((a, b) for a, b in zip(self.layouts, layouts)
-                        if a[0] == b[0] and a != b), None)
-        if changed is not None:
-            (name, *was), (_, *now) = changed
+        if walk.keys != self.keys:
+            raise StaleCaptureError("the model's parameters or buffers were added or removed "
+                                    f"since the step was captured: {remake}")
+        if walk.layouts != self.layouts:
+            i, was, now = next((i, a, b) for i, (a, b) in enumerate(zip(self.layouts,
+                                                                        walk.layouts)) if a != b)
+            module, key, kind = self.keys[i]
+            name = f"{kind} {self.names[module] + '.' if self.names[module] else ''}{key}"
             raise StaleCaptureError(
                 f"{name} is {_layout(now)} now; the step was captured with it {_layout(was)} "
                 "(model.to(), .double() or .half() changed it in place), and a captured step's "
                 f"operators are made for those: {remake}")
-        if [n for n, *_ in layouts] != [n for n, *_ in self.layouts]:
-            raise StaleCaptureError("the model's parameters or buffers were added or removed "
-                                    f"since the step was captured: {remake}")
-        if ids != self.parameters:
+        if walk.parameters != self.parameters:
             raise StaleCaptureError("the model's parameters are not those the step was captured "
                                     "with (one was replaced), and its optimizer trains those: "
                                     f"{remake}")
-        if hooks != self.hooks or global_hooks != self.global_hooks:
+        if walk.hooks != self.hooks or _global_hooks() != self.global_hooks:
             raise StaleCaptureError("module hooks changed since the step was captured (a captured "
                                     f"step runs the hooks it traced, no others): {remake}")
-        if self.attributes:
-            modules = guarded_modules(model, self.loss_fn)
-            now = attribute_values(modules, [(n, a) for n, a, _ in self.attributes])
-            for (name, attr, was), (_, _, value) in zip(self.attributes, now):
-                if value != was:
-                    where = f"{name}.{attr}" if name else f"the model's {attr}"
-                    shown = "deleted" if value == _MISSING else \
-                        f"{modules[name].__dict__[attr]!r}"
-                    raise StaleCaptureError(
-                        f"{where} is {shown} now; it was {_shown(was)} when the step was "
-                        "captured, and a captured step runs the values its trace read (the "
-                        "module's Python code does not run again): set it before making the "
-                        f"Job, or {remake}")
+        for name, attr, m, then, frozen in self.attributes:
+            value = m.__dict__.get(attr, _MISSING)
+            if value is then and type(then) is not list:  # the same immutable value
+                continue
+            if (_MISSING if value is _MISSING else _plain(value)) != frozen:
+                where = f"{name}.{attr}" if name else f"the model's {attr}"
+                shown = "deleted" if value is _MISSING else repr(value)
+                raise StaleCaptureError(
+                    f"{where} is {shown} now; it was {_shown(frozen)} when the step was "
+                    "captured, and a captured step runs the values its trace read (the "
+                    "module's Python code does not run again): set it before making the "
+                    f"Job, or {remake}")
+        autocast = _autocast("cuda" if self.device == "cuda" else "cpu")
         if autocast != self.autocast:
             raise StaleCaptureError(
                 f"torch.autocast is {'on' if autocast[0] else 'off'} here and was "
                 f"{'on' if self.autocast[0] else 'off'} when the step was captured; a captured "
                 "step runs in the precision it traced: train outside autocast and give the Job "
                 "autocast_dtype= (its forward pass then runs inside autocast, as eager code's)")
+        return walk.buffers
+
+
+class _Walk:
+    """One walk over a model's modules, in ``named_modules`` order, and
+    their parameters and buffers as ``named_parameters`` and
+    ``named_buffers`` list them (each tensor once)."""
+
+    def __init__(self, model):
+        modules = list(model.named_modules())
+        self.names = tuple(n for n, _ in modules)
+        self.module_ids = tuple(id(m) for _, m in modules)
+        self.training = tuple((n, m.training) for n, m in modules)
+        hooks, keys, layouts, params, buffers, seen = [], [], [], [], [], set()
+        for i, (_, m) in enumerate(modules):
+            d = m.__dict__
+            n = sum(len(d.get(h, ())) for h in HOOKS)
+            if n:
+                hooks.append((i, n))
+            for kind, tensors, out in (("parameter", d["_parameters"], params),
+                                       ("buffer", d["_buffers"], buffers)):
+                for key, t in tensors.items():
+                    if t is None or id(t) in seen:
+                        continue
+                    seen.add(id(t))
+                    out.append(t)
+                    keys.append((i, key, kind))
+                    layouts.append((t.dtype, t.shape, t.device))
+        self.hooks, self.keys, self.layouts = tuple(hooks), tuple(keys), tuple(layouts)
+        self.parameters = tuple(id(p) for p in params)
+        self.buffers = buffers
+
+
+def _global_hooks() -> int:
+    import torch.nn.modules.module as nn_module
+
+    return (len(nn_module._global_forward_hooks) + len(nn_module._global_forward_pre_hooks)
+            + len(nn_module._global_backward_hooks))
 
 
 def _shown(frozen) -> str:
@@ -258,4 +280,4 @@ def _shown(frozen) -> str:
 
 def _layout(layout) -> str:
     dtype, shape, device = layout
-    return f"{dtype.removeprefix('torch.')} of shape {list(shape)} on {device}"
+    return f"{str(dtype).removeprefix('torch.')} of shape {list(shape)} on {device}"

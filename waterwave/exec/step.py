@@ -97,8 +97,7 @@ class CapturedStep:
         ``guards.StaleCaptureError`` naming the change otherwise. Buffers
         replaced by others alike (``model.to()`` there and back, a running
         mean reset by assignment) are followed, as eager code follows them."""
-        self.guard.check(self.model)
-        self.buffers = [b for _, b in self.model.named_buffers()]
+        self.buffers = self.guard.check(self.model)
 
     def clear_grads(self) -> None:
         """Before a call's steps: every trained parameter's ``.grad`` to None,
