@@ -134,6 +134,7 @@ class StepGuard:
     ``optimize``, so it is kept to identity and equality tests)."""
 
     def __init__(self, model, device: str, read: list[tuple[str, str]] = (), loss_fn=None):
+        """``read``: the module attributes the trace read (``AttributeReads``)."""
         self.device = device
         walk = _Walk(model)
         self.module_ids, self.names = walk.module_ids, walk.names
@@ -149,13 +150,6 @@ class StepGuard:
             frozen = _MISSING if value is _MISSING else _plain(value)
             if frozen is not None:
                 self.attributes.append((name, attr, m, value, frozen))
-
-    @classmethod
-    def of(cls, model, device: str, read: list[tuple[str, str]] = (),
-           loss_fn=None) -> StepGuard:
-        """The guard of a step traced from ``model`` (and ``loss_fn``),
-        whose trace read the module attributes ``read``."""
-        return cls(model, device, read, loss_fn)
 
     def check(self, model) -> list:
         """Raise ``StaleCaptureError`` if what the capture took as fixed changed,

@@ -88,7 +88,7 @@ class CapturedStep:
         # runs as compiled code (then a change recompiles it: 54 ms for
         # resnet50's step) or node by node (then the patched nodes suffice).
         self.modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({self.gm: False})
-        self.guard = guards.StepGuard.of(model, self.device, reads.read, loss_fn)
+        self.guard = guards.StepGuard(model, self.device, reads.read, loss_fn)
         self.steps = 0  # steps run through this capture
 
     def check_context(self) -> None:
