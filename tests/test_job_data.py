@@ -439,3 +439,33 @@ def test_training_in_eval_mode_follows_the_modes_set_when_train_is_called():
     for a, b in zip(reference.state_dict().values(), model.state_dict().values()):
         assert torch.equal(a, b)  # parameters and batch norm's running statistics
     assert len(job._by_modes) == 2  # three sets of modes captured, one in use
+
+
+@pytest.mark.parametrize("seeded", ["before the job", "between the job and train"])
+def test_random_operators_and_shuffling_draw_from_torchs_generator_as_eager(seeded):
+    """Dropout in the step and a shuffling DataLoader between steps draw from
+    torch's global generator in eager's order: a job trained alone, a call
+    an epoch, equals the eager loop after the same seed, and leaves the
+    generator where eager leaves it. The Job looks at its first batch when
+    it is made, before the seed or not: that look draws nothing."""
+    def dropout_net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.3),
+                                   torch.nn.Linear(32, 4))
+
+    loader = DataLoader(dataset(n=24), batch_size=8, shuffle=True)
+    reference, model = dropout_net(), dropout_net()
+    torch.manual_seed(7)
+    expected, ref_opt = eager(reference, MAKERS[1], loader, 9)
+    after_eager = torch.get_rng_state()
+    if seeded == "before the job":
+        torch.manual_seed(7)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=MAKERS[1](model), data=loader)
+    if seeded != "before the job":
+        torch.manual_seed(7)
+    session = ww.TrainingSession("cpu")
+    got = [loss for _ in range(3) for loss in job.train(len(loader), session=session)]
+    assert got == expected
+    assert torch.equal(torch.get_rng_state(), after_eager)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
