@@ -69,8 +69,10 @@ class BatchFeed:
             before, after, epoch, batches = self._peeked
             if _GlobalRandom.same(_GlobalRandom.state(), before):
                 _GlobalRandom.restore(after)  # its draws, made now, as eager's
-            else:  # something drew since: draw the batch now, as eager would
+            elif batches is not self._batches:  # the look began an epoch; something drew
+                # since: begin the epoch now, drawing its order as eager would
                 self._batches, self.epoch, held = batches, epoch, None
+            # (else the batch's epoch began before the look, as an eager loop's did)
         inputs, targets = held if held is not None else self._draw_step()
         return self._to_device(inputs), self._to_device(targets)
 
