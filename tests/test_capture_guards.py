@@ -67,21 +67,22 @@ def test_buffers_replaced_alike_are_followed_as_eager_follows_them(way):
         m.body.insert(2, torch.nn.BatchNorm1d(32))
     step = _step_of(way, model)
     opt = torch.optim.SGD(eager.parameters(), lr=0.01)
+
+    def change(m, i):
+        if i == 1:
+            m.body[2].running_mean = torch.full((32,), 0.5)
+        if i == 2:
+            m.double().float()
+
     torch.manual_seed(5)
     for i in range(4):
-        if i == 1:
-            eager.body[2].running_mean = torch.full((32,), 0.5)
-        if i == 2:
-            eager.double().float()
+        change(eager, i)
         opt.zero_grad()
         loss_fn(eager(X)).backward()
         opt.step()
     torch.manual_seed(5)
     for i in range(4):
-        if i == 1:
-            model.body[2].running_mean = torch.full((32,), 0.5)
-        if i == 2:
-            model.double().float()
+        change(model, i)
         step()
     for a, b in zip([*eager.parameters(), *eager.buffers()], [*model.parameters(), *model.buffers()]):
         assert torch.equal(a, b)
