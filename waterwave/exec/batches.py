@@ -4,13 +4,12 @@ tuples), iterated again for each epoch; each batch moved to the model's
 device as ``x.to(device)`` would.
 
 Drawing a batch can draw random numbers: a shuffling ``DataLoader`` draws
-its epoch's order (and its workers' seeds) when it is iterated, random
-transforms draw as a batch is fetched. An eager loop draws them when its
-training begins; a Job looks at its first batch earlier, to capture its
-step. So that look draws nothing in the end: the global generators (torch's
-CPU one, Python's ``random``, numpy's) are put back as they were, and when
-the batch is trained on, its draws are made again if nothing drew since,
-and the batch is drawn anew otherwise, as eager would draw it then.
+its epoch's order from torch's generator when it is iterated. A Job looks
+at its first batch when it is made, to capture its step, and so draws the
+first epoch's order then, where an eager loop draws it as the loop starts;
+with nothing drawn in between, the two draw alike. (Putting the global
+generator back after the look was tried: with trials on several threads,
+that rewinds what the others drew meanwhile.)
 
 May import: nothing of waterwave; torch lazily.
 """
@@ -48,31 +47,17 @@ class BatchFeed:
         self.epoch = 0  # epochs begun
         self._batches: Iterator | None = None
         self._held: tuple | None = None  # a step's batches looked at and not yet trained on
-        self._peeked: tuple | None = None  # (random state before, after, epoch, iterator)
 
     def peek(self) -> tuple[tuple, tuple]:
         """The next step's batches, without using them up (the job captures
-        its step on them), and without drawing random numbers."""
+        its step on them)."""
         if self._held is None:
-            before = _GlobalRandom.state()
-            epoch, batches = self.epoch, self._batches
             self._held = self._draw_step()
-            after = _GlobalRandom.state()
-            _GlobalRandom.restore(before)
-            self._peeked = (before, after, epoch, batches)
         return self._held
 
     def next(self) -> tuple[tuple, tuple]:
         """(inputs, targets) of the next step's batches, on the model's device."""
         held, self._held = self._held, None
-        if held is not None:
-            before, after, epoch, batches = self._peeked
-            if _GlobalRandom.same(_GlobalRandom.state(), before):
-                _GlobalRandom.restore(after)  # its draws, made now, as eager's
-            elif batches is not self._batches:  # the look began an epoch; something drew
-                # since: begin the epoch now, drawing its order as eager would
-                self._batches, self.epoch, held = batches, epoch, None
-            # (else the batch's epoch began before the look, as an eager loop's did)
         inputs, targets = held if held is not None else self._draw_step()
         return self._to_device(inputs), self._to_device(targets)
 
@@ -110,43 +95,3 @@ class BatchFeed:
             return xs
         return tuple(x.to(self.device, non_blocking=True)
                      if isinstance(x, torch.Tensor) and x.device != self.device else x for x in xs)
-
-
-class _GlobalRandom:
-    """The global random generators a batch's drawing can use: torch's CPU
-    generator, Python's ``random``, and numpy's when it is loaded."""
-
-    @staticmethod
-    def state() -> tuple:
-        import random
-        import sys
-
-        import torch
-
-        numpy = sys.modules.get("numpy")
-        return (torch.get_rng_state(), random.getstate(),
-                None if numpy is None else numpy.random.get_state())
-
-    @staticmethod
-    def restore(state: tuple) -> None:
-        import random
-        import sys
-
-        import torch
-
-        torch.set_rng_state(state[0])
-        random.setstate(state[1])
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and state[2] is not None:
-            numpy.random.set_state(state[2])
-
-    @staticmethod
-    def same(a: tuple, b: tuple) -> bool:
-        import torch
-
-        if not torch.equal(a[0], b[0]) or a[1] != b[1]:
-            return False
-        if (a[2] is None) != (b[2] is None):
-            return False
-        return a[2] is None or (a[2][0] == b[2][0] and (a[2][1] == b[2][1]).all()
-                                and a[2][2:] == b[2][2:])
