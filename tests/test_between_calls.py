@@ -204,3 +204,22 @@ def test_measured_between_calls_on_the_job_thread_only(fake, monkeypatch):
     job.train(1, session=session)  # an interval that fell to nothing keeps the most seen
     assert job.between.rise == 6 * MiB and job.between.kept == 0
     ThreadAccount.untag()
+
+
+def test_a_zero_byte_allocation_on_a_tagged_thread_is_not_looked_up(fake):
+    """cuDNN asks for 0-byte workspaces, which the allocator answers with a
+    null pointer: a tagged thread must not look that pointer up (on an H200
+    every evaluation between calls failed with 'unknown pointer 0x0')."""
+    use(fake)
+    account = ThreadAccount()
+    account.tag()
+    try:
+        assert _C.cuda_malloc(0, 0, 0) == 0
+        assert account.usage() == (0, 0)
+        _C.cuda_free(0, 0, 0, 0)
+        p = _C.cuda_malloc(MiB, 0, 0)
+        assert account.usage() == (MiB, MiB)
+        _C.cuda_free(p, 0, 0, 0)
+    finally:
+        ThreadAccount.untag()
+        account.close()

@@ -42,11 +42,13 @@ class ThreadAccounts {
   AccountUsage usage(std::int64_t id);
   void reset_peak(std::int64_t id);
 
-  // The allocation path. `size` is asked for only when the block is noted.
+  // The allocation path. `size` is asked for only when the block is noted;
+  // a zero-byte request (cuDNN's empty workspaces) gets a null pointer, no
+  // block, and nothing to note.
   template <typename SizeOf>
   void allocated(Addr ptr, SizeOf&& size_of) {
     const std::int64_t id = current_;
-    if (id == 0 || open_.load(std::memory_order_relaxed) == 0) return;
+    if (ptr == 0 || id == 0 || open_.load(std::memory_order_relaxed) == 0) return;
     note(id, ptr, size_of());
   }
   void freed(Addr ptr) {
