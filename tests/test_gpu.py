@@ -291,12 +291,16 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
                       'errors': [repr(j.error) for j in jobs if j.failed],
                       'most': session.stats()['most_training'],
                       'between': [j.between.rise for j in jobs], 'one_step': one_step,
+                      'kept': [j.between.reserve(j.measured or j.plan.groups) for j in jobs],
                       'bad_frees': wc.free_errors()[0]}))
     """))
     assert out["errors"] == [] and out["measured"] == [True, True]
     # Each thread's evaluation between calls was measured, and is kept for
-    # it from then on: more than nothing, less than a training step.
-    assert all(0 < rise < out["one_step"] for rise in out["between"]), out["between"]
+    # it from then on. (Not bounded by the step's planned peak: on an H200,
+    # resnet18 evaluating 2 images rose 34.7 MB, the planned step 23.8 MB,
+    # since cuDNN's workspaces are not in the planned graph.)
+    assert all(rise is not None and rise > 0 for rise in out["between"]), out["between"]
+    assert out["kept"] == out["between"]
     for losses in out["losses"]:
         assert losses == pytest.approx(eager, rel=1e-3)
     assert out["bad_frees"] == 0
