@@ -162,6 +162,29 @@ def test_hyperparameters_that_change_between_steps_are_followed_exactly(make, ch
     assert_same(eager, eager_opt, model, opt)
 
 
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.0),
+    lambda ps: torch.optim.NAdam(ps, lr=1e-2, decoupled_weight_decay=True),
+    lambda ps: torch.optim.RAdam(ps, lr=1e-2, betas=(0.8, 0.9), decoupled_weight_decay=True),
+])
+def test_decoupled_weight_decay_moves_to_and_from_zero_bit_for_bit(make):
+    """Decoupled weight decay multiplies by 1 - lr * wd, exactly 1.0 at zero,
+    so the update always holds it: a schedule that starts weight decay at 0,
+    raises it and drops it again trains as eager, which skips the
+    multiplication at 0, bit for bit."""
+    xs = batches(5)
+    eager, model = net(), net()
+    eager_opt, opt = make(eager.parameters()), make(model.parameters())
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    for x, wd in zip(xs, [0.0, 0.1, 0.3, 0.0, 0.05]):
+        for o in (eager_opt, opt):
+            o.param_groups[0]["weight_decay"] = wd
+        eager_steps(eager, eager_opt, [x])
+        trainer.step(x)
+    assert all(torch.equal(a, b) for a, b in zip(eager.parameters(), model.parameters()))
+    assert_same_optimizer_state(eager_opt, opt)
+
+
 SCHEDULED = [
     (lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
      lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)), 1e-2 / 6),

@@ -21,7 +21,8 @@ single-tensor implementations do, bit for bit, honouring
   ``state_dict()``, checkpoints and resuming go on exactly where training was.
 
 What decides the update's shape (momentum, weight decay or dampening zero
-or not, nesterov, centered) is read at capture; a change of it is refused
+or not, nesterov, centered) is read at capture (decoupled weight decay, a
+multiplication by exactly 1.0 at zero, is always in the update); a change of it is refused
 at the next step with an error that names the fix, never ignored, as are
 what the update cannot do (maximize, amsgrad, Adagrad's lr_decay, SGD's
 first step with dampening, step hooks) and settings that select another
@@ -89,7 +90,11 @@ def structure(optimizer) -> list[tuple]:
             raise OptimizerError("capture does not support Adagrad's lr_decay yet (its rate "
                                  "changes every step): use lr_decay=0")
         _refuse_other_implementations(name, group)
-        wd = ("weight_decay != 0", bool(group["weight_decay"]))
+        # Decoupled weight decay multiplies the parameters by 1 - lr * wd,
+        # exactly 1.0 at weight_decay=0 (x * 1.0 is x, bit for bit): always
+        # in the graph, so a schedule may move weight_decay to and from 0.
+        decoupled = name in ("Adam", "AdamW", "NAdam", "RAdam") and _decoupled(name, group)
+        wd = ("weight_decay != 0", bool(group["weight_decay"]) or decoupled)
         if name == "SGD":
             out.append((("momentum != 0", bool(group["momentum"])), wd,
                         ("nesterov", bool(group["nesterov"]))))
