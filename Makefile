@@ -35,7 +35,7 @@ OBJ := $(BIN)/obj
 EXTRAS ?= test,planner,cupy,optuna,demo
 RANDOM_RUN_OPS ?= 1000000
 
-.PHONY: all build demo test test-python sanitize sanitize-build bench bench-gpu gpu-check clean
+.PHONY: all build demo test test-python sanitize sanitize-build bench bench-gpu gpu-check gpu-wheels clean
 
 all: build
 
@@ -140,6 +140,22 @@ gpu-check: build
 
 bench-gpu: build
 	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)
+
+# The GPU machines reach no package index and their Python lacks Optuna:
+# download it and its dependencies here, as wheels for their Python, into
+# build/gpu-wheels; carried along (the device tool's carry: build/gpu-wheels),
+# gpu-check installs them before the tests. Then:
+#   make gpu-wheels, and run with carry ["build/gpu-wheels"]:
+#   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=9
+GPU_PYTHON_VERSION ?= 3.12
+GPU_WHEELS := optuna alembic sqlalchemy colorlog tqdm PyYAML Mako MarkupSafe greenlet \
+	typing_extensions packaging
+gpu-wheels: $(INSTALLED)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -c $(CONSTRAINTS) \
+		--python-version $(GPU_PYTHON_VERSION) --implementation cp \
+		--abi cp$(subst .,,$(GPU_PYTHON_VERSION)) \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d build/gpu-wheels $(GPU_WHEELS)
 
 clean:
 	rm -rf build $(BIN) waterwave/_C*.so waterwave/_torch_bridge.*.so waterwave/_torch_native.*.so out

