@@ -3,6 +3,7 @@ pipeline's host cost: a real barrier and a real pairing), train_host.py
 (job.train against eager loops), throughput.py and trials_per_hour.py (the
 schedules simulated with kernels side by side); each measures and reports."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,13 @@ def test_the_host_cost_benchmark_measures_and_reports(tmp_path):
     assert str(tmp_path / "concurrent_host.md") in r.stdout
 
 
+def torch_threads() -> int:
+    """The team a fresh process's PyTorch starts with."""
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                       capture_output=True, text=True, check=True)
+    return int(r.stdout)
+
+
 def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "train_host.py"),
                         "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
@@ -38,7 +46,8 @@ def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "train_host.json").read_text())
     assert "cores" in res["machine"]
-    assert [(row["model"], row["jobs"]) for row in res["rows"]] == [("mlp", 1), ("mlp", 2)]
+    assert [(row["model"], row["jobs"], row["teams"]) for row in res["rows"]] == [
+        ("mlp", 1, "default"), ("mlp", 2, "default"), ("mlp", 2, "split")]
     for row in res["rows"]:
         assert row["eager_ms_per_step"] > 0 and row["train_ms_per_step"] > 0
         assert abs(row["ratio"] - row["train_ms_per_step"] / row["eager_ms_per_step"]) < 1e-9
@@ -49,7 +58,12 @@ def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
     assert abs(two["ratio_to_eager_threads"]
                - two["train_ms_per_step"] / two["eager_threads_ms_per_step"]) < 1e-9
     assert "eager_threads_ms_per_step" not in res["rows"][0]
-    assert "| mlp | 2 |" in (tmp_path / "train_host.md").read_text()
+    assert "| mlp | 2 | default | default |" in (tmp_path / "train_host.md").read_text()
+    # Split teams: two threads share the cores; the loops one after another keep them all.
+    cores = os.cpu_count()
+    split = res["rows"][2]
+    assert split["train_team"] == split["eager_threads_team"] == max(1, cores // 2)
+    assert split["eager_team"] == two["eager_team"] == two["train_team"] == torch_threads()
 
 
 def test_the_throughput_benchmark_simulates_every_schedule_and_reports(tmp_path):

@@ -6,6 +6,8 @@ loops run from k threads at once, for a small MLP, resnet18 on 32x32
 images and a small transformer encoder, with 1, 2 and 4 jobs.
 
     python bench/concurrent/train_host.py [--out bench/results] [--steps 30] [--repeats 5] [--quick]
+                                          [--models M ...] [--jobs K ...] [--malloc default|no-trim|both]
+                                          [--teams default|split|both] [--tag NAME]
 
 Each job trains ``steps`` steps after one warm-up call (its capture is not
 counted; an eager loop's first step is not either). A thread builds its own
@@ -18,9 +20,16 @@ per-thread heaps, OpenMP's sleeping workers; see docs/results.md). The
 session has no memory limit (the CPU has none), so the jobs run side by
 side; on a 2-core machine they share its cores, as eager loops run one
 after another do not. Results go to bench/results/train_host.{json,md},
-naming the machine. A benchmark, not a test: it prints what it measured,
-and the target (within 10% of eager for resnet18 and the transformer) is
-read from the table.
+naming the machine (``--tag NAME``: train_host_NAME.*, for a subset). A
+benchmark, not a test: it prints what it measured, and the target (within
+10% of eager for resnet18 and the transformer) is read from the table.
+
+``--teams split``: k jobs from k threads, each thread's OpenMP team
+``cores // k`` (at least 1), set by ``torch.set_num_threads`` before the
+threads start, as a user running k trials at once on a CPU would; the eager
+loops one after another keep every core. Each thread then runs its
+operators with fewer threads, so its roundings are an eager loop's with that
+many threads, not those of the loops one after another with all cores.
 """
 from __future__ import annotations
 
@@ -136,7 +145,7 @@ def _timed(run) -> dict:
                                  - before.ru_nvcsw - before.ru_nivcsw)}
 
 
-def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
+def run_mode(model_name: str, jobs: int, steps: int, mode: str, teams: str = "default") -> dict:
     """One measurement: the wall seconds (and the process's page faults and
     context switches) for ``jobs`` jobs of ``steps`` steps each.
 
@@ -148,7 +157,14 @@ def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
     model built on the main thread would start an OpenMP thread team there
     too, and with more OpenMP threads than cores every parallel region
     wakes sleeping workers (libgomp spins only 100 times before sleeping
-    then), which slows eager loops and ``job.train`` alike."""
+    then), which slows eager loops and ``job.train`` alike. ``teams``
+    "split": the threads' teams share the cores (see the opening)."""
+    if teams == "split" and mode != "eager":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
+    return {**_run_mode(model_name, jobs, steps, mode), "team": torch.get_num_threads()}
+
+
+def _run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
     if mode == "eager":
         made = [_eager_job(model_name, k) for k in range(jobs)]
         return _timed(lambda: [train(steps) for train in made])
@@ -201,10 +217,12 @@ MALLOC = {"default": {}, "no-trim": {"MALLOC_TRIM_THRESHOLD_": str(4 << 30),
                                      "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}}
 
 
-def measure(model_name: str, jobs: int, steps: int, mode: str, malloc: str = "default") -> dict:
+def measure(model_name: str, jobs: int, steps: int, mode: str, malloc: str = "default",
+            teams: str = "default") -> dict:
     """One measurement, in a fresh process, under the ``malloc`` settings."""
     env = {**os.environ, **MALLOC[malloc]}
-    r = subprocess.run([sys.executable, __file__, "--one", model_name, str(jobs), str(steps), mode],
+    r = subprocess.run([sys.executable, __file__, "--one", model_name, str(jobs), str(steps), mode,
+                        teams],
                        capture_output=True, text=True, timeout=900, check=False, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{mode} {model_name} x{jobs} ({malloc} malloc) failed: "
@@ -219,29 +237,38 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--malloc", choices=[*MALLOC, "both"], default="both",
                     help="glibc malloc settings to measure under (default: both)")
+    ap.add_argument("--teams", choices=["default", "split", "both"], default="both",
+                    help="OpenMP teams of k threads: each all cores, or sharing them (default both)")
+    ap.add_argument("--models", nargs="+", choices=["mlp", "resnet18-32", "transformer"])
+    ap.add_argument("--jobs", nargs="+", type=int)
+    ap.add_argument("--tag", default="", help="write train_host_TAG.{json,md}")
     ap.add_argument("--quick", action="store_true",
                     help="one model, 1 and 2 jobs, 3 steps, default malloc")
-    ap.add_argument("--one", nargs=4, metavar=("MODEL", "JOBS", "STEPS", "MODE"),
+    ap.add_argument("--one", nargs=5, metavar=("MODEL", "JOBS", "STEPS", "MODE", "TEAMS"),
                     help=argparse.SUPPRESS)  # one measurement: what measure() runs
     args = ap.parse_args(argv)
     if args.one:
-        model_name, jobs, steps, mode = args.one
-        print(json.dumps(run_mode(model_name, int(jobs), int(steps), mode)))
+        model_name, jobs, steps, mode, teams = args.one
+        print(json.dumps(run_mode(model_name, int(jobs), int(steps), mode, teams)))
         return 0
-    models = ["mlp"] if args.quick else ["mlp", "resnet18-32", "transformer"]
-    counts = [1, 2] if args.quick else [1, 2, 4]
+    models = ["mlp"] if args.quick else args.models or ["mlp", "resnet18-32", "transformer"]
+    counts = [1, 2] if args.quick else args.jobs or [1, 2, 4]
+    team_kinds = ["default", "split"] if args.teams == "both" else [args.teams]
     steps = 3 if args.quick else args.steps
     repeats = 1 if args.quick else args.repeats
     mallocs = (["default"] if args.quick else
                list(MALLOC) if args.malloc == "both" else [args.malloc])
     rows = []
-    for model_name, jobs, malloc in ((m, j, a) for m in models for j in counts for a in mallocs):
+    cases = [(m, j, a, t) for m in models for j in counts for a in mallocs for t in team_kinds
+             if j > 1 or t == "default"]  # one job: one team either way
+    for model_name, jobs, malloc, teams in cases:
         modes = ["eager", "train"] if jobs == 1 else ["eager", "eager-threads", "train"]
         runs: dict[str, list[dict]] = {mode: [] for mode in modes}
         for _ in range(repeats):  # in turn, so that drift hits all alike
             for mode in modes:
-                runs[mode].append(measure(model_name, jobs, steps, mode, malloc))
-        row = {"model": model_name, "jobs": jobs, "malloc": malloc, "steps_per_job": steps}
+                runs[mode].append(measure(model_name, jobs, steps, mode, malloc, teams))
+        row = {"model": model_name, "jobs": jobs, "malloc": malloc, "teams": teams,
+               "steps_per_job": steps}
         for mode, got in runs.items():
             key = mode.replace("-", "_")
             row[f"{key}_ms_per_step"] = 1000 * statistics.median(
@@ -252,6 +279,7 @@ def main(argv=None) -> int:
                 r["page_faults"] for r in got) / (jobs * steps)
             row[f"{key}_context_switches_per_step"] = statistics.median(
                 r["context_switches"] for r in got) / (jobs * steps)
+            row[f"{key}_team"] = got[0]["team"]
         row["ratio"] = row["train_ms_per_step"] / row["eager_ms_per_step"]
         if jobs > 1:
             row["ratio_to_eager_threads"] = (row["train_ms_per_step"]
@@ -259,13 +287,14 @@ def main(argv=None) -> int:
         rows.append(row)
         threads = (f", eager from threads {row['eager_threads_ms_per_step']:7.2f}"
                    if jobs > 1 else "")
-        print(f"{model_name:12} {jobs} job(s), {malloc} malloc: eager one after another "
+        print(f"{model_name:12} {jobs} job(s), {malloc} malloc, {teams} teams: eager one after another "
               f"{row['eager_ms_per_step']:7.2f} ms/step{threads}, job.train "
               f"{row['train_ms_per_step']:7.2f} ms/step ({row['ratio']:.2f}x)", flush=True)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"torch {torch.__version__} ({torch.get_num_threads()} intra-op threads)")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "train_host.json"), "w") as f:
+    name = f"train_host_{args.tag}" if args.tag else "train_host"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump({"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
     lines = ["# Job.train's host cost against eager loops (measured on the CPU)", "",
              f"Machine: {machine}; {time.strftime('%Y-%m-%d')}. Made by "
@@ -274,18 +303,22 @@ def main(argv=None) -> int:
              "process.", "",
              "glibc malloc: `default`, or `no-trim` (MALLOC_TRIM_THRESHOLD_=4 GiB, "
              "MALLOC_MMAP_THRESHOLD_=32 MiB: freed memory stays in the process).", "",
-             "| model | jobs | malloc | eager, one after another | eager, a thread each | "
+             "OpenMP teams: `default`, every thread's team all cores; `split`, k threads' teams "
+             "cores // k each (`torch.set_num_threads` before the threads start; the loops one "
+             "after another keep all cores).", "",
+             "| model | jobs | malloc | teams | eager, one after another | eager, a thread each | "
              "job.train | ratio to one after another | ratio to eager threads | "
              "page faults per step (eager / threads / job.train) | context switches per step "
              "(eager / threads / job.train) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(r, key, fmt):
         value = r.get(key)
         return "–" if value is None else format(value, fmt)
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['jobs']} | {r['malloc']} | {r['eager_ms_per_step']:.2f} ms | "
+            f"| {r['model']} | {r['jobs']} | {r['malloc']} | {r.get('teams', 'default')} | "
+            f"{r['eager_ms_per_step']:.2f} ms | "
             f"{cell(r, 'eager_threads_ms_per_step', '.2f')} | {r['train_ms_per_step']:.2f} ms | "
             f"{r['ratio']:.2f} | {cell(r, 'ratio_to_eager_threads', '.2f')} | "
             f"{r['eager_page_faults_per_step']:.0f} / "
@@ -294,9 +327,9 @@ def main(argv=None) -> int:
             f"{r['eager_context_switches_per_step']:.0f} / "
             f"{cell(r, 'eager_threads_context_switches_per_step', '.0f')} / "
             f"{r['train_context_switches_per_step']:.0f} |")
-    with open(os.path.join(args.out, "train_host.md"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"results: {args.out}/train_host.md and .json")
+    print(f"results: {args.out}/{name}.md and .json")
     return 0
 
 
