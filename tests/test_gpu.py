@@ -379,9 +379,10 @@ def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
 # ---- A drop-in (issue 25): torch's own functions under the native registration.
 
 def require_native():
-    """The native registration builds against torch 2.14's CUDAAllocator; a
-    GPU machine with another torch, or without the CUDA headers, registers
-    pluggably (tested above) and skips these."""
+    """The native registration builds against the CUDAAllocator of torch
+    2.11 to 2.14 (the project pins 2.14; the lent GPU machines have had
+    2.11); a GPU machine where it does not build (another torch, no CUDA
+    headers) registers pluggably (tested above) and skips these."""
     try:
         torch_bridge.NATIVE.library(torch)
     except torch_bridge.BridgeUnavailable as e:

@@ -20,7 +20,8 @@
 // here is refused with a TORCH_CHECK naming it and the fix (IPC handles,
 // allocating at a given address), never silently wrong.
 //
-// May include: c10, c10/cuda, the CUDA runtime's headers, native_abi.h.
+// May include: c10, c10/cuda, torch/headeronly/version.h, the CUDA runtime's
+// headers, native_abi.h.
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -29,6 +30,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,6 +50,17 @@
 #include "native_abi.h"
 
 #define WATERWAVE_NATIVE_EXPORT extern "C" __attribute__((visibility("default")))
+
+// The project pins torch 2.14, but the GPU machines that check this file
+// have had torch 2.11, whose CUDAAllocator lacks three members: a pointer's
+// recorded context and the OOM-rejection observers (added in 2.12), and
+// allocating at a given address (2.13). Built against an older torch they
+// are left out, as nothing there calls them. (Built against 2.11.0's headers
+// and linked against its c10 libraries, and against 2.14.1's; when each member
+// arrived, read in 2.12.1's and 2.13.0's CUDACachingAllocator.h.)
+#define WATERWAVE_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||            \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace {
 
@@ -272,21 +285,30 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> g(mu_);
     if (!enabled) contexts_.clear();
   }
-  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
+  // The context recorded when ``ptr`` was allocated (history on), for
+  // snapshots and, from torch 2.12, PyTorch's own lookups.
+  std::shared_ptr<c10::GatheredContext> context_of(const void* ptr) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = contexts_.find(ptr);
     return it == contexts_.end() ? nullptr : it->second;
   }
+#if WATERWAVE_TORCH_AT_LEAST(2, 12)
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* ptr) override {
+    return context_of(ptr);
+  }
+#endif
 
   // ---- Observers ----
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(mu_);
     oom_observers_.push_back(std::move(observer));
   }
+#if WATERWAVE_TORCH_AT_LEAST(2, 12)
   void attachOomRejectionObserver(cca::OomRejectionObserver /*observer*/) override {
     // Waterwave never rejects a request before trying the device
     // (PyTorch's throw_on_cudamalloc_oom policy): nothing to report.
   }
+#endif
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker /*tracker*/) override {
     TORCH_CHECK(false, "the Waterwave allocator does not report segment events to trace "
                 "trackers (NCCL's buffer registration): unset "
@@ -407,10 +429,12 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
   }
 
   // ---- What has no meaning here ----
+#if WATERWAVE_TORCH_AT_LEAST(2, 13)
   c10::DataPtr allocateWithAddress(std::size_t, void*) override {
     TORCH_CHECK(false, "allocating at a given address is not supported by the Waterwave "
                 "allocator: run without waterwave.install_allocator() for code that needs it");
   }
+#endif
   cca::ShareableHandle shareIpcHandle(void*) override { refuse_ipc(); }
   std::shared_ptr<void> getIpcDevPtr(std::string) override { refuse_ipc(); }
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -583,7 +607,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
       block.allocated = b.allocated != 0;
       block.active = b.active != 0;
       if (block.allocated) {
-        block.context_when_allocated = v->self->getContextForPointer(reinterpret_cast<void*>(b.addr));
+        block.context_when_allocated = v->self->context_of(reinterpret_cast<void*>(b.addr));
         seg.allocated_size += b.size;
       }
       if (block.active) {
@@ -611,7 +635,7 @@ class WaterwaveAllocator final : public cca::CUDAAllocator {
     const auto device = static_cast<std::size_t>(view->device);
     if (traces.size() <= device) traces.resize(device + 1);
     std::shared_ptr<c10::GatheredContext> context_when =
-        kind == Action::ALLOC ? v->self->getContextForPointer(reinterpret_cast<void*>(view->addr))
+        kind == Action::ALLOC ? v->self->context_of(reinterpret_cast<void*>(view->addr))
                               : nullptr;
     c10::CachingDeviceAllocator::TraceEntry entry(kind, static_cast<c10::DeviceIndex>(view->device),
                                                  view->addr, view->size, view->stream, {0, 0},
