@@ -55,9 +55,9 @@
 // have had torch 2.11, whose CUDAAllocator lacks three members: a pointer's
 // recorded context and the OOM-rejection observers (added in 2.12), and
 // allocating at a given address (2.13). Built against an older torch they
-// are left out, as nothing there calls them. (Built against 2.11.0's headers
-// and linked against its c10 libraries, and against 2.14.1's; when each member
-// arrived, read in 2.12.1's and 2.13.0's CUDACachingAllocator.h.)
+// are left out, as nothing there calls them. (Built against the headers of
+// 2.11.0, 2.12.1 and 2.14.1 and linked against their c10 libraries; when each
+// member arrived, read in 2.12.1's and 2.13.0's CUDACachingAllocator.h.)
 #define WATERWAVE_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||            \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
