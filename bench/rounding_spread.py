@@ -1,7 +1,7 @@
 """How far a run of mixed-precision Adam moves when nothing but rounding
 changes, beside how far ``job.train`` moves from the eager loop.
 
-    python bench/rounding_spread.py [--device cpu|cuda] [--steps 6] [--out FILE.json]
+    python bench/rounding_spread.py [--device cpu|cuda] [--steps 6] [--quick] [--out FILE.json]
 
 The recipe is the one the GPU test of float16 training checks
 (tests/test_gpu.py): resnet18 on one batch of 8 images of 64x64, Adam at lr
@@ -29,7 +29,8 @@ kernels, where ``job.train`` computes with other kernel forms than eager
 Adam's and so is expected to move within the perturbed runs' spread, not to
 be bit-identical. Writes FILE.json and FILE.md (default
 bench/results/rounding_spread_<device>.*), naming the device, torch and the
-date.
+date. ``--quick`` (the suite's check of this script): two steps, without the
+perturbed runs.
 
 May import: waterwave (the Job), torch, torchvision.
 """
@@ -90,7 +91,7 @@ def train(device: str, mode: str, steps: int, lr: float = 1e-3, max_norm: float 
             "parameters": [p.detach().cpu() for p in net.parameters()]}
 
 
-def measure(device: str, steps: int) -> dict:
+def measure(device: str, steps: int, perturbed: bool = True) -> dict:
     flipped = device != "cuda"  # eager's own choice is foreach on CUDA, the loop on the CPU
     runs = {"eager": dict(mode="eager"),
             f"eager, foreach={flipped}": dict(mode="eager", foreach=flipped),
@@ -99,6 +100,8 @@ def measure(device: str, steps: int) -> dict:
             "eager, max_norm +2^-22": dict(mode="eager", max_norm=1 + ULPS),
             "eager, max_norm -2^-22": dict(mode="eager", max_norm=1 - ULPS),
             "job.train": dict(mode="job")}
+    if not perturbed:
+        runs = {k: v for k, v in runs.items() if "2^-22" not in k}
     out, reference = {}, None
     for name, kw in runs.items():
         out[name] = train(device, steps=steps, **kw)
@@ -155,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
                     help="default: cuda where there is one, else cpu")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="two steps, no perturbed runs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    steps = 2 if args.quick else args.steps
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         name = f"the CPU ({cpu_model()})"
     out = Path(args.out or ROOT / "bench" / "results" / f"rounding_spread_{device}.json")
     result = {"device": name, "torch": torch.__version__, "date": dt.date.today().isoformat(),
-              "steps": args.steps, "runs": measure(device, args.steps)}
+              "steps": steps, "runs": measure(device, steps, perturbed=not args.quick)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     text = report(result)
