@@ -464,3 +464,58 @@ def test_random_operators_and_shuffling_draw_from_torchs_generator_as_eager():
     assert torch.equal(torch.get_rng_state(), after_eager)
     for a, b in zip(reference.parameters(), model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_thread_with_a_smaller_openmp_team_trains_as_an_eager_loop_with_it():
+    """The guide's advice for k trials on a CPU: torch.set_num_threads(cores // k)
+    before their threads start. Each thread then runs its operators with
+    that team, and job.train, which runs a job's groups on the calling
+    thread, trains as the eager loop on such a thread does, bit for bit;
+    with another team size the roundings differ (so the check can tell)."""
+    import threading
+
+    torchvision = pytest.importorskip("torchvision")
+    if torch.get_num_threads() < 2:
+        pytest.skip("needs an OpenMP team of at least 2 to compare with")
+
+    def train(how, team):
+        out = []
+
+        def body():
+            try:
+                run()
+            except BaseException as e:  # noqa: BLE001 - raised on the test's thread below
+                out.append(e)
+
+        def run():
+            torch.manual_seed(0)
+            model = torchvision.models.resnet18(num_classes=10)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            g = torch.Generator().manual_seed(1)
+            data = [(torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g))
+                    for _ in range(2)]
+            if how == "job":
+                ww.Job(model, loss_fn=torch.nn.functional.cross_entropy, optimizer=opt,
+                       data=data).train(2)
+            else:
+                for x, y in data:
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+            out.append([p.detach().clone() for p in model.parameters()])
+        before = torch.get_num_threads()
+        torch.set_num_threads(team)  # the team a thread started after this takes
+        try:
+            t = threading.Thread(target=body)
+            t.start()
+            t.join()
+        finally:
+            torch.set_num_threads(before)
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    one_eager, one_job = train("eager", 1), train("job", 1)
+    assert all(torch.equal(a, b) for a, b in zip(one_eager, one_job))
+    full_eager = train("eager", torch.get_num_threads())
+    assert not all(torch.equal(a, b) for a, b in zip(one_eager, full_eager))
