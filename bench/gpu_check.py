@@ -17,9 +17,10 @@ The GPU machines reach no package index, and their Python lacks Optuna, so
 the tests of a study on the GPU would skip. ``make gpu-wheels`` (here, with
 an index) downloads Optuna and its dependencies as wheels for the GPU
 machine's Python into build/gpu-wheels; carried there (the device tool's
-``carry``), this script installs them into build/gpu-site before the first
-part and puts that on every part's PYTHONPATH. A module still missing is
-named in the report.
+``carry``), this script installs those the machine lacks into build/gpu-site
+before the first part and puts that on every part's PYTHONPATH (the image
+holds scikit-learn, PyYAML, tqdm and the like already, which stay as they
+are). A module still missing is named in the report.
 
 Each benchmark writes its own figures under ``--out`` naming the device; this
 script adds ``gpu_check.json`` and ``gpu_check.md``: the device, torch, the
@@ -78,15 +79,32 @@ def missing(modules) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
+def not_installed(wheels) -> list[Path]:
+    """The wheels whose distribution this interpreter does not have: the
+    others stay out, so that nothing shadows what the machine holds (its
+    torch imports its own typing_extensions, say)."""
+    import importlib.metadata
+
+    out = []
+    for wheel in wheels:
+        name = wheel.name.split("-")[0]
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            out.append(wheel)
+    return out
+
+
 def install_extras(wheels: Path, site: Path) -> list[str]:
-    """Install every wheel in ``wheels`` into ``site`` (no index, no
-    dependency resolution: the directory holds them all) when an extra is
-    missing; what is then still missing, each with its fix."""
+    """Install the wheels in ``wheels`` that this interpreter lacks into
+    ``site`` (no index, no dependency resolution: the directory holds them
+    all) when an extra is missing; what is then still missing, each with its
+    fix."""
     gone = missing(EXTRAS)
-    if gone and sorted(wheels.glob("*.whl")):
+    needed = not_installed(sorted(wheels.glob("*.whl"))) if gone else []
+    if needed:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                        "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
-                       check=False)
+                        "--target", str(site), *map(str, needed)], check=False)
         sys.path.insert(0, str(site))
         import importlib
 

@@ -80,6 +80,10 @@ def test_missing_extras_install_from_carried_wheels_for_every_part(tmp_path, mon
     assert "PYTHONPATH" not in gpu_check.child_env(site) or str(site) not in \
         gpu_check.child_env(site)["PYTHONPATH"]
     probe_wheel(tmp_path / "wheels")
+    # A wheel of what is installed here already stays out: it would shadow it.
+    assert [w.name for w in gpu_check.not_installed(
+        [Path("pytest-1.0-py3-none-any.whl"), tmp_path / "wheels" / "ww_probe-1.0-py3-none-any.whl"])
+    ] == ["ww_probe-1.0-py3-none-any.whl"]
     assert gpu_check.install_extras(tmp_path / "wheels", site) == []
     env = gpu_check.child_env(site)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(site)
