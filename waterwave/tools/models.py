@@ -164,7 +164,10 @@ def _build(name: str, batch_size: int, device: str, side: int = 224):
             model = torchvision.models.inception_v3(aux_logits=False, init_weights=False)
             x = torch.randn(batch_size, 3, 299, 299, device=device)
         else:
-            model = torchvision.models.get_model(name)
+            # GoogLeNet's init_weights: torchvision's coming default (False), stated, so
+            # that it neither warns that the default changes nor takes scipy's slow init.
+            extra = {"init_weights": False} if name == "googlenet" else {}
+            model = torchvision.models.get_model(name, **extra)
             x = torch.randn(batch_size, 3, side, side, device=device)
         target = torch.randint(0, 1000 if name != "r3d_18" else 400, (batch_size,), device=device)
         loss = torch.nn.CrossEntropyLoss()
