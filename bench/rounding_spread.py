@@ -32,7 +32,7 @@ bench/results/rounding_spread_<device>.*), naming the device, torch and the
 date. ``--quick`` (the suite's check of this script): two steps, without the
 perturbed runs.
 
-May import: waterwave (the Job), torch, torchvision.
+May import: waterwave (the Job), torch, torchvision, bench/alloc_ab.py (the CPU's name).
 """
 from __future__ import annotations
 
@@ -40,11 +40,13 @@ import argparse
 import datetime as dt
 import json
 import math
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from alloc_ab import cpu_name  # noqa: E402
+
 ULPS = 2.0 ** -22
 
 
@@ -106,7 +108,8 @@ def measure(device: str, steps: int, perturbed: bool = True) -> dict:
     for name, kw in runs.items():
         out[name] = train(device, steps=steps, **kw)
         params = out[name].pop("parameters")
-        reference = reference or params  # the first run, eager's
+        if reference is None:  # the first run, eager's
+            reference = params
         out[name]["largest_parameter_difference"] = max(
             (a - b).abs().max().item() for a, b in zip(params, reference))
         print(f"rounding-spread: {name}: {out[name]['losses']}", file=sys.stderr, flush=True)
@@ -131,8 +134,9 @@ def report(result: dict) -> str:
              "eager loop's (0 = bit-identical); the recipe and why in the script's opening.", "",
              "| step | eager loss | " + " | ".join(names) + " |",
              "|---:|---:|" + "---:|" * len(names)]
+    columns = [relative(runs[n], ref) for n in names]
     for i, loss in enumerate(ref["losses"]):
-        cells = [f"{relative(runs[n], ref)[i]:.2g}" for n in names]
+        cells = [f"{column[i]:.2g}" for column in columns]
         lines.append(f"| {i + 1} | {loss:.6g} | " + " | ".join(cells) + " |")
     lines += ["", "| run | loss scale as eager's at every step | step counts at the end | "
               "a parameter tensor's norm at the end, largest relative difference | "
@@ -141,16 +145,6 @@ def report(result: dict) -> str:
               f"{runs[n]['step_counts']} | {norm_difference(runs[n], ref):.2g} | "
               f"{runs[n]['largest_parameter_difference']:.2g} |" for n in runs]
     return "\n".join(lines) + "\n"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         ww.install_allocator(policy="waterwave")
         name = torch.cuda.get_device_name(0)
     else:
-        torch.set_num_threads(2)
-        name = f"the CPU ({cpu_model()})"
+        name = f"the CPU ({cpu_name()}, {torch.get_num_threads()} threads)"
     out = Path(args.out or ROOT / "bench" / "results" / f"rounding_spread_{device}.json")
     result = {"device": name, "torch": torch.__version__, "date": dt.date.today().isoformat(),
               "steps": steps, "runs": measure(device, steps, perturbed=not args.quick)}

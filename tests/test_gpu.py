@@ -334,37 +334,17 @@ def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
     parameters by up to 6.5e-3 (bench/rounding_spread.py, which measures
     it on the GPU too); on the CPU the same Job is bit-identical
     (tests/test_job_data.py)."""
-    code = TRAIN + textwrap.dedent("""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    code = textwrap.dedent(f"""
+    import json, sys
+    sys.path.insert(0, {bench!r})
     import waterwave as ww
     ww.install_allocator(policy="waterwave")
-    def run(ours):
-        net, _, x, y = setup()
-        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 16, growth_interval=2)
-        losses, scales = [], []
-        if ours:
-            job = ww.Job(net, loss_fn=torch.nn.functional.cross_entropy, optimizer=opt,
-                         data=[(x, y)], autocast_dtype=torch.float16, grad_scaler=scaler,
-                         clip_grad_norm=1.0)
-            for _ in range(6):
-                losses += job.train(1)
-                scales.append(scaler.get_scale())
-        else:
-            for _ in range(6):
-                opt.zero_grad()
-                with torch.autocast("cuda", dtype=torch.float16):
-                    loss = torch.nn.functional.cross_entropy(net(x), y)
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-                scaler.step(opt)
-                scaler.update()
-                losses.append(loss.item())
-                scales.append(scaler.get_scale())
-        torch.cuda.synchronize()
-        return {"losses": losses, "scales": scales,
-                "counts": sorted({float(s["step"]) for s in opt.state.values()})}
-    print(json.dumps({'eager': run(False), 'ours': run(True)}))
+    from rounding_spread import train  # the recipe, eager and through job.train
+    def run(mode):
+        got = train("cuda", mode, steps=6)
+        return {{"losses": got["losses"], "scales": got["scales"], "counts": got["step_counts"]}}
+    print(json.dumps({{'eager': run("eager"), 'ours': run("job")}}))
     """)
     out = run(code)
     eager, ours = out["eager"], out["ours"]

@@ -93,7 +93,7 @@ def structure(optimizer) -> list[tuple]:
         # Decoupled weight decay multiplies the parameters by 1 - lr * wd,
         # exactly 1.0 at weight_decay=0 (x * 1.0 is x, bit for bit): always
         # in the graph, so a schedule may move weight_decay to and from 0.
-        decoupled = name in ("Adam", "AdamW", "NAdam", "RAdam") and _decoupled(name, group)
+        decoupled = _decoupled(name, group)
         wd = ("weight_decay != 0", bool(group["weight_decay"]) or decoupled)
         if name == "SGD":
             out.append((("momentum != 0", bool(group["momentum"])), wd,
@@ -104,7 +104,7 @@ def structure(optimizer) -> list[tuple]:
         elif name in ("Adagrad", "Adamax"):
             out.append((wd,))
         else:
-            out.append((wd, ("decoupled weight decay", _decoupled(name, group))))
+            out.append((wd, ("decoupled weight decay", decoupled)))
     return out
 
 
