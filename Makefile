@@ -144,9 +144,9 @@ bench-gpu: build
 # The GPU machines reach no package index and their Python lacks Optuna:
 # download it and its dependencies here, as wheels for their Python, into
 # build/gpu-wheels; carried along (the device tool's carry: build/gpu-wheels),
-# gpu-check installs them before the tests. Then:
+# gpu-check installs those the machine lacks before the tests. Then:
 #   make gpu-wheels, and run with carry ["build/gpu-wheels"]:
-#   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=9
+#   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=8
 GPU_PYTHON_VERSION ?= 3.12
 GPU_WHEELS := optuna alembic sqlalchemy colorlog tqdm PyYAML Mako MarkupSafe greenlet \
 	typing_extensions packaging
