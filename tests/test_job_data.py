@@ -438,7 +438,7 @@ def test_training_in_eval_mode_follows_the_modes_set_when_train_is_called():
     assert got == expected
     for a, b in zip(reference.state_dict().values(), model.state_dict().values()):
         assert torch.equal(a, b)  # parameters and batch norm's running statistics
-    assert len(job._by_modes) == 2  # three sets of modes captured, one in use
+    assert len(job._by_variant) == 2  # three sets of modes captured, one in use
 
 
 def test_random_operators_and_shuffling_draw_from_torchs_generator_as_eager():

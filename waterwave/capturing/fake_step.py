@@ -27,7 +27,7 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..graph import Graph, round_size
@@ -77,8 +77,9 @@ def trained_parameters(model, optimizer, untrained: frozenset[str] = frozenset()
 class StepLayout:
     """How a traced step's flat inputs are laid out: parameters, buffers,
     optimizer state (per parameter, in ``optimizers.state_names`` order), each
-    group's 0-d inputs (``optimizers.SCALARS``), the model's inputs, then the
-    targets."""
+    step cohort's 0-d inputs (``optimizers.SCALARS``; a cohort is a group's
+    parameters at one step count, ``optimizers.step_cohorts``), the model's
+    inputs, then the targets."""
     param_names: list[str]
     groups: list[int]             # each parameter's group
     param_states: list[list[str]]  # each parameter's state tensors
@@ -90,10 +91,12 @@ class StepLayout:
     micro_batches: int = 1  # batches whose gradients one update sums (accumulation)
     scaler: bool = False    # a GradScaler's scale and growth tracker follow the scalars
     untrained: frozenset = frozenset()  # parameters no gradient reaches: not updated
+    cohorts: list[int] = field(default_factory=list)  # each parameter's step cohort
+    cohort_groups: list[int] = field(default_factory=list)  # each cohort's group
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
-        """Each group's 0-d inputs (``optimizers.SCALARS``); none where the
+        """Each cohort's 0-d inputs (``optimizers.SCALARS``); none where the
         device counts the steps."""
         return optimizers.SCALARS.get(self.optimizer, ()) if self.n_scalar else ()
 
@@ -115,11 +118,14 @@ class StepLayout:
         # step must not count): its step tensors are inputs, no scalars.
         device_steps = scaler and type(optimizer).__name__ in optimizers.DEVICE_STEPS
         scalars = () if device_steps else optimizers.SCALARS.get(type(optimizer).__name__, ())
+        cohorts, cohort_groups = optimizers.step_cohorts(
+            optimizer, [p for _, p, _ in named_params], groups)
         return cls([n for n, _, _ in named_params], groups,
                    [optimizers.state_names(optimizer, k, device_steps) for k in groups],
                    [n for n, _ in model.named_buffers()],
-                   len(scalars) * len(optimizer.param_groups), n_inputs, n_targets,
-                   type(optimizer).__name__, micro_batches, scaler, frozenset(untrained))
+                   len(scalars) * len(cohort_groups), n_inputs, n_targets,
+                   type(optimizer).__name__, micro_batches, scaler, frozenset(untrained),
+                   cohorts, cohort_groups)
 
     def split(self, flat):
         """(params, buffers, state, scalars, scaler, inputs, targets) of the flat inputs."""
@@ -140,9 +146,13 @@ class StepLayout:
     def names(self) -> list[str]:
         names = self.param_names + self.buffer_names
         names += [f"{p}.{s}" for p, ss in zip(self.param_names, self.param_states) for s in ss]
-        per_group = self.scalar_names
-        names += [f"{self.optimizer.lower()}.group{k}.{s}"
-                  for k in range(self.n_scalar // max(1, len(per_group))) for s in per_group]
+        if self.n_scalar:  # a group's own name while it is one cohort
+            parts = {k: self.cohort_groups.count(k) for k in self.cohort_groups}
+            seen: dict[int, int] = {}
+            for k in self.cohort_groups:
+                j = seen[k] = seen.get(k, -1) + 1
+                where = f"group{k}" + (f".cohort{j}" if parts[k] > 1 else "")
+                names += [f"{self.optimizer.lower()}.{where}.{s}" for s in self.scalar_names]
         if self.scaler:
             names += ["grad_scaler.scale", "grad_scaler.growth_tracker"]
         names += [f"input{i}" for i in range(self.n_inputs)]
@@ -161,7 +171,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     torch = _torch()
     from torch.func import functional_call
 
-    per_group = layout.scalar_names
+    per_cohort = layout.scalar_names
     # Parameters eager's step skips are the model's own, not inputs: what
     # the forward pass does with them (nothing, or without gradient) reads them.
     untrained = {n: p.detach() for n, p in model.named_parameters() if n in layout.untrained}
@@ -207,10 +217,10 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
         grads = clip.apply(grads)
         states = []
         next_state = iter(state_flat)
-        for names, k in zip(layout.param_states, layout.groups):
+        for names, c in zip(layout.param_states, layout.cohorts):
             st = {name: next(next_state) for name in names}
-            m = len(per_group)
-            st.update(zip(per_group, scalars[m * k:m * k + m]))
+            m = len(per_cohort)
+            st.update(zip(per_cohort, scalars[m * c:m * c + m]))
             states.append(st)
         written = [p.detach() for p in params] + list(state_flat)
         if scaling:  # what the update writes, to put back if the step is skipped
@@ -242,8 +252,9 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
             flat += [torch.zeros((), device=p.device) if n == "step" else torch.zeros_like(p)
                      for n in names]
         if layout.n_scalar:
-            steps = [1.0] * len(optimizer.param_groups)
-            flat += [torch.tensor(v) for v in optimizers.scalar_inputs(optimizer, steps)]
+            steps = [1.0] * len(layout.cohort_groups)
+            flat += [torch.tensor(v)
+                     for v in optimizers.scalar_inputs(optimizer, steps, layout.cohort_groups)]
         if layout.scaler:
             device = params[0].device
             flat += [torch.full((), 65536.0, dtype=torch.float32, device=device),

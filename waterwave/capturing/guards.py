@@ -1,7 +1,8 @@
 """What a captured step took as fixed, checked before every step.
 
 A capture traces the model as it was: in train or eval mode (dropout and
-batch norm trace differently), with its parameters and hooks then, outside
+batch norm trace differently), with its parameters and hooks then (and
+which parameters require grad: the gradients it computes), outside
 or inside ``torch.autocast`` (and with gradients on, as training needs), and
 with the Python values its modules' code read (a dropout's ``p``, a scale
 kept as an attribute, a flag): the trace holds what they were, and its step
@@ -140,6 +141,7 @@ class StepGuard:
         self.module_ids, self.names = walk.module_ids, walk.names
         self.training = walk.training  # ((module name, training), ...): the capture's modes
         self.parameters, self.keys, self.layouts = walk.parameters, walk.keys, walk.layouts
+        self.requires_grad = walk.requires_grad  # which parameters the step trains
         self.hooks, self.global_hooks = walk.hooks, _global_hooks()
         self.autocast = _autocast("cuda" if device == "cuda" else "cpu")
         modules = guarded_modules(model, loss_fn)
@@ -197,6 +199,17 @@ class StepGuard:
             raise StaleCaptureError("the model's parameters are not those the step was captured "
                                     "with (one was replaced), and its optimizer trains those: "
                                     f"{remake}")
+        if walk.requires_grad != self.requires_grad:
+            i = next(i for i, (a, b) in enumerate(zip(self.requires_grad, walk.requires_grad))
+                     if a != b)
+            module, key, _ = self.keys[walk.parameter_keys[i]]
+            name = f"{self.names[module] + '.' if self.names[module] else ''}{key}"
+            now = "requires grad" if walk.requires_grad[i] else "is frozen (requires_grad=False)"
+            then = "frozen" if walk.requires_grad[i] else "trained"
+            raise StaleCaptureError(
+                f"parameter {name} {now} now; the step was captured with it {then}, and a "
+                f"captured step computes the gradients it traced: set requires_grad back, or "
+                f"{remake}")
         if walk.hooks != self.hooks or _global_hooks() != self.global_hooks:
             raise StaleCaptureError("module hooks changed since the step was captured (a captured "
                                     f"step runs the hooks it traced, no others): {remake}")
@@ -249,6 +262,9 @@ class _Walk:
                     layouts.append((t.dtype, t.shape, t.device))
         self.hooks, self.keys, self.layouts = tuple(hooks), tuple(keys), tuple(layouts)
         self.parameters = tuple(id(p) for p in params)
+        self.requires_grad = tuple(p.requires_grad for p in params)
+        # where each parameter's key is in ``keys``
+        self.parameter_keys = tuple(i for i, k in enumerate(keys) if k[2] == "parameter")
         self.buffers = buffers
 
 

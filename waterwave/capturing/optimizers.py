@@ -17,17 +17,20 @@ single-tensor implementations do, bit for bit, honouring
   inputs, as they always were.
 - **State** lives in ``optimizer.state``: the momentum buffers and moments
   there are the tensors the step updates in place, read anew each step (so a
-  ``load_state_dict`` in between is followed), and ``step`` is counted there;
-  ``state_dict()``, checkpoints and resuming go on exactly where training was.
+  ``load_state_dict`` in between is followed), and ``step`` is counted there,
+  each parameter's own count as eager's (``step_cohorts``: parameters thawed
+  late start theirs at 1); ``state_dict()``, checkpoints and resuming go on
+  exactly where training was.
 
 What decides the update's shape (momentum, weight decay or dampening zero
 or not, nesterov, centered) is read at capture (decoupled weight decay, a
-multiplication by exactly 1.0 at zero, is always in the update); a change of it is refused
-at the next step with an error that names the fix, never ignored, as are
-what the update cannot do (maximize, amsgrad, Adagrad's lr_decay, SGD's
-first step with dampening, step hooks) and settings that select another
-implementation of the update (fused, capturable, differentiable, tensor
-hyperparameters).
+multiplication by exactly 1.0 at zero, is always in the update). After a
+change of it ``Job.train`` captures the step again; ``optimize`` and
+``ConcurrentTrainer`` refuse it at the next step with an error that names
+the fix, never ignore it. Everywhere refused: what the update cannot do
+(maximize, amsgrad, Adagrad's lr_decay, SGD's first step with dampening,
+step hooks) and settings that select another implementation of the update
+(fused, capturable, differentiable, tensor hyperparameters).
 
 Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam,
 each checked against torch's own ``step`` in the tests. What changes every
@@ -228,14 +231,16 @@ def check_structure(optimizer, captured: list[tuple]) -> None:
     if len(now) != len(captured):
         raise OptimizerError(f"the optimizer has {len(now)} parameter groups; the step was "
                              f"captured with {len(captured)}: make a new Job (or "
-                             "waterwave.optimize) after add_param_group")
+                             "waterwave.optimize) after add_param_group (Job.train "
+                             "captures the step again by itself)")
     for k, (then, is_) in enumerate(zip(captured, now)):
         for (what, was), (_, value) in zip(then, is_):
             if was != value:
                 raise OptimizerError(
                     f"parameter group {k}: {what} is {value} now; the step was captured with "
                     f"{what} {was}, which shapes its update: set it before making the Job (or "
-                    "waterwave.optimize), or make a new one (values may change every step)")
+                    "waterwave.optimize), or make a new one (values may change every step; "
+                    "Job.train captures the step again by itself)")
 
 
 @dataclass(frozen=True)
@@ -362,22 +367,44 @@ def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool 
     return out
 
 
-def count_step(optimizer, params: list, groups: list[int]) -> list[float]:
-    """Each group's next step number (for Adam's bias corrections), counted
-    in ``optimizer.state[p]["step"]`` as PyTorch counts it, and moved on
-    there. Empty for SGD, which counts none."""
+def step_count(state: dict) -> float:
+    """The steps a parameter's state has counted (0 with none), as a float."""
+    step = state.get("step", 0)
+    return float(step.item() if hasattr(step, "item") else step)
+
+
+def step_cohorts(optimizer, params: list, groups: list[int]) -> tuple[list[int], list[int]]:
+    """Each parameter's step cohort, and each cohort's group: the parameters
+    of a group at one step count in ``optimizer.state`` (0 with no state).
+    A group trained from its start is one cohort; parameters unfrozen later,
+    or given a state that counted apart, start or go on at their own count,
+    as eager Adam counts each parameter's steps. The bias corrections are
+    inputs per cohort; a captured step moves every cohort on together."""
+    index: dict[tuple[int, float], int] = {}
+    cohorts = [index.setdefault((k, step_count(optimizer.state.get(p, {}))), len(index))
+               for p, k in zip(params, groups)]
+    return cohorts, [k for k, _ in index]
+
+
+def count_step(optimizer, params: list, groups: list[int], cohorts: list[int],
+               n_cohorts: int) -> list[float]:
+    """Each cohort's next step number (``step_cohorts``; for Adam's bias
+    corrections), counted in ``optimizer.state[p]["step"]`` as PyTorch
+    counts it, and moved on there. Empty for SGD, which counts none."""
     import torch
 
     if kind(optimizer) == "SGD":
         return []
     steps: dict[int, float] = {}
-    for p, k in zip(params, groups):
+    for p, k, c in zip(params, groups, cohorts):
         st = optimizer.state[p]
         step = st.get("step", 0)
-        t = float(step.item() if isinstance(step, torch.Tensor) else step) + 1
-        if steps.setdefault(k, t) != t:
-            raise OptimizerError(f"the parameters of group {k} are at different steps; load a "
-                                 "whole state_dict, or none")
+        t = step_count(st) + 1
+        if steps.setdefault(c, t) != t:
+            raise OptimizerError(
+                f"parameters of group {k} that were at one step count when the step was "
+                f"captured are at steps {steps[c] - 1:g} and {t - 1:g} now (a state_dict loaded "
+                "since?): make a new Job (or waterwave.optimize) for the optimizer as it is now")
         if isinstance(step, torch.Tensor):
             step.fill_(t)
         else:
@@ -387,25 +414,27 @@ def count_step(optimizer, params: list, groups: list[int]) -> list[float]:
             if "mu_product" not in st:
                 st["mu_product"] = torch.tensor(1.0)
             st["mu_product"] *= g["betas"][0] * (1.0 - 0.5 * (0.96 ** (t * g["momentum_decay"])))
-    return [steps.get(k, 1.0) for k in range(len(optimizer.param_groups))]
+    return [steps.get(c, 1.0) for c in range(n_cohorts)]
 
 
-def scalar_inputs(optimizer, steps: list[float], params: list | None = None,
-                  groups: list[int] | None = None) -> list[float]:
-    """Each group's 0-d inputs at its step ``steps[k]``, in ``SCALARS`` order,
-    computed as torch's single-tensor implementations compute them:
-    Adam's -lr / (1 - b1^t) and (1 - b2^t) ** 0.5; Adamax's -lr / (1 - b1^t);
+def scalar_inputs(optimizer, steps: list[float], cohort_groups: list[int],
+                  params: list | None = None, cohorts: list[int] | None = None) -> list[float]:
+    """Each cohort's 0-d inputs at its step ``steps[c]`` (``step_cohorts``:
+    ``cohort_groups[c]`` is its group), in ``SCALARS`` order, computed as
+    torch's single-tensor implementations compute them: Adam's
+    -lr / (1 - b1^t) and (1 - b2^t) ** 0.5; Adamax's -lr / (1 - b1^t);
     NAdam's 1 - b2^t and its two update coefficients, from the mu_product
-    ``count_step`` left in the state of the group's first parameter (at
+    ``count_step`` left in the state of the cohort's first parameter (at
     capture, with none, step 1's). Empty for the others."""
     name = kind(optimizer)
     if name not in SCALARS:
         return []
     first = {}
-    for p, k in zip(params or [], groups or []):
-        first.setdefault(k, p)
+    for p, c in zip(params or [], cohorts or []):
+        first.setdefault(c, p)
     out = []
-    for k, (group, t) in enumerate(zip(optimizer.param_groups, steps)):
+    for c, (k, t) in enumerate(zip(cohort_groups, steps)):
+        group = optimizer.param_groups[k]
         lr, (b1, b2) = float(group["lr"]), group["betas"]
         if name in ADAM:
             out += [-(lr / (1 - b1 ** t)), (1 - b2 ** t) ** 0.5]
@@ -417,7 +446,7 @@ def scalar_inputs(optimizer, steps: list[float], params: list | None = None,
             decay = group["momentum_decay"]
             mu = b1 * (1.0 - 0.5 * (0.96 ** (t * decay)))
             mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((t + 1) * decay)))
-            state = optimizer.state.get(first.get(k), {})
+            state = optimizer.state.get(first.get(c), {})
             product = float(state["mu_product"].item()) if "mu_product" in state else mu
             out += [1 - b2 ** t, -lr * (1.0 - mu) / (1.0 - product),
                     (-lr * mu_next) / (1.0 - product * mu_next)]

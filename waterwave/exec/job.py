@@ -91,8 +91,9 @@ class Job:
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
         self._other_shapes: dict = {}
-        # Captures in other train/eval modes: modes -> (capture, its other shapes)
-        self._by_modes: dict = {}
+        # Captures in other settings (train/eval modes, frozen parameters...):
+        # variant -> (capture, its other shapes)
+        self._by_variant: dict = {}
         self.losses: list[float] = []
         self.error: BaseException | None = None
         self.runner: GroupRunner | None = None
@@ -116,23 +117,24 @@ class Job:
             raise RuntimeError(f"job {self.name!r} failed earlier ({self.error!r}); its model may "
                                "hold half a step: make a new Job from a checkpoint") from self.error
         session = session if session is not None else training_session(self.device)
-        self._follow_modes()
+        self._follow_model()
         before = len(self.losses)
         session.train(self, steps)
         return self.losses[before:]
 
-    def _follow_modes(self) -> None:
-        """The step for the model's train/eval modes now, as eager training
-        runs in whatever modes the model is in: captured once per set of
-        modes (a model in eval mode, batch norms frozen), the job then cut
-        into the session's node groups again."""
+    def _follow_model(self) -> None:
+        """The step for the model and optimizer as they are now, as eager
+        training simply runs in whatever setting it finds: captured once per
+        variant (``CapturedStep.variant_now``: train/eval modes, frozen
+        parameters, parameter groups, the update's shape, step cohorts), the
+        job then cut into the session's node groups again."""
         import torch
 
-        modes = tuple((name, m.training) for name, m in self.model.named_modules())
-        if modes == self.step_fn.guard.training:
+        variant = self.step_fn.variant_now()
+        if variant == self.step_fn.variant:
             return
-        self._by_modes[self.step_fn.guard.training] = (self.step_fn, self._other_shapes)
-        found = self._by_modes.pop(modes, None)
+        self._by_variant[self.step_fn.variant] = (self.step_fn, self._other_shapes)
+        found = self._by_variant.pop(variant, None)
         if found is None:
             loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
             inputs, targets = self._example

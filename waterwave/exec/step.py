@@ -81,6 +81,11 @@ class CapturedStep:
         trained = [t for t in fake_step.trained_parameters(model, optimizer) if t[0] in traced]
         self.params = [p for _, p, _ in trained]
         self.groups = [k for _, _, k in trained]  # each parameter's group
+        # Each parameter's step cohort (its group's parameters at one step
+        # count, as the trace laid out their bias corrections) and each
+        # cohort's group.
+        self.cohorts, self.cohort_groups = optimizers.step_cohorts(optimizer, self.params,
+                                                                   self.groups)
         self.buffers = [b for _, b in model.named_buffers()]
         self.shapes = optimizers.structure(optimizer)  # what the update is shaped by
         self.constants = optimizers.constants(optimizer)  # the values in the graphs now
@@ -90,6 +95,44 @@ class CapturedStep:
         self.modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({self.gm: False})
         self.guard = guards.StepGuard(model, self.device, reads.read, loss_fn)
         self.steps = 0  # steps run through this capture
+        self.variant = self.variant_now()  # what a Job follows by capturing again
+
+    @property
+    def device_steps(self) -> bool:
+        """The optimizer's steps are counted on the device (with a
+        GradScaler, whose skipped steps must not count)."""
+        return (self.grad_scaler is not None
+                and type(self.optimizer).__name__ in optimizers.DEVICE_STEPS)
+
+    @property
+    def host_counts_steps(self) -> bool:
+        """Each step counts the optimizer's steps on the host, a cohort at a
+        time (``optimizers.count_step``)."""
+        return type(self.optimizer).__name__ != "SGD" and not self.device_steps
+
+    def variant_now(self) -> tuple:
+        """What the capture depends on that a user changes between epochs,
+        as the model and its optimizer are now: each module's train/eval
+        mode, which parameters require grad (a backbone unfrozen), each
+        parameter's optimizer group (``add_param_group``), what shapes the
+        update (``optimizers.structure``: momentum set from 0, say) and,
+        where the host computes bias corrections, which parameters share a
+        step count (``optimizers.step_cohorts``). ``Job.train`` captures the
+        step again when it differs from ``variant``, as eager training simply
+        runs in the new setting; ``ConcurrentTrainer`` and ``optimize``
+        refuse the change (``check_context``, ``flat_inputs``)."""
+        opt = self.optimizer
+        modes = tuple((name, m.training) for name, m in self.model.named_modules())
+        params = list(self.model.parameters())
+        frozen = tuple(not p.requires_grad for p in params)
+        group_of = {id(p): k for k, g in enumerate(opt.param_groups) for p in g["params"]}
+        groups = tuple(group_of.get(id(p), -1) for p in params)
+        cohorts: tuple = ()
+        if self.host_counts_steps:
+            trained = [(p, k) for p, k in zip(params, groups) if k >= 0 and p.requires_grad]
+            cohorts = tuple(optimizers.step_cohorts(opt, [p for p, _ in trained],
+                                                    [k for _, k in trained])[0])
+        return modes, frozen, groups, tuple(optimizers.structure(opt)), cohorts
 
     def check_context(self) -> None:
         """On the caller's thread, before its steps: the model and the context
@@ -129,14 +172,13 @@ class CapturedStep:
         opt = self.optimizer
         optimizers.begin_step(opt, self.shapes)
         self._follow_hyperparameters()
-        device_steps = (self.grad_scaler is not None
-                        and type(opt).__name__ in optimizers.DEVICE_STEPS)
-        state = optimizers.step_tensors(opt, self.params, self.groups, device_steps)
+        state = optimizers.step_tensors(opt, self.params, self.groups, self.device_steps)
         scalars = []
-        if not device_steps:  # else the step counts and corrects on the device
-            steps = optimizers.count_step(opt, self.params, self.groups)
-            scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(opt, steps, self.params,
-                                                                          self.groups)]
+        if not self.device_steps:  # else the step counts and corrects on the device
+            steps = optimizers.count_step(opt, self.params, self.groups, self.cohorts,
+                                          len(self.cohort_groups))
+            scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(
+                opt, steps, self.cohort_groups, self.params, self.cohorts)]
         self.steps += 1
         scaler = []
         if self.grad_scaler is not None:
