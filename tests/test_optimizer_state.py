@@ -34,6 +34,17 @@ OPTIMIZERS = {
     "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    "adam-amsgrad": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, amsgrad=True),
+    "adamw-amsgrad-maximize": lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True,
+                                                           maximize=True),
+    "sgd-maximize": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
+                                               weight_decay=1e-3, maximize=True),
+    "rmsprop-maximize": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, weight_decay=1e-3,
+                                                       maximize=True),
+    "adagrad-maximize": lambda ps: torch.optim.Adagrad(ps, lr=0.1, maximize=True),
+    "adamax-maximize": lambda ps: torch.optim.Adamax(ps, lr=1e-2, maximize=True),
+    "nadam-maximize": lambda ps: torch.optim.NAdam(ps, lr=1e-2, maximize=True),
+    "radam-maximize": lambda ps: torch.optim.RAdam(ps, lr=1e-2, maximize=True),
     "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, weight_decay=1e-3),
     "rmsprop-momentum-centered": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.9,
                                                                  centered=True),
@@ -249,13 +260,24 @@ def test_sgds_first_step_with_dampening_is_refused_then_follows_eager():
     assert_same(eager, eager_opt, model, opt)
 
 
-def test_what_the_update_cannot_do_is_refused_at_capture():
+def test_what_the_update_cannot_do_is_refused():
     model = net()
     x = batches(1)[0]
-    with pytest.raises(CaptureError, match="maximize"):
-        ww.capture(model, (x,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
     with pytest.raises(CaptureError, match="lr_decay"):
         ww.capture(model, (x,), loss_fn, torch.optim.Adagrad(model.parameters(), lr_decay=0.1))
+    # amsgrad set after the first step: torch's Adam finds no max_exp_avg_sq and fails.
+    opt = torch.optim.Adam(model.parameters())
+    job = ww.Job(model, (x,), loss_fn, opt)
+    job.train(1)
+    opt.param_groups[0]["amsgrad"] = True
+    with pytest.raises(OptimizerError, match="amsgrad was set after the first step"):
+        job.train(1)
+    eager = net()
+    eager_opt = torch.optim.Adam(eager.parameters())
+    eager_steps(eager, eager_opt, [x])
+    eager_opt.param_groups[0]["amsgrad"] = True
+    with pytest.raises(KeyError, match="max_exp_avg_sq"):
+        eager_steps(eager, eager_opt, [x])
 
 
 @pytest.mark.parametrize("make, message", [

@@ -28,8 +28,8 @@ multiplication by exactly 1.0 at zero, is always in the update). After a
 change of it ``Job.train`` captures the step again; ``optimize`` and
 ``ConcurrentTrainer`` refuse it at the next step with an error that names
 the fix, never ignore it. Everywhere refused: what the update cannot do
-(maximize, amsgrad, Adagrad's lr_decay, SGD's first step with dampening,
-step hooks) and settings that select another implementation of the update
+(Adagrad's lr_decay, SGD's first step with dampening, amsgrad set after the
+first step, step hooks) and settings that select another implementation of the update
 (fused, capturable, differentiable, tensor hyperparameters).
 
 Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam,
@@ -83,12 +83,6 @@ def structure(optimizer) -> list[tuple]:
     name = kind(optimizer)
     out = []
     for group in optimizer.param_groups:
-        if group.get("amsgrad"):
-            raise OptimizerError("capture does not support Adam(amsgrad=True) yet: use "
-                                 "amsgrad=False")
-        if group.get("maximize"):
-            raise OptimizerError("capture does not support maximize=True yet: minimize the "
-                                 "negated loss")
         if group.get("lr_decay"):
             raise OptimizerError("capture does not support Adagrad's lr_decay yet (its rate "
                                  "changes every step): use lr_decay=0")
@@ -98,16 +92,20 @@ def structure(optimizer) -> list[tuple]:
         # in the graph, so a schedule may move weight_decay to and from 0.
         decoupled = _decoupled(name, group)
         wd = ("weight_decay != 0", bool(group["weight_decay"]) or decoupled)
+        maximize = ("maximize", bool(group.get("maximize")))
         if name == "SGD":
             out.append((("momentum != 0", bool(group["momentum"])), wd,
-                        ("nesterov", bool(group["nesterov"]))))
+                        ("nesterov", bool(group["nesterov"])), maximize))
         elif name == "RMSprop":
             out.append((("momentum > 0", group["momentum"] > 0), wd,
-                        ("centered", bool(group["centered"]))))
+                        ("centered", bool(group["centered"])), maximize))
         elif name in ("Adagrad", "Adamax"):
-            out.append((wd,))
+            out.append((wd, maximize))
+        elif name in ADAM:
+            out.append((wd, ("decoupled weight decay", decoupled), maximize,
+                        ("amsgrad", bool(group["amsgrad"]))))
         else:
-            out.append((wd, ("decoupled weight decay", decoupled)))
+            out.append((wd, ("decoupled weight decay", decoupled), maximize))
     return out
 
 
@@ -326,6 +324,8 @@ def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
         return ["sum"]
     if name == "Adamax":
         return ["exp_avg", "exp_inf"]
+    if name in ADAM and g["amsgrad"]:
+        return ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
     return ["exp_avg", "exp_avg_sq"]  # Adam, AdamW, NAdam (whose mu_product the host keeps), RAdam
 
 
@@ -345,6 +345,11 @@ def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool 
         if not names:  # no entry at all, as eager leaves SGD without momentum
             continue
         st = optimizer.state[p]
+        if "max_exp_avg_sq" in names and "exp_avg" in st and "max_exp_avg_sq" not in st:
+            raise OptimizerError(
+                f"parameter group {k}: amsgrad was set after the first step, and these "
+                "parameters' state has no max_exp_avg_sq, which torch's Adam then fails to "
+                "find: set amsgrad before the first step")
         for n in names:
             if n in ("step", "mu_product"):  # kept where the step runs, as eager's floats
                 start = 0.0 if n == "step" else 1.0
@@ -467,6 +472,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
     with torch.no_grad():
         for p, g, st, k in zip(params, grads, states, groups):
             c, on = consts[k], dict(shapes[k])
+            if on["maximize"]:  # as torch's: the negated gradient, before weight decay
+                g = -g
             if on["weight_decay != 0"] and not on.get("decoupled weight decay"):
                 g = g.add(p, alpha=c["weight_decay"])
             if name == "SGD":
@@ -540,8 +547,12 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                     st["neg_step_size"], st["bc2_sqrt"] = _adam_corrections(st["step"], c)
                 # Bias corrections change every step: 0-d tensor inputs
                 # (-lr / (1 - b1^t) and (1 - b2^t) ** 0.5), not constants.
+                second = st["exp_avg_sq"]
+                if on["amsgrad"]:  # torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+                    second = st["max_exp_avg_sq"].copy_(torch.maximum(st["max_exp_avg_sq"],
+                                                                      second))
                 # torch: p.addcdiv_(exp_avg, denom, value=-step_size), p + (v * a) / b
-                denom = (st["exp_avg_sq"].sqrt() / st["bc2_sqrt"]).add_(c["eps"])
+                denom = (second.sqrt() / st["bc2_sqrt"]).add_(c["eps"])
                 p.add_(st["exp_avg"] * st["neg_step_size"] / denom)
 
 
