@@ -86,6 +86,18 @@ def test_unsupported_optimizer_is_a_clear_error():
         capture(m, (torch.randn(2, 64),), None, torch.optim.LBFGS(m.parameters()))
 
 
+@pytest.mark.parametrize("loss_fn, message", [
+    (lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none"),
+     r"the loss has shape \[2\].*reduce it"),
+    (lambda out, y: (torch.nn.functional.cross_entropy(out, y), {"acc": 1.0}),
+     r"returned a tuple.*the loss tensor alone"),
+])
+def test_a_loss_that_is_not_one_number_is_a_clear_error(loss_fn, message):
+    m = mlp()
+    with pytest.raises(CaptureError, match=message):
+        capture(m, (torch.randn(2, 64),), loss_fn, targets=torch.tensor([0, 1]))
+
+
 def test_no_real_memory_is_used_for_activations():
     # A batch whose activations would need ~6 GiB is captured without them.
     m = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 8))

@@ -457,3 +457,37 @@ def test_every_optimizer_matches_torchs_step_bit_for_bit(kind):
     for a, b in zip(eager.parameters(), model.parameters()):
         for key, value in eager_opt.state[a].items():
             assert torch.equal(torch.as_tensor(opt.state[b][key]), torch.as_tensor(value)), key
+
+
+HALF_SAFE = {  # float16 parameters: an eps that float16 holds (1e-8 is 0 there, as eagerly)
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, eps=1e-4, amsgrad=True),
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=1e-2, eps=1e-4),
+    "nadam": lambda ps: torch.optim.NAdam(ps, lr=1e-2, eps=1e-4),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, eps=1e-4, momentum=0.5),
+}
+
+
+@pytest.mark.parametrize("dtype, kind", [
+    *[(torch.float64, k) for k in OPTIMIZERS], *[(torch.bfloat16, k) for k in OPTIMIZERS],
+    *[(torch.float16, k) for k in HALF_SAFE]])
+def test_parameters_of_every_float_type_update_as_torchs_step(dtype, kind):
+    """A model kept in float64, bfloat16 or float16 (no autocast) steps as
+    torch's single-tensor update does for that type: the bias corrections
+    read at the parameters' precision (float64 for float64), and an update
+    torch writes as one addcdiv_ computed in float32 for half types and
+    rounded once."""
+    make = (HALF_SAFE if dtype == torch.float16 else OPTIMIZERS)[kind]
+    xs = [x.to(dtype) for x in batches(6)]
+    eager = net().to(dtype)
+    eager_opt = make(eager.parameters())
+    model = net().to(dtype)
+    opt = make(model.parameters())
+    eager_steps(eager, eager_opt, xs)
+    job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs])
+    job.train(len(xs), session=ww.TrainingSession("cpu"))
+    assert all(torch.isfinite(p).all() for p in eager.parameters())
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), (name, (a.double() - b.double()).abs().max().item())
+    for a, b in zip(eager.parameters(), model.parameters()):
+        for key, value in eager_opt.state[a].items():
+            assert torch.equal(torch.as_tensor(opt.state[b][key]), torch.as_tensor(value)), key

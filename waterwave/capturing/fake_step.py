@@ -194,6 +194,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
                   else contextlib.nullcontext()):
                 out = functional_call(model, tensors, tuple(inputs[i * n_in:(i + 1) * n_in]))
                 loss = loss_fn(out, *targets[i * n_t:(i + 1) * n_t])
+            _check_loss(loss)
             losses.append(loss)
             scaled = loss / k if k > 1 else loss
             if scaling:  # GradScaler.scale(loss): backward from loss * scale
@@ -240,6 +241,19 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     return step
 
 
+def _check_loss(loss) -> None:
+    """The loss is what ``loss.backward()`` takes: a tensor of one number."""
+    torch = _torch()
+    if not isinstance(loss, torch.Tensor):
+        raise CaptureError(f"the loss function returned a {type(loss).__name__}; a step "
+                           "backpropagates from one number, as loss.backward() does: return "
+                           "the loss tensor alone")
+    if loss.numel() != 1:
+        raise CaptureError(f"the loss has shape {list(loss.shape)}; a step backpropagates from "
+                           "one number, as loss.backward() does: reduce it (.mean(), or "
+                           "reduction='mean')")
+
+
 def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_targets) -> list:
     """Flat inputs to trace with: copies of the parameters (requiring grad),
     buffers, zero optimizer state, Adam's step-1 scalars, inputs, targets."""
@@ -253,7 +267,7 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
                      for n in names]
         if layout.n_scalar:
             steps = [1.0] * len(layout.cohort_groups)
-            flat += [torch.tensor(v)
+            flat += [torch.tensor(v, dtype=torch.float64)  # see optimizers.SCALARS
                      for v in optimizers.scalar_inputs(optimizer, steps, layout.cohort_groups)]
         if layout.scaler:
             device = params[0].device

@@ -56,6 +56,9 @@ ADAM = ("Adam", "AdamW")
 # compute what depends on them) on the device, so a skipped step does not
 # count; SGD keeps no count.
 DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")
+# They are float64 0-d tensors on the CPU, as torch's host code computes
+# them: a kernel reads a CPU scalar in its own precision (double for float64
+# parameters, float for the rest), as it reads eager's Python floats.
 SCALARS = {"Adam": ("neg_step_size", "bc2_sqrt"), "AdamW": ("neg_step_size", "bc2_sqrt"),
            "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef"),
            "RAdam": ("bc1", "bc2_sqrt", "rect", "rectify")}
@@ -511,8 +514,7 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                                                   g.abs().add_(c["eps"])))
                 if "step" in st:  # counted on the device: the correction computed there
                     st["neg_clr"], _ = _adam_corrections(st["step"], c)
-                # torch: p.addcdiv_(exp_avg, exp_inf, value=-clr), i.e. p + (v * a) / b
-                p.add_(st["exp_avg"] * st["neg_clr"] / st["exp_inf"])
+                _addcdiv(p, st["exp_avg"], st["exp_inf"], st["neg_clr"])
             elif name == "RAdam":
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
@@ -536,8 +538,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 denom = st["exp_avg_sq"].div(st["bc2"]).sqrt().add_(c["eps"])
-                p.add_(g * st["grad_coef"] / denom)
-                p.add_(st["exp_avg"] * st["avg_coef"] / denom)
+                _addcdiv(p, g, denom, st["grad_coef"])
+                _addcdiv(p, st["exp_avg"], denom, st["avg_coef"])
             else:
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
@@ -551,9 +553,22 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 if on["amsgrad"]:  # torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
                     second = st["max_exp_avg_sq"].copy_(torch.maximum(st["max_exp_avg_sq"],
                                                                       second))
-                # torch: p.addcdiv_(exp_avg, denom, value=-step_size), p + (v * a) / b
                 denom = (second.sqrt() / st["bc2_sqrt"]).add_(c["eps"])
-                p.add_(st["exp_avg"] * st["neg_step_size"] / denom)
+                _addcdiv(p, st["exp_avg"], denom, st["neg_step_size"])
+
+
+def _addcdiv(p, a, b, value) -> None:
+    """``p.addcdiv_(a, b, value=value)`` with ``value`` a 0-d tensor (a bias
+    correction, which torch passes as a Python float): as torch's CPU kernel
+    computes it, ``p + (value * a) / b`` in the opmath type (float32 for
+    float16 and bfloat16 parameters, their own type otherwise), rounded to
+    the parameter's type once."""
+    import torch
+
+    if p.dtype in (torch.float16, torch.bfloat16):
+        p.copy_(p.float() + a.float() * value / b.float())
+    else:
+        p.add_(a * value / b)
 
 
 def _adam_corrections(step, c: dict[str, float]) -> tuple:

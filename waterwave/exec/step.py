@@ -177,7 +177,7 @@ class CapturedStep:
         if not self.device_steps:  # else the step counts and corrects on the device
             steps = optimizers.count_step(opt, self.params, self.groups, self.cohorts,
                                           len(self.cohort_groups))
-            scalars = [torch.tensor(v) for v in optimizers.scalar_inputs(
+            scalars = [torch.tensor(v, dtype=torch.float64) for v in optimizers.scalar_inputs(
                 opt, steps, self.cohort_groups, self.params, self.cohorts)]
         self.steps += 1
         scaler = []
