@@ -491,3 +491,27 @@ def test_parameters_of_every_float_type_update_as_torchs_step(dtype, kind):
     for a, b in zip(eager.parameters(), model.parameters()):
         for key, value in eager_opt.state[a].items():
             assert torch.equal(torch.as_tensor(opt.state[b][key]), torch.as_tensor(value)), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["adam", "adamax", "nadam", "radam"])
+def test_device_counted_steps_serve_every_float_type(kind, dtype):
+    """With a GradScaler the bias corrections are computed inside the step
+    (``optimizers._adam_corrections`` and its kin), in float64, and read at
+    the parameters' precision; NAdam's mu_product stays a 0-d float32 as
+    eager keeps it (the trace once took it as a parameter-shaped tensor, and
+    float64 models drifted)."""
+    xs = [x.to(dtype) for x in batches(6)]
+    eager, model = net().to(dtype), net().to(dtype)
+    eager_opt, opt = OPTIMIZERS[kind](eager.parameters()), OPTIMIZERS[kind](model.parameters())
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2)]
+    for x in xs:
+        eager_opt.zero_grad()
+        scalers[0].scale(loss_fn(eager(x))).backward()
+        scalers[0].step(eager_opt)
+        scalers[0].update()
+    job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs], grad_scaler=scalers[1])
+    job.train(len(xs), session=ww.TrainingSession("cpu"))
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), (name, (a.double() - b.double()).abs().max().item())
+    assert scalers[0].get_scale() == scalers[1].get_scale()

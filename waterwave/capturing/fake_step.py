@@ -263,8 +263,9 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
         flat = [p.detach().clone() for p in params]
         flat += [b.detach().clone() for _, b in model.named_buffers()]
         for p, names in zip(params, layout.param_states):
-            flat += [torch.zeros((), device=p.device) if n == "step" else torch.zeros_like(p)
-                     for n in names]
+            # step and mu_product: 0-d, in the default dtype, as step_tensors keeps them
+            flat += [torch.zeros((), device=p.device) if n in ("step", "mu_product")
+                     else torch.zeros_like(p) for n in names]
         if layout.n_scalar:
             steps = [1.0] * len(layout.cohort_groups)
             flat += [torch.tensor(v, dtype=torch.float64)  # see optimizers.SCALARS

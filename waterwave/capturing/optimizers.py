@@ -513,13 +513,13 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 st["exp_inf"].copy_(torch.maximum(st["exp_inf"].mul_(c["b2"]),
                                                   g.abs().add_(c["eps"])))
                 if "step" in st:  # counted on the device: the correction computed there
-                    st["neg_clr"], _ = _adam_corrections(st["step"], c)
+                    st["neg_clr"], _ = _adam_corrections(st["step"], c, _kernel_scalar(p))
                 _addcdiv(p, st["exp_avg"], st["exp_inf"], st["neg_clr"])
             elif name == "RAdam":
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
                 if "step" in st:  # counted on the device: the factors computed there
-                    st["bc1"], st["bc2_sqrt"], st["rect"], st["rectify"] = _radam_on_device(st["step"], c)
+                    st["bc1"], st["bc2_sqrt"], st["rect"], st["rectify"] = _radam_on_device(st["step"], c, _kernel_scalar(p))
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 # torch: exp_avg / bc1 * lr, times (bc2 ** 0.5 / (sqrt(v) + eps)) * rect once
@@ -534,7 +534,7 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
                 if "step" in st:  # counted on the device: the schedule computed there
-                    st["bc2"], st["grad_coef"], st["avg_coef"] = _nadam_coefficients(st, c)
+                    st["bc2"], st["grad_coef"], st["avg_coef"] = _nadam_coefficients(st, c, _kernel_scalar(p))
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 denom = st["exp_avg_sq"].div(st["bc2"]).sqrt().add_(c["eps"])
@@ -546,7 +546,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 if "step" in st:  # counted on the device: the corrections computed there
-                    st["neg_step_size"], st["bc2_sqrt"] = _adam_corrections(st["step"], c)
+                    st["neg_step_size"], st["bc2_sqrt"] = _adam_corrections(st["step"], c,
+                                                                            _kernel_scalar(p))
                 # Bias corrections change every step: 0-d tensor inputs
                 # (-lr / (1 - b1^t) and (1 - b2^t) ** 0.5), not constants.
                 second = st["exp_avg_sq"]
@@ -571,11 +572,20 @@ def _addcdiv(p, a, b, value) -> None:
         p.add_(a * value / b)
 
 
-def _adam_corrections(step, c: dict[str, float]) -> tuple:
+def _kernel_scalar(p):
+    """The type a kernel reads a Python scale in for parameter ``p``: float64
+    for float64, float32 for the rest (half types compute in float32)."""
+    import torch
+
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+
+def _adam_corrections(step, c: dict[str, float], dtype) -> tuple:
     """Adam's -lr / (1 - b1^t) and (1 - b2^t) ** 0.5 from its step tensor, on
     the device, moving the step on (t = step + 1), in float64 as torch's
     host code computes them (a tensor exponent: ``** 0.5`` is libm's pow,
-    not a square root), then float32 as the kernels take them."""
+    not a square root), then in ``dtype`` as the kernels take them
+    (``_kernel_scalar``)."""
     import torch
 
     t = step + 1
@@ -585,7 +595,7 @@ def _adam_corrections(step, c: dict[str, float]) -> tuple:
     bc1 = 1 - torch.pow(full(c["b1"]), td)
     bc2 = 1 - torch.pow(full(c["b2"]), td)
     neg_step_size = -(full(c["lr"]) / bc1)
-    return neg_step_size.float(), torch.pow(bc2, full(0.5)).float()
+    return neg_step_size.to(dtype), torch.pow(bc2, full(0.5)).to(dtype)
 
 
 def _radam_factors(t: float, b1: float, b2: float) -> tuple[float, float, float, float]:
@@ -602,9 +612,9 @@ def _radam_factors(t: float, b1: float, b2: float) -> tuple[float, float, float,
     return bc1, bc2 ** 0.5, rect, 1.0
 
 
-def _radam_on_device(step, c: dict[str, float]) -> tuple:
+def _radam_on_device(step, c: dict[str, float], dtype) -> tuple:
     """``_radam_factors`` from RAdam's step tensor, on the device, moving the
-    step on, in float64 as the host computes them, then float32 as the
+    step on, in float64 as the host computes them, then in ``dtype`` as the
     kernels take them."""
     import torch
 
@@ -620,14 +630,15 @@ def _radam_on_device(step, c: dict[str, float]) -> tuple:
     rectify = rho_t > 5.0
     ratio = (rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)
     rect = torch.where(rectify, torch.pow(ratio.clamp(min=0), full(0.5)), full(1.0))
-    return (bc1.float(), torch.pow(bc2, full(0.5)).float(), rect.float(), rectify.float())
+    return (bc1.to(dtype), torch.pow(bc2, full(0.5)).to(dtype), rect.to(dtype),
+            rectify.to(dtype))
 
 
-def _nadam_coefficients(st: dict, c: dict[str, float]) -> tuple:
+def _nadam_coefficients(st: dict, c: dict[str, float], dtype) -> tuple:
     """NAdam's 1 - b2^t and its two update coefficients from its step and
     mu_product tensors, on the device, moving both on, in float64 as
     torch's host code computes them (mu_product itself float32, as eager
-    keeps it), then float32 as the kernels take them."""
+    keeps it), then in ``dtype`` as the kernels take them."""
     import torch
 
     step, product = st["step"], st["mu_product"]
@@ -642,8 +653,8 @@ def _nadam_coefficients(st: dict, c: dict[str, float]) -> tuple:
     p = product.double()
     neg_lr = -full(c["lr"])
     bc2 = 1 - torch.pow(full(c["b2"]), td)
-    return (bc2.float(), (neg_lr * (1.0 - mu) / (1.0 - p)).float(),
-            ((neg_lr * mu_next) / (1.0 - p * mu_next)).float())
+    return (bc2.to(dtype), (neg_lr * (1.0 - mu) / (1.0 - p)).to(dtype),
+            ((neg_lr * mu_next) / (1.0 - p * mu_next)).to(dtype))
 
 
 def _float64_on(device):
