@@ -134,6 +134,54 @@ def test_a_batch_with_another_number_of_items_is_a_clear_error():
     assert isinstance(job.error, ValueError) and "captured with 2" in str(job.error)
 
 
+def weighted_loss(out, y, weight):
+    return loss_fn(out, y) * weight
+
+
+def test_a_non_tensor_item_that_changes_from_batch_to_batch_is_captured_per_value():
+    """A Python number in a batch (a loss weight) is a constant of the
+    captured step: each value gets a capture of its own, as eager reads it
+    afresh every batch (it was once held at the first batch's value)."""
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(4, 16, generator=g), torch.randint(0, 4, (4,), generator=g), w)
+            for w in (0.5, 2.0, 0.5)]
+    model = net(0)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    expected = []
+    for x, y, w in data * 2:
+        ref_opt.zero_grad()
+        loss = weighted_loss(reference(x), y, w)
+        loss.backward()
+        ref_opt.step()
+        expected.append(loss.item())
+    job = ww.Job(model, loss_fn=weighted_loss, optimizer=torch.optim.SGD(model.parameters(),
+                                                                          lr=0.1), data=data)
+    assert job.train(6) == expected
+    assert len(job._other_shapes) == 1  # 2.0's; 0.5 is the first batch's
+
+
+def test_non_tensor_items_a_capture_cannot_follow_are_clear_errors(monkeypatch):
+    from waterwave.exec import job as job_module
+
+    x, y = torch.randn(4, 16), torch.randint(0, 4, (4,))
+    model = net(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = ww.Job(model, loss_fn=lambda out, y, names: loss_fn(out, y), optimizer=opt,
+                 data=[(x, y, 1.0), (x, y, ["a", "b"])])
+    with pytest.raises(ValueError, match="batch item 2 is a list.*make it a tensor"):
+        job.train(2)
+    monkeypatch.setattr(job_module, "MAX_OTHER_CAPTURES", 2)
+    job = ww.Job(model, loss_fn=weighted_loss, optimizer=opt,
+                 data=[(x, y, float(w)) for w in range(4)])
+    with pytest.raises(ValueError, match="3 shapes or non-tensor values.*as tensors"):
+        job.train(4)
+    trainer = ww.optimize(model, (x,), weighted_loss, opt, example_targets=(y, 1.0))
+    trainer.step(x, targets=(y, 1.0))
+    with pytest.raises(ValueError, match="batch item 2 is 3.0; the step was captured with 1.0"):
+        trainer.step(x, targets=(y, 3.0))
+
+
 def test_data_that_runs_out_says_to_pass_a_re_iterable():
     model = net(0)
     data = iter([(torch.randn(4, 16), torch.randint(0, 4, (4,))) for _ in range(2)])

@@ -187,18 +187,23 @@ class Job:
 
     def step_for(self, inputs: tuple, targets) -> tuple[CapturedStep, GroupRunner]:
         """The capture and group runner for a batch: the job's own, or, for a
-        batch of other shapes (a DataLoader's short last batch), a capture of
-        the step at those shapes, made once and cut into the same node
-        groups. Its operators must be the same, each tensor no larger than
+        batch of other shapes (a DataLoader's short last batch) or other
+        non-tensor values, a capture of the step for it, made once and cut
+        into the same node groups. Its operators must be the same, each tensor no larger than
         at the job's shapes (so the memory planned for a step bounds it);
         a clear error otherwise."""
         import torch
 
-        key = _shapes((*inputs, *(targets or ())))
-        if not inputs or key == _shapes(self.step_fn.example):
+        key = _batch_key((*inputs, *(targets or ())))
+        if not inputs or key == _batch_key(self.step_fn.example):
             return self.step_fn, self.runner
         found = self._other_shapes.get(key)
         if found is None:
+            if len(self._other_shapes) >= MAX_OTHER_CAPTURES:
+                raise ValueError(
+                    f"the job's batches have come in {MAX_OTHER_CAPTURES + 1} shapes or "
+                    "non-tensor values, each a capture of its own: pad them to a few shapes, "
+                    "and pass values that change from batch to batch as tensors")
             with torch.enable_grad():  # a capture needs gradients, whatever the caller's mode
                 step = self._capture_at(inputs, targets)
             found = self._other_shapes[key] = [step, None, None]
@@ -239,9 +244,30 @@ class Job:
         return f"Job({self.name!r}, {state})"
 
 
-def _shapes(data: tuple) -> tuple:
-    """What a batch's capture depends on: each tensor's shape and dtype."""
+# Captures a job may make for batches unlike its first (other shapes, other
+# non-tensor values); more means the batches vary without end, and each
+# capture holds a graph.
+MAX_OTHER_CAPTURES = 64
+
+
+def _batch_key(data: tuple) -> tuple:
+    """What a batch's capture depends on: each tensor's shape and dtype, and
+    each other item's value (a captured step holds it as a constant: a loss
+    weight given as a Python number, say). Items that cannot be told apart
+    by value (lists, dicts) are refused."""
     import torch
 
-    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x)
-                 for x in data)
+    key = []
+    for i, x in enumerate(data):
+        if isinstance(x, torch.Tensor):
+            key.append((tuple(x.shape), x.dtype))
+            continue
+        try:
+            hash(x)
+        except TypeError:
+            raise ValueError(
+                f"batch item {i} is a {type(x).__name__}; a captured step takes tensors, and "
+                "holds any other value as the constant it was at capture: make it a tensor, "
+                "or leave it out of the batch (a collate_fn)") from None
+        key.append((type(x), x))
+    return tuple(key)

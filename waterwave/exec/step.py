@@ -209,6 +209,11 @@ class CapturedStep:
             raise ValueError(f"a batch of {len(data)} inputs and targets; the step was captured "
                              f"with {len(self.example)}")
         for i, (x, ex) in enumerate(zip(data, self.example)):
+            if not isinstance(ex, torch.Tensor) and not _same_value(x, ex):
+                raise ValueError(
+                    f"batch item {i} is {x!r}; the step was captured with {ex!r}, and a "
+                    "captured step holds a non-tensor item as the constant it was at capture: "
+                    "pass it as a tensor (torch.tensor(value)), or capture once per value")
             if isinstance(ex, torch.Tensor) and (not isinstance(x, torch.Tensor)
                                                  or x.shape != ex.shape or x.dtype != ex.dtype):
                 got = (f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor)
@@ -264,3 +269,13 @@ class CapturedStep:
         module = fx.GraphModule(self.gm, new)
         self.modules[module] = compiled  # its constants follow the optimizer's too
         return module
+
+
+def _same_value(a, b) -> bool:
+    """Two non-tensor batch items are the same constant to a captured step."""
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 (an object whose == is not a truth value)
+        return False
