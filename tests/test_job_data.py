@@ -492,6 +492,36 @@ def test_training_in_eval_mode_follows_the_modes_set_when_train_is_called():
     assert len(job._by_variant) == 2  # three sets of modes captured, one in use
 
 
+def test_instance_norms_running_statistics_move_as_eager():
+    """ATen's instance_norm updates a repeat of the running mean inside
+    native_batch_norm, whose schema marks no write, then averages it into
+    the buffer: the ordering edge comes from ``UNMARKED_WRITES`` (without it
+    the node groups averaged before the update, and the statistics never
+    moved, silently)."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.group = torch.nn.GroupNorm(2, 8)
+            self.inst = torch.nn.InstanceNorm2d(8, affine=True, track_running_stats=True)
+            self.head = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.head(self.inst(self.group(self.conv(x))).mean((2, 3)))
+
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 4, (4,), generator=g))]
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    expected, ref_opt = eager(reference, MAKERS[1], data, 3)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=MAKERS[1](model), data=data)
+    assert job.train(3) == expected
+    for (name, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(model.inst.running_mean, torch.zeros(8))
+
+
 def test_random_operators_and_shuffling_draw_from_torchs_generator_as_eager():
     """Dropout in the step and a shuffling DataLoader between steps draw from
     torch's global generator in eager's order: a job trained alone, a call

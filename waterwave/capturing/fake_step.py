@@ -464,6 +464,15 @@ def inplace_variant(target):
     return overload
 
 
+# Operators that update running statistics in place (when training) though
+# their schemas mark no write: ATen's instance_norm, among others, calls them
+# on a repeat of the running mean and averages it afterwards, and without
+# this ordering edge a reordered step averaged it before the update (the
+# running statistics never moved). Overload name -> (written, training flag).
+UNMARKED_WRITES = {f"{op}.default": (("running_mean", "running_var"), "training")
+                   for op in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")}
+
+
 class _GraphBuilder:
     """Turns a traced step into a Graph, one FX node at a time. Tensors are
     storages: the first time a storage is seen it becomes a tensor (of the
@@ -523,13 +532,24 @@ class _GraphBuilder:
                                                             persistent=role != "input")
 
     def mutated(self, node) -> list[int]:
-        """Tensors the node writes in place, from its schema's alias info."""
+        """Tensors the node writes in place, from its schema's alias info,
+        and the running statistics of the batch norms whose schemas do not
+        say they write them (``UNMARKED_WRITES``)."""
         out = []
         schema = getattr(node.target, "_schema", None)
-        for i, a in enumerate(schema.arguments if schema is not None else ()):
+        arguments = schema.arguments if schema is not None else ()
+        for i, a in enumerate(arguments):
             if a.alias_info is not None and a.alias_info.is_write:
                 val = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
                 out.extend(self.known(val, once=False))
+        unmarked = UNMARKED_WRITES.get(getattr(node.target, "__name__", ""))
+        if unmarked is not None:
+            written, training = unmarked
+            values = {a.name: node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+                      for i, a in enumerate(arguments)}
+            if values.get(training):
+                for name in written:
+                    out.extend(self.known(values.get(name), once=False))
         return out
 
     def new_outputs(self, node) -> list[int]:
