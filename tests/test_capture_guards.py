@@ -119,6 +119,26 @@ def test_a_model_cast_or_moved_in_place_is_refused_and_cast_back_trains_again(wa
     step()
 
 
+@pytest.mark.parametrize("way", ["optimize", "job"])
+def test_a_gradient_hook_on_a_parameter_is_refused(way):
+    """Eager backward runs a parameter's own hooks (register_hook,
+    register_post_accumulate_grad_hook); a captured step's gradients are
+    its own, so such a hook would silently not run."""
+    model = net()
+    handle = model[0].weight.register_hook(lambda g: g * 0)
+    with pytest.raises(ww.capturing.CaptureError, match=r"parameter 0\.weight has a gradient "
+                                                       r"hook.*remove it"):
+        dict(trainers(model))[way]
+    handle.remove()
+    step = dict(trainers(model))[way]
+    step()
+    handle = model[3].bias.register_post_accumulate_grad_hook(lambda p: None)
+    with pytest.raises(StaleCaptureError, match=r"parameter 3\.bias has a gradient hook now"):
+        step()
+    handle.remove()
+    step()
+
+
 def test_models_a_capture_cannot_trace_are_refused_with_the_fix():
     model = net()
     with pytest.raises(ww.capturing.CaptureError, match=r"torch\.compile.*model\._orig_mod"):

@@ -295,7 +295,7 @@ def test_a_time_limit_must_be_positive_and_finite(value, capsys):
     ("raise RuntimeError('no GPU here')\n", "importing 'usermod_{n}' failed: RuntimeError: no GPU"),
     ("def build(batch_size):\n    raise KeyError('width')\n", "build(2) raised KeyError"),
     ("import torch\ndef build(batch_size):\n    m = torch.nn.Linear(4, 3)\n"
-     "    return m, (torch.randn(batch_size, 4),), lambda out: out\n", "tracing the training step"),
+     "    return m, (torch.randn(batch_size, 4),), lambda out: out\n", "the loss has shape [2, 3]"),
 ])
 def test_a_user_model_that_fails_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys,
                                                              source, message):

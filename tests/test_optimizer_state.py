@@ -515,3 +515,27 @@ def test_device_counted_steps_serve_every_float_type(kind, dtype):
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a, b), (name, (a.double() - b.double()).abs().max().item())
     assert scalers[0].get_scale() == scalers[1].get_scale()
+
+
+def test_an_optimizer_over_parameters_outside_the_model_is_refused():
+    """Eager training would update a loss module's temperature or a free
+    tensor the optimizer holds; a captured step trains the model's
+    parameters, so it says so rather than hold them fixed."""
+    class Tempered(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.temperature = torch.nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, out):
+            return loss_fn(out / self.temperature)
+
+    model, x = net(), batches(1)[0]
+    tempered = Tempered()
+    opt = torch.optim.SGD([*model.parameters(), *tempered.parameters()], lr=0.1)
+    with pytest.raises(CaptureError, match=r"not the model's \(loss_fn\.temperature\).*make "
+                                           "them part of the model"):
+        ww.Job(model, (x,), tempered, opt)
+    scale = torch.nn.Parameter(torch.tensor(2.0))
+    opt = torch.optim.Adam([*model.parameters(), scale])
+    with pytest.raises(CaptureError, match=r"a tensor of shape \[\]"):
+        ww.optimize(model, (x,), lambda out: loss_fn(out * scale), opt)

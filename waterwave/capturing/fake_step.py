@@ -281,6 +281,27 @@ def _example_flat(model, optimizer, layout: StepLayout, example_inputs, example_
     return flat
 
 
+def _refuse_parameters_outside(model, optimizer, loss_fn) -> None:
+    """The optimizer trains only the model's parameters: a step traces the
+    model's as its inputs, and would hold any other (a loss module's
+    temperature, a free tensor) fixed where eager training updates it."""
+    torch = _torch()
+    ours = {id(p) for p in model.parameters()}
+    outside = [p for g in optimizer.param_groups for p in g["params"]
+               if p.requires_grad and id(p) not in ours]
+    if not outside:
+        return
+    named = {}
+    if isinstance(loss_fn, torch.nn.Module):
+        named = {id(p): "loss_fn." + n for n, p in loss_fn.named_parameters()}
+    shown = ", ".join(named.get(id(p), f"a tensor of shape {list(p.shape)}") for p in outside[:3])
+    raise CaptureError(
+        f"the optimizer trains {len(outside)} parameter(s) that are not the model's ({shown}); "
+        "a captured step updates the model's parameters, and would hold these fixed where "
+        "eager training updates them: make them part of the model (a module that holds the "
+        "model and them), or leave them out of the optimizer")
+
+
 def _refuse_untraceable(model) -> None:
     """Models a capture cannot trace, refused up front with the fix."""
     torch = _torch()
@@ -293,6 +314,14 @@ def _refuse_untraceable(model) -> None:
             raise CaptureError(f"module {name or 'the model'} ({type(m).__name__}) makes sparse "
                                "gradients (sparse=True), "
                                "which a captured step does not hold: use sparse=False")
+    for name, p in model.named_parameters():
+        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
+            raise CaptureError(
+                f"parameter {name} has a gradient hook (register_hook or "
+                "register_post_accumulate_grad_hook), which a captured step does not run (its "
+                "gradients are its own, not the parameter's): remove it, and change the "
+                "gradient in the loss or the model, or clip with clip_grad_norm= or "
+                "clip_grad_value=")
 
 
 def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
@@ -331,6 +360,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     if grad_scaler is not None and grad_scaler.is_enabled():
         scaling = (grad_scaler.get_growth_factor(), grad_scaler.get_backoff_factor(),
                    grad_scaler.get_growth_interval())
+    _refuse_parameters_outside(model, optimizer, loss_fn)
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
                            micro_batches, scaling is not None)
     grads_seen: list = []

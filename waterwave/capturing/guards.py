@@ -213,6 +213,11 @@ class StepGuard:
         if walk.hooks != self.hooks or _global_hooks() != self.global_hooks:
             raise StaleCaptureError("module hooks changed since the step was captured (a captured "
                                     f"step runs the hooks it traced, no others): {remake}")
+        if walk.gradient_hooks:
+            raise StaleCaptureError(
+                f"parameter {walk.gradient_hooks} has a gradient hook now (register_hook or "
+                "register_post_accumulate_grad_hook), which a captured step does not run: "
+                "remove it, and change the gradient in the loss or the model")
         for name, attr, m, then, frozen in self.attributes:
             value = m.__dict__.get(attr, _MISSING)
             if value is then and type(then) is not list:  # the same immutable value
@@ -263,6 +268,11 @@ class _Walk:
         self.hooks, self.keys, self.layouts = tuple(hooks), tuple(keys), tuple(layouts)
         self.parameters = tuple(id(p) for p in params)
         self.requires_grad = tuple(p.requires_grad for p in params)
+        # The first parameter with a gradient hook of its own, by name (or "")
+        self.gradient_hooks = next(
+            (f"{self.names[keys[i][0]] + '.' if self.names[keys[i][0]] else ''}{keys[i][1]}"
+             for i, p in zip((i for i, k in enumerate(keys) if k[2] == "parameter"), params)
+             if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)), "")
         # where each parameter's key is in ``keys``
         self.parameter_keys = tuple(i for i, k in enumerate(keys) if k[2] == "parameter")
         self.buffers = buffers
