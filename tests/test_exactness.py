@@ -26,6 +26,7 @@ OPTIMIZERS = {
     "rmsprop": lambda ps, h: torch.optim.RMSprop(ps, lr=h["lr"] / 10, momentum=h["momentum"],
                                                  weight_decay=h["wd"], maximize=h["maximize"]),
     "adagrad": lambda ps, h: torch.optim.Adagrad(ps, lr=h["lr"], weight_decay=h["wd"],
+                                                 lr_decay=h["momentum"] / 10,
                                                  maximize=h["maximize"]),
     "adamax": lambda ps, h: torch.optim.Adamax(ps, lr=h["lr"] / 10, weight_decay=h["wd"],
                                                maximize=h["maximize"]),

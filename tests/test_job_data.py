@@ -397,6 +397,7 @@ SCALED = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
                                                                maximize=True),
           "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.9, centered=True),
           "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=1e-3),
+          "adagrad-lr-decay": lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.05),
           "adamax": lambda ps: torch.optim.Adamax(ps, lr=1e-2, weight_decay=1e-3),
           "nadam": lambda ps: torch.optim.NAdam(ps, lr=1e-2, weight_decay=1e-3),
           # 6 steps counted (one skipped): plain for 5, rectified at the 6th

@@ -28,13 +28,13 @@ multiplication by exactly 1.0 at zero, is always in the update). After a
 change of it ``Job.train`` captures the step again; ``optimize`` and
 ``ConcurrentTrainer`` refuse it at the next step with an error that names
 the fix, never ignore it. Everywhere refused: what the update cannot do
-(Adagrad's lr_decay, SGD's first step with dampening, amsgrad set after the
-first step, step hooks) and settings that select another implementation of the update
+(SGD's first step with dampening, amsgrad set after the first step, step
+hooks) and settings that select another implementation of the update
 (fused, capturable, differentiable, tensor hyperparameters).
 
 Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam,
 each checked against torch's own ``step`` in the tests. What changes every
-step (Adam's bias corrections, Adamax's corrected rate, NAdam's momentum
+step (Adam's bias corrections, Adamax's and Adagrad's decayed rates, NAdam's momentum
 schedule, RAdam's rectification) is computed on the host as torch computes
 it and given to the step as 0-d tensor inputs (``SCALARS``). RAdam's two
 updates (rectified once the variance estimate is long enough, plain in its
@@ -60,7 +60,8 @@ DEVICE_STEPS = ("Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam
 # them: a kernel reads a CPU scalar in its own precision (double for float64
 # parameters, float for the rest), as it reads eager's Python floats.
 SCALARS = {"Adam": ("neg_step_size", "bc2_sqrt"), "AdamW": ("neg_step_size", "bc2_sqrt"),
-           "Adamax": ("neg_clr",), "NAdam": ("bc2", "grad_coef", "avg_coef"),
+           "Adamax": ("neg_clr",), "Adagrad": ("neg_clr",),
+           "NAdam": ("bc2", "grad_coef", "avg_coef"),
            "RAdam": ("bc1", "bc2_sqrt", "rect", "rectify")}
 
 
@@ -86,9 +87,6 @@ def structure(optimizer) -> list[tuple]:
     name = kind(optimizer)
     out = []
     for group in optimizer.param_groups:
-        if group.get("lr_decay"):
-            raise OptimizerError("capture does not support Adagrad's lr_decay yet (its rate "
-                                 "changes every step): use lr_decay=0")
         _refuse_other_implementations(name, group)
         # Decoupled weight decay multiplies the parameters by 1 - lr * wd,
         # exactly 1.0 at weight_decay=0 (x * 1.0 is x, bit for bit): always
@@ -102,7 +100,9 @@ def structure(optimizer) -> list[tuple]:
         elif name == "RMSprop":
             out.append((("momentum > 0", group["momentum"] > 0), wd,
                         ("centered", bool(group["centered"])), maximize))
-        elif name in ("Adagrad", "Adamax"):
+        elif name == "Adagrad":  # a decaying rate is a 0-d input, as Adam's corrections
+            out.append((wd, maximize, ("lr_decay != 0", bool(group["lr_decay"]))))
+        elif name == "Adamax":
             out.append((wd, maximize))
         elif name in ADAM:
             out.append((wd, ("decoupled weight decay", decoupled), maximize,
@@ -158,7 +158,8 @@ def constants(optimizer) -> list[dict[str, float]]:
             out.append({"weight_decay": wd, "alpha": g["alpha"], "one_minus_alpha": 1 - g["alpha"],
                         "eps": g["eps"], "momentum": g["momentum"], "neg_lr": -lr})
         elif name == "Adagrad":
-            out.append({"weight_decay": wd, "eps": g["eps"], "neg_lr": -lr})
+            out.append({"weight_decay": wd, "eps": g["eps"], "neg_lr": -lr, "lr": lr,
+                        "lr_decay": g["lr_decay"]})
         elif name == "Adamax":
             b1, b2 = g["betas"]
             out.append({"weight_decay": wd, "one_minus_b1": 1 - b1, "b2": b2, "eps": g["eps"],
@@ -443,7 +444,11 @@ def scalar_inputs(optimizer, steps: list[float], cohort_groups: list[int],
     out = []
     for c, (k, t) in enumerate(zip(cohort_groups, steps)):
         group = optimizer.param_groups[k]
-        lr, (b1, b2) = float(group["lr"]), group["betas"]
+        lr = float(group["lr"])
+        if name == "Adagrad":
+            out += [-(lr / (1 + (t - 1) * group["lr_decay"]))]
+            continue
+        b1, b2 = group["betas"]
         if name in ADAM:
             out += [-(lr / (1 - b1 ** t)), (1 - b2 ** t) ** 0.5]
         elif name == "RAdam":
@@ -505,9 +510,14 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
             elif name == "Adagrad":
                 if "step" in st:  # counted on the device (a GradScaler may skip the step)
                     st["step"].add_(1)
+                    if on["lr_decay != 0"]:
+                        st["neg_clr"] = _adagrad_rate(st["step"], c, _kernel_scalar(p))
                 st["sum"].addcmul_(g, g, value=1)
                 std = st["sum"].sqrt().add_(c["eps"])
-                p.addcdiv_(g, std, value=c["neg_lr"])  # lr_decay=0: the rate is lr every step
+                if on["lr_decay != 0"]:  # torch: p.addcdiv_(g, std, value=-clr)
+                    _addcdiv(p, g, std, st["neg_clr"])
+                else:  # the rate is lr every step: eager's own form, a constant
+                    p.addcdiv_(g, std, value=c["neg_lr"])
             elif name == "Adamax":
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_inf"].copy_(torch.maximum(st["exp_inf"].mul_(c["b2"]),
@@ -596,6 +606,14 @@ def _adam_corrections(step, c: dict[str, float], dtype) -> tuple:
     bc2 = 1 - torch.pow(full(c["b2"]), td)
     neg_step_size = -(full(c["lr"]) / bc1)
     return neg_step_size.to(dtype), torch.pow(bc2, full(0.5)).to(dtype)
+
+
+def _adagrad_rate(step, c: dict[str, float], dtype):
+    """Adagrad's -lr / (1 + (t - 1) * lr_decay) from its step tensor (already
+    moved on), on the device, in float64 as torch's host code computes it,
+    then in ``dtype`` as the kernels take it."""
+    full = _float64_on(step.device)
+    return (-(full(c["lr"]) / (1 + (step.double() - 1) * full(c["lr_decay"])))).to(dtype)
 
 
 def _radam_factors(t: float, b1: float, b2: float) -> tuple[float, float, float, float]:
