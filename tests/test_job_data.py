@@ -523,6 +523,42 @@ def test_instance_norms_running_statistics_move_as_eager():
     assert not torch.equal(model.inst.running_mean, torch.zeros(8))
 
 
+@pytest.mark.parametrize("how", ["job", "optimize"])
+def test_a_loss_that_reads_the_models_parameters_trains_as_eager(how):
+    """An L2 penalty over model.parameters() in the loss: the capture swaps
+    the model's tensors for the step's around the loss too, so the penalty
+    reads and backpropagates into what is trained (it was a constant of the
+    trace, and its gradient was lost, silently)."""
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            for _ in range(2)]
+    model = net(0)
+    reference = copy.deepcopy(model)
+
+    def penalized(m):
+        return lambda out, y: loss_fn(out, y) + 0.05 * sum(p.square().sum()
+                                                             for p in m.parameters())
+
+    expected = []
+    ref_opt = MAKERS[1](reference)
+    for x, y in data * 2:
+        ref_opt.zero_grad()
+        loss = penalized(reference)(reference(x), y)
+        loss.backward()
+        ref_opt.step()
+        expected.append(loss.item())
+    opt = MAKERS[1](model)
+    if how == "job":
+        got = ww.Job(model, loss_fn=penalized(model), optimizer=opt, data=data).train(4)
+    else:
+        trainer = ww.optimize(model, (data[0][0],), penalized(model), opt,
+                              example_targets=data[0][1])
+        got = [float(trainer.step(x, targets=y)) for x, y in data * 2]
+    assert got == expected
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_random_operators_and_shuffling_draw_from_torchs_generator_as_eager():
     """Dropout in the step and a shuffling DataLoader between steps draw from
     torch's global generator in eager's order: a job trained alone, a call

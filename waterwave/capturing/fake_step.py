@@ -175,12 +175,18 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     # Parameters eager's step skips are the model's own, not inputs: what
     # the forward pass does with them (nothing, or without gradient) reads them.
     untrained = {n: p.detach() for n, p in model.named_parameters() if n in layout.untrained}
+    # The model and its loss as one call, the model's tensors swapped for
+    # the step's during both: a loss that reads the model's parameters (an
+    # L2 penalty over model.parameters()) reads the traced ones and
+    # backpropagates into them, as eager's does.
+    model_and_loss = _model_and_loss(model, loss_fn)
 
     def step(*flat):
         params, buffers, state_flat, scalars, scaler, inputs, targets = layout.split(flat)
         tensors = dict(zip(layout.param_names, params))
         tensors.update(untrained)
         tensors.update(zip(layout.buffer_names, buffers))
+        tensors = {"model." + name: t for name, t in tensors.items()}
         # Gradient accumulation, as eager code does it: each batch's loss / k
         # backward in turn, the gradients summed in batch order (.grad += g).
         k = layout.micro_batches
@@ -192,8 +198,9 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
             # loss inside torch.autocast, backward and the update outside.
             with (torch.autocast(autocast[0], dtype=autocast[1]) if autocast
                   else contextlib.nullcontext()):
-                out = functional_call(model, tensors, tuple(inputs[i * n_in:(i + 1) * n_in]))
-                loss = loss_fn(out, *targets[i * n_t:(i + 1) * n_t])
+                loss = functional_call(model_and_loss, tensors,
+                                       (tuple(inputs[i * n_in:(i + 1) * n_in]),
+                                        tuple(targets[i * n_t:(i + 1) * n_t])))
             _check_loss(loss)
             losses.append(loss)
             scaled = loss / k if k > 1 else loss
@@ -239,6 +246,23 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
         return loss
 
     return step
+
+
+def _model_and_loss(model, loss_fn):
+    """A module whose call is ``loss_fn(model(*inputs), *targets)``, holding
+    the model as its child ``model`` (the model itself is unchanged)."""
+    torch = _torch()
+
+    class ModelAndLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.__dict__["loss_fn"] = loss_fn  # not a child: its parameters are not the step's
+
+        def forward(self, inputs, targets):
+            return self.loss_fn(self.model(*inputs), *targets)
+
+    return ModelAndLoss()
 
 
 def _check_loss(loss) -> None:
