@@ -2,6 +2,8 @@
 context changed since (train/eval mode, a parameter replaced, a hook added,
 autocast, a Python value its modules' code read), the next step refuses with an error that names the change and the
 fix, instead of silently training another model than eager PyTorch would."""
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -137,6 +139,69 @@ def test_a_gradient_hook_on_a_parameter_is_refused(way):
         step()
     handle.remove()
     step()
+
+
+class WithAuxiliaryLoss(torch.nn.Module):
+    """Keeps a term of its loss as ``self.aux``, for the loss to read."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        out = self.layer(x)
+        self.aux = out.square().mean()
+        return out
+
+
+def test_an_attribute_the_forward_pass_sets_is_the_steps_and_is_not_guarded():
+    """An auxiliary loss kept on the module (as mixture-of-experts layers
+    keep theirs) is the step's own inside the loss; an evaluation between
+    calls that sets it again is no change to refuse (it was refused, and the
+    trace's fake tensor was left on the module)."""
+    torch.manual_seed(0)
+    model = WithAuxiliaryLoss()
+    reference = copy.deepcopy(model)
+
+    def loss_of(m):
+        return lambda out: loss_fn(out) + 0.5 * m.aux
+
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    job = ww.Job(model, (X,), loss_of(model), torch.optim.SGD(model.parameters(), lr=0.05))
+    assert not hasattr(model, "aux")  # the capture's value is not left behind
+    expected, got = [], []
+    for _ in range(2):
+        for _ in range(2):
+            ref_opt.zero_grad()
+            loss = loss_of(reference)(reference(X))
+            loss.backward()
+            ref_opt.step()
+            expected.append(loss.item())
+        got += job.train(2)
+        with torch.no_grad():  # evaluation between calls sets aux again
+            reference(X)
+            model(X)
+    assert got == expected
+    assert torch.equal(reference.layer.weight, model.layer.weight)
+
+
+def test_a_running_value_kept_as_a_plain_tensor_attribute_is_refused():
+    class Running(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(16, 4)
+            self.average = torch.zeros(())
+
+        def forward(self, x):
+            out = self.layer(x)
+            self.average = 0.9 * self.average + 0.1 * out.mean().detach()
+            return out
+
+    model = Running()
+    with pytest.raises(ww.capturing.CaptureError, match=r"the model's attribute 'average' is "
+                                                       r"read and then set.*register_buffer"):
+        ww.Job(model, (X,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert model.average.shape == () and float(model.average) == 0.0  # put back
 
 
 def test_models_a_capture_cannot_trace_are_refused_with_the_fix():

@@ -15,7 +15,11 @@ Which attributes a trace read is recorded while it runs (``AttributeReads``):
 each module's class is swapped for a subclass whose ``__getattribute__``
 notes reads of its public instance attributes, and swapped back after.
 Only what was read is guarded, so bookkeeping kept on a model (an epoch
-count) may change freely. Values are compared when they are plain (numbers,
+count) may change freely. Attributes the code sets before reading them (an
+auxiliary loss kept as ``self.aux`` for the loss) are outputs, not
+guarded, and put back after the trace (its values are fake tensors); one
+read and then set to a tensor (a running value outside the buffers) is
+refused at capture, since no step could carry it on. Values are compared when they are plain (numbers,
 strings, None, tuples and lists of them, dtypes, devices) and tensors by
 identity; other objects are not compared.
 
@@ -62,23 +66,43 @@ def _plain(value, depth: int = 0):
     return None
 
 
+class _Record:
+    """What the modules' code did with their public instance attributes
+    while recorded: ``reads`` (module id, name) read before any write;
+    ``writes`` (module id, name) -> (module, name, value before, read first)."""
+
+    def __init__(self):
+        self.reads: set = set()
+        self.writes: dict = {}
+
+
 def _recording_class(cls: type) -> type:
-    """``cls`` with reads of public instance attributes noted in the
-    instance's ``_waterwave_reads`` set, made once per class."""
+    """``cls`` with reads and writes of public instance attributes noted in
+    the instance's ``_waterwave_reads`` record, made once per class."""
     sub = _RECORDING.get(cls)
     if sub is None:
-        base = cls.__getattribute__
+        base, base_set = cls.__getattribute__, cls.__setattr__
 
         def __getattribute__(self, name, _base=base):
             value = _base(self, name)
             if name[:1] != "_" and name != "training":
                 d = _base(self, "__dict__")
                 if name in d:
-                    reads = d.get("_waterwave_reads")
-                    if reads is not None:
-                        reads.add((id(self), name))
+                    record = d.get("_waterwave_reads")
+                    if record is not None and (id(self), name) not in record.writes:
+                        record.reads.add((id(self), name))
             return value
+
+        def __setattr__(self, name, value, _set=base_set):
+            d = object.__getattribute__(self, "__dict__")
+            before = d.get(name, _MISSING)
+            _set(self, name, value)
+            record = d.get("_waterwave_reads")
+            if record is not None and name[:1] != "_" and name in d:
+                key = (id(self), name)
+                record.writes.setdefault(key, (self, name, before, key in record.reads))
         sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__,
+                                          "__setattr__": __setattr__,
                                           "__module__": cls.__module__,
                                           "__qualname__": cls.__qualname__})
         _RECORDING[cls] = sub
@@ -88,19 +112,26 @@ def _recording_class(cls: type) -> type:
 class AttributeReads:
     """``with AttributeReads({name: module, ...}) as reads:`` records the
     public instance attributes the modules' code reads inside the block;
-    ``reads.read`` is then a list of (name, attribute) read."""
+    ``reads.read`` is then a list of (name, attribute) read before the code
+    set them. Attributes the code sets (an auxiliary loss kept as
+    ``self.aux`` for the loss to read) are put back as they were before the
+    block: the trace's values are not real tensors. ``reads.tensor_state``
+    lists the attributes it read and then set to a tensor (a running value
+    kept outside the buffers), which a captured step cannot carry from step
+    to step."""
 
     def __init__(self, modules: dict):
         self.modules = modules
         self.read: list[tuple[str, str]] = []
+        self.tensor_state: list[tuple[str, str]] = []
         self._swapped: list = []
-        self._log: set = set()
+        self._record = _Record()
 
     def __enter__(self) -> AttributeReads:
         for m in self.modules.values():
             cls = type(m)
             try:
-                m.__dict__["_waterwave_reads"] = self._log
+                m.__dict__["_waterwave_reads"] = self._record
                 m.__class__ = _recording_class(cls)
             except (TypeError, AttributeError):  # a class that cannot be swapped: not recorded
                 m.__dict__.pop("_waterwave_reads", None)
@@ -109,11 +140,22 @@ class AttributeReads:
         return self
 
     def __exit__(self, *exc) -> None:
+        import torch
+
         for m, cls in self._swapped:
             m.__class__ = cls
             m.__dict__.pop("_waterwave_reads", None)
         names = {id(m): name for name, m in self.modules.items()}
-        self.read = sorted((names[i], attr) for i, attr in self._log if i in names)
+        record = self._record
+        for (i, attr), (m, name, before, read_first) in record.writes.items():
+            if read_first and isinstance(m.__dict__.get(name), torch.Tensor) and i in names:
+                self.tensor_state.append((names[i], attr))
+            if before is _MISSING:
+                m.__dict__.pop(name, None)
+            else:
+                m.__dict__[name] = before
+        self.read = sorted((names[i], attr) for i, attr in record.reads if i in names)
+        self.tensor_state.sort()
 
 
 def guarded_modules(model, loss_fn=None) -> dict:
