@@ -19,9 +19,9 @@ count) may change freely. Attributes the code sets before reading them (an
 auxiliary loss kept as ``self.aux`` for the loss) are outputs, not
 guarded, and put back after the trace (its values are fake tensors); one
 read and then set to a tensor (a running value outside the buffers) is
-refused at capture, since no step could carry it on. Values are compared when they are plain (numbers,
-strings, None, tuples and lists of them, dtypes, devices) and tensors by
-identity; other objects are not compared.
+refused at capture, since no step could carry it on. Values are compared
+when they are plain (numbers, strings, None, tuples and lists of them,
+dtypes, devices) and tensors by identity; other objects are not compared.
 
 May import: nothing of waterwave; torch lazily.
 """
@@ -231,8 +231,7 @@ class StepGuard:
         if walk.layouts != self.layouts:
             i, was, now = next((i, a, b) for i, (a, b) in enumerate(zip(self.layouts,
                                                                         walk.layouts)) if a != b)
-            module, key, kind = self.keys[i]
-            name = f"{kind} {self.names[module] + '.' if self.names[module] else ''}{key}"
+            name = f"{self.keys[i][2]} {_key_name(self.names, self.keys[i])}"
             raise StaleCaptureError(
                 f"{name} is {_layout(now)} now; the step was captured with it {_layout(was)} "
                 "(model.to(), .double() or .half() changed it in place), and a captured step's "
@@ -244,8 +243,7 @@ class StepGuard:
         if walk.requires_grad != self.requires_grad:
             i = next(i for i, (a, b) in enumerate(zip(self.requires_grad, walk.requires_grad))
                      if a != b)
-            module, key, _ = self.keys[walk.parameter_keys[i]]
-            name = f"{self.names[module] + '.' if self.names[module] else ''}{key}"
+            name = _key_name(self.names, self.keys[walk.parameter_keys[i]])
             now = "requires grad" if walk.requires_grad[i] else "is frozen (requires_grad=False)"
             then = "frozen" if walk.requires_grad[i] else "trained"
             raise StaleCaptureError(
@@ -310,14 +308,21 @@ class _Walk:
         self.hooks, self.keys, self.layouts = tuple(hooks), tuple(keys), tuple(layouts)
         self.parameters = tuple(id(p) for p in params)
         self.requires_grad = tuple(p.requires_grad for p in params)
-        # The first parameter with a gradient hook of its own, by name (or "")
-        self.gradient_hooks = next(
-            (f"{self.names[keys[i][0]] + '.' if self.names[keys[i][0]] else ''}{keys[i][1]}"
-             for i, p in zip((i for i, k in enumerate(keys) if k[2] == "parameter"), params)
-             if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)), "")
         # where each parameter's key is in ``keys``
         self.parameter_keys = tuple(i for i, k in enumerate(keys) if k[2] == "parameter")
+        # The first parameter with a gradient hook of its own, by name (or "")
+        hooked = next((i for i, p in zip(self.parameter_keys, params)
+                       if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)),
+                      None)
+        self.gradient_hooks = "" if hooked is None else _key_name(self.names, keys[hooked])
         self.buffers = buffers
+
+
+def _key_name(names: tuple, key: tuple) -> str:
+    """A parameter's or buffer's name in the model (``0.weight``) from its
+    key in ``_Walk.keys``."""
+    module, attr, _ = key
+    return f"{names[module] + '.' if names[module] else ''}{attr}"
 
 
 def _global_hooks() -> int:

@@ -89,7 +89,8 @@ class Job:
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
                                     clip, k, autocast_dtype, grad_scaler)
         self.graph = self.step_fn.graph
-        # Batches of other shapes (a short last batch): shapes -> (capture, runner, partition)
+        # Batches of other shapes (a short last batch) or non-tensor values:
+        # _batch_key -> [capture, runner, partition]
         self._other_shapes: dict = {}
         # Captures in other settings (train/eval modes, frozen parameters...):
         # variant -> (capture, its other shapes)
@@ -189,9 +190,9 @@ class Job:
         """The capture and group runner for a batch: the job's own, or, for a
         batch of other shapes (a DataLoader's short last batch) or other
         non-tensor values, a capture of the step for it, made once and cut
-        into the same node groups. Its operators must be the same, each tensor no larger than
-        at the job's shapes (so the memory planned for a step bounds it);
-        a clear error otherwise."""
+        into the same node groups. Its operators must be the same, each
+        tensor no larger than at the job's shapes (so the memory planned for
+        a step bounds it); a clear error otherwise."""
         import torch
 
         key = _batch_key((*inputs, *(targets or ())))
