@@ -539,3 +539,58 @@ def test_an_optimizer_over_parameters_outside_the_model_is_refused():
     opt = torch.optim.Adam([*model.parameters(), scale])
     with pytest.raises(CaptureError, match=r"a tensor of shape \[\]"):
         ww.optimize(model, (x,), lambda out: loss_fn(out * scale), opt)
+
+
+@pytest.mark.parametrize("how", ["job", "trainer"])
+@pytest.mark.parametrize("make, schedule", [
+    (lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+     lambda o: [torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=4)]),
+    # cycles SGD's momentum too, and an epoch scheduler's step is the caller's
+    (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+     lambda o: [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12)]),
+])
+def test_step_schedulers_step_after_every_step_as_an_eager_loop(make, schedule, how):
+    """A per-batch scheduler (warm-up, OneCycleLR) in an eager loop steps
+    after every optimizer.step(); Job(step_schedulers=...) steps it after
+    every step, inside one train() call (train(1) a step would read each
+    loss back: a host sync a step on a GPU)."""
+    xs = batches(4)
+    eager, model = net(), net()
+    eager_opt, opt = make(eager.parameters()), make(model.parameters())
+    eager_scheds, scheds = schedule(eager_opt), schedule(opt)
+    expected = []
+    for x in xs * 3:
+        eager_opt.zero_grad()
+        loss = loss_fn(eager(x))
+        loss.backward()
+        eager_opt.step()
+        for s in eager_scheds:
+            s.step()
+        expected.append(loss.item())
+    job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs], step_schedulers=scheds)
+    if how == "job":
+        got = job.train(5) + job.train(7)
+    else:
+        trainer = ww.ConcurrentTrainer([job])
+        trainer.run(5)
+        trainer.run(7)
+        got = job.losses
+    assert got == expected
+    assert opt.param_groups[0]["lr"] == eager_opt.param_groups[0]["lr"]
+    assert all(a.state_dict() == b.state_dict() for a, b in zip(eager_scheds, scheds))
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_bad_step_schedulers_are_clear_errors():
+    model, x = net(), batches(1)[0]
+    opt, other = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(net().parameters(),
+                                                                             lr=0.1)
+    for schedulers, message in [
+        ([torch.optim.lr_scheduler.ReduceLROnPlateau(opt)], "steps on a metric"),
+        ([torch.optim.lr_scheduler.StepLR(other, 1)], "another optimizer"),
+        (torch.optim.lr_scheduler.StepLR(opt, 1), "must be a list"),
+        ([0.5], "has no step"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ww.Job(model, (x,), loss_fn, opt, step_schedulers=schedulers)

@@ -48,7 +48,10 @@ class Job:
     allocates between ``train()`` calls (evaluation), which the session
     keeps free for it; default: measured on a GPU under Waterwave's
     allocator, and until then the training step's own peak
-    (``between_calls.py``).
+    (``between_calls.py``). ``step_schedulers``: learning-rate schedulers
+    of the optimizer stepped after every step, as an eager loop steps a
+    per-batch scheduler (warm-up, ``OneCycleLR``) after
+    ``optimizer.step()``; step per-epoch ones yourself between calls.
 
     ``train(steps)`` trains it, from any thread, beside the other jobs
     training on its device at the time; ``ConcurrentTrainer`` trains a
@@ -59,9 +62,10 @@ class Job:
                  name: str | None = None, data=None, n_inputs: int = 1,
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None,
-                 evaluation_memory: int | None = None):
+                 evaluation_memory: int | None = None, step_schedulers: Sequence = ()):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
+        self.step_schedulers = _checked_schedulers(step_schedulers, optimizer)
         between = BetweenCalls(evaluation_memory)  # its setting checked before the capture
         k = batches_per_step(accumulate_grad_batches)
         if k > 1:
@@ -122,6 +126,14 @@ class Job:
         before = len(self.losses)
         session.train(self, steps)
         return self.losses[before:]
+
+    def after_step(self) -> None:
+        """After each step's update, on the job's thread: its per-step
+        schedulers step, as ``scheduler.step()`` follows
+        ``optimizer.step()`` in an eager loop (the next step reads the
+        learning rate they set)."""
+        for scheduler in self.step_schedulers:
+            scheduler.step()
 
     def _follow_model(self) -> None:
         """The step for the model and optimizer as they are now, as eager
@@ -243,6 +255,27 @@ class Job:
     def __repr__(self) -> str:
         state = f"failed: {self.error!r}" if self.failed else f"{len(self.losses)} steps"
         return f"Job({self.name!r}, {state})"
+
+
+def _checked_schedulers(schedulers, optimizer) -> tuple:
+    """A Job's ``step_schedulers``: schedulers of its optimizer that step
+    without an argument."""
+    import torch
+
+    if not isinstance(schedulers, (list, tuple)):
+        raise ValueError("step_schedulers must be a list of learning-rate schedulers, got a "
+                         f"{type(schedulers).__name__}")
+    for s in schedulers:
+        if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise ValueError("ReduceLROnPlateau steps on a metric: call its step(metric) "
+                             "between train() calls, not as a step scheduler")
+        if not callable(getattr(s, "step", None)):
+            raise ValueError(f"step_schedulers holds a {type(s).__name__}, which has no step(): "
+                             "give torch.optim.lr_scheduler schedulers")
+        if getattr(s, "optimizer", optimizer) is not optimizer:
+            raise ValueError(f"a step scheduler ({type(s).__name__}) schedules another "
+                             "optimizer than the Job's: make it on the Job's optimizer")
+    return tuple(schedulers)
 
 
 # Captures a job may make for batches unlike its first (other shapes, other

@@ -78,6 +78,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
                 if group == last_group:
                     pending.append(runner.finish(env).detach())
                     env = None
+                    job.after_step()
                     if len(pending) > LOSSES_IN_FLIGHT:
                         job.losses.append(float(pending.pop(0)))
                 feed.barrier.done(job, round_)
