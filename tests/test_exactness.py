@@ -1,6 +1,7 @@
 """Proof of exactness (issue 24, item 5): for random combinations of
 optimizer, hyperparameters (changed between steps too, as a scheduler
-would), gradient clipping, mixed precision, data (a short last batch too)
+would), gradient clipping, mixed precision, data (a short last batch too), a
+per-step warm-up scheduler
 and schedule, every job trained beside
 others (1, 2 or 4 at once) ends with the losses, parameters and optimizer
 state of plain eager PyTorch training it alone on the same batches in the
@@ -56,6 +57,7 @@ def job_specs(draw):
         "lr_scale": draw(st.sampled_from([1.0, 0.5, 3.0])),  # applied at the change
         "short_last": draw(st.booleans()),  # a last batch of fewer samples, as a DataLoader's
         "autocast": draw(st.sampled_from([None, "bfloat16"])),  # mixed precision
+        "warmup": draw(st.booleans()),  # a per-step scheduler (Job's step_schedulers)
     }
 
 
@@ -87,6 +89,13 @@ def job_settings(spec) -> dict:
     return {**spec["clip"], "autocast_dtype": None if dtype is None else getattr(torch, dtype)}
 
 
+def warmups(opt, spec) -> list:
+    """The spec's per-step schedulers of ``opt``: a linear warm-up, or none."""
+    if not spec.get("warmup"):
+        return []
+    return [torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2)]
+
+
 def change_lr(opt, spec):
     for group in opt.param_groups:
         group["lr"] *= spec["lr_scale"]
@@ -108,11 +117,14 @@ def eager_step(model, opt, spec, x, y) -> float:
 
 def eager(model, spec, data, steps, change_at):
     opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
+    schedulers = warmups(opt, spec)
     losses = []
     for i in range(steps):
         if i == change_at:
             change_lr(opt, spec)
         losses.append(eager_step(model, opt, spec, *data[i % len(data)]))
+        for s in schedulers:
+            s.step()
     return losses, opt
 
 
@@ -137,7 +149,7 @@ def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps, data)
         expected.append(eager(model_and_data(k, spec)[0], spec, batches, steps, change_at))
         opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
         jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches,
-                           **job_settings(spec)))
+                           step_schedulers=warmups(opt, spec), **job_settings(spec)))
     trainer = ww.ConcurrentTrainer(jobs, schedule=schedule)
     trainer.run(change_at)
     if change_at < steps:

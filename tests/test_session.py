@@ -21,6 +21,7 @@ from test_exactness import (  # noqa: E402
     job_specs,
     loss_fn,
     model_and_data,
+    warmups,
 )
 
 import waterwave as ww  # noqa: E402
@@ -30,12 +31,15 @@ def eager_calls(model, spec, data, calls):
     """Eager training in ``calls`` runs of steps, the learning rate changed
     between runs (as a scheduler stepped between epochs would)."""
     opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
+    schedulers = warmups(opt, spec)
     losses, i = [], 0
     for c, n in enumerate(calls):
         if c:
             change_lr(opt, spec)
         for _ in range(n):
             losses.append(eager_step(model, opt, spec, *data[i % len(data)]))
+            for s in schedulers:
+                s.step()
             i += 1
     return losses, opt
 
@@ -76,7 +80,7 @@ def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, s
         expected.append(eager_calls(model_and_data(k, spec)[0], spec, batches, c))
         opt = OPTIMIZERS[spec["optimizer"]](model.parameters(), spec["hyper"])
         jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches,
-                           **job_settings(spec)))
+                           step_schedulers=warmups(opt, spec), **job_settings(spec)))
 
     def trial(job, spec, c):
         losses = []
