@@ -594,3 +594,41 @@ def test_bad_step_schedulers_are_clear_errors():
     ]:
         with pytest.raises(ValueError, match=message):
             ww.Job(model, (x,), loss_fn, opt, step_schedulers=schedulers)
+
+
+class ComplexNet(torch.nn.Module):
+    """A complex weight (its modulus feeds a real head) beside a real one."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.weight = torch.nn.Parameter(torch.randn(16, 8, dtype=torch.cfloat, generator=g))
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head((x.to(torch.cfloat) @ self.weight).abs())
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_complex_parameters_update_as_torchs_step(kind):
+    """torch's updates view a complex parameter, its gradient and its state
+    as real pairs (SGD excepted), where each optimizer does: the captured
+    update too, bit for bit (it computed complex squares and roots)."""
+    xs = batches(6)
+    torch.manual_seed(0)
+    eager = ComplexNet()
+    torch.manual_seed(0)
+    model = ComplexNet()
+    eager_opt, opt = OPTIMIZERS[kind](eager.parameters()), OPTIMIZERS[kind](model.parameters())
+    eager_steps(eager, eager_opt, xs)
+    job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs])
+    job.train(len(xs), session=ww.TrainingSession("cpu"))
+
+    def identical(a, b):  # bit for bit, NaN where eager's is (SGD maximizing runs away)
+        torch.testing.assert_close(torch.as_tensor(b), torch.as_tensor(a), rtol=0, atol=0,
+                                   equal_nan=True)
+
+    for a, b in zip(eager.parameters(), model.parameters()):
+        identical(a.detach(), b.detach())
+        for key, value in eager_opt.state[a].items():
+            identical(value, opt.state[b][key])

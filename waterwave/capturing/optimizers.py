@@ -480,10 +480,20 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
     with torch.no_grad():
         for p, g, st, k in zip(params, grads, states, groups):
             c, on = consts[k], dict(shapes[k])
+            # As torch's: a complex parameter, its gradient and state updated
+            # as real pairs (squares and roots per component), viewed so where
+            # torch views them: NAdam and RAdam before coupled weight decay, the
+            # rest after it (a complex add with alpha rounds otherwise).
+            as_pairs = p.is_complex() and name != "SGD"
+            if as_pairs and name in ("NAdam", "RAdam"):
+                p, g, st = _as_real_pairs(p, g, st)
+                as_pairs = False
             if on["maximize"]:  # as torch's: the negated gradient, before weight decay
                 g = -g
             if on["weight_decay != 0"] and not on.get("decoupled weight decay"):
                 g = g.add(p, alpha=c["weight_decay"])
+            if as_pairs:
+                p, g, st = _as_real_pairs(p, g, st)
             if name == "SGD":
                 if on["momentum != 0"]:
                     buf = st["momentum_buffer"]
@@ -566,6 +576,15 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                                                                       second))
                 denom = (second.sqrt() / st["bc2_sqrt"]).add_(c["eps"])
                 _addcdiv(p, st["exp_avg"], denom, st["neg_step_size"])
+
+
+def _as_real_pairs(p, g, st: dict) -> tuple:
+    """A complex parameter, its gradient and its complex state tensors as
+    real views (``torch.view_as_real``); in-place updates write through."""
+    import torch
+
+    return (torch.view_as_real(p), torch.view_as_real(g),
+            {n: torch.view_as_real(t) if t.is_complex() else t for n, t in st.items()})
 
 
 def _addcdiv(p, a, b, value) -> None:
