@@ -539,7 +539,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
                 if "step" in st:  # counted on the device: the factors computed there
-                    st["bc1"], st["bc2_sqrt"], st["rect"], st["rectify"] = _radam_on_device(st["step"], c, _kernel_scalar(p))
+                    st["bc1"], st["bc2_sqrt"], st["rect"], st["rectify"] = _radam_on_device(
+                        st["step"], c, _kernel_scalar(p))
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 # torch: exp_avg / bc1 * lr, times (bc2 ** 0.5 / (sqrt(v) + eps)) * rect once
@@ -554,7 +555,8 @@ def update(optimizer, params, grads, states, groups, shapes: list[tuple],
                 if on["weight_decay != 0"] and on["decoupled weight decay"]:
                     p.mul_(c["decay"])
                 if "step" in st:  # counted on the device: the schedule computed there
-                    st["bc2"], st["grad_coef"], st["avg_coef"] = _nadam_coefficients(st, c, _kernel_scalar(p))
+                    st["bc2"], st["grad_coef"], st["avg_coef"] = _nadam_coefficients(
+                        st, c, _kernel_scalar(p))
                 st["exp_avg"].lerp_(g, c["one_minus_b1"])
                 st["exp_avg_sq"].mul_(c["b2"]).addcmul_(g, g, value=c["one_minus_b2"])
                 denom = st["exp_avg_sq"].div(st["bc2"]).sqrt().add_(c["eps"])

@@ -68,9 +68,9 @@ class CapturedStep:
             where, attr = reads.tensor_state[0]
             raise fake_step.CaptureError(
                 f"{'module ' + where if where else 'the model'}'s attribute {attr!r} is read "
-                "and then set to a tensor by the step (a running value kept as a plain attribute), which a "
-                "captured step cannot carry from step to step: register it as a buffer "
-                f"(self.register_buffer({attr!r}, ...)) and update it in place")
+                "and then set to a tensor by the step (a running value kept as a plain "
+                "attribute), which a captured step cannot carry from step to step: register it "
+                f"as a buffer (self.register_buffer({attr!r}, ...)) and update it in place")
         self.device = fake_step.model_device(model, example_inputs)
         self.micro_batches = micro_batches
         # The user's GradScaler: its scale and growth tracker are the step's
