@@ -307,6 +307,53 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     assert out["bad_frees"] == 0
 
 
+def test_what_a_script_changes_between_epochs_is_followed_on_the_gpu():
+    """Job.train on CUDA with the Waterwave allocator, as fine-tuning runs:
+    the stem frozen for the first call, then thawed (a new capture, its
+    parameters' momentum starting then), a per-step warm-up stepped inside
+    each call (step_schedulers). Against the same eager loop (SGD: within
+    the rounding cuDNN leaves, as the other GPU tests)."""
+    script = TRAIN + textwrap.dedent("""
+    import waterwave as ww
+    def fine_tune(step):
+        net, opt, x, y = setup()
+        warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=3)
+        losses = []
+        for thaw in (False, True):
+            net.conv1.requires_grad_(thaw)
+            losses += step(net, opt, warm, x, y)
+        return losses
+    def eager(net, opt, warm, x, y):
+        out = []
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            warm.step()
+            out.append(loss.item())
+        return out
+    jobs = {}
+    def job(net, opt, warm, x, y):
+        if "job" not in jobs:
+            jobs["job"] = ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt,
+                                 targets=(y,), step_schedulers=[warm])
+        return jobs["job"].train(2)
+    """)
+    eager = run(script + "print(json.dumps({'losses': fine_tune(eager)}))")["losses"]
+    out = run(script + textwrap.dedent("""
+    import waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    losses = fine_tune(job)
+    torch.cuda.synchronize()
+    wc.check_invariants(0)
+    print(json.dumps({'losses': losses, 'captures': 1 + len(jobs['job']._by_variant),
+                      'bad_frees': wc.free_errors()[0]}))
+    """))
+    assert out["captures"] == 2 and out["bad_frees"] == 0
+    assert out["losses"] == pytest.approx(eager, rel=1e-3)
+
+
 def test_the_optuna_objective_searches_on_the_gpu():
     """examples/optuna_search.py on CUDA tensors with the Waterwave allocator:
     four trials at a time, pruned ones leaving; the best reaches 90%."""
