@@ -58,6 +58,7 @@ def job_specs(draw):
         "short_last": draw(st.booleans()),  # a last batch of fewer samples, as a DataLoader's
         "autocast": draw(st.sampled_from([None, "bfloat16"])),  # mixed precision
         "warmup": draw(st.booleans()),  # a per-step scheduler (Job's step_schedulers)
+        "fine_tune": draw(st.booleans()),  # first layer frozen, then thawed (test_session)
     }
 
 

@@ -34,6 +34,7 @@ def eager_calls(model, spec, data, calls):
     schedulers = warmups(opt, spec)
     losses, i = [], 0
     for c, n in enumerate(calls):
+        thaw(model, spec, c)
         if c:
             change_lr(opt, spec)
         for _ in range(n):
@@ -42,6 +43,13 @@ def eager_calls(model, spec, data, calls):
                 s.step()
             i += 1
     return losses, opt
+
+
+def thaw(model, spec, call):
+    """A spec that fine-tunes trains its first layer frozen in the first
+    call and thawed after (the job captures its step again)."""
+    if spec["fine_tune"]:
+        model[0].requires_grad_(call > 0)
 
 
 def run_in_threads(fns):
@@ -69,8 +77,9 @@ def run_in_threads(fns):
        schedule=st.sampled_from(["waterwave", "lockstep"]), data=st.data())
 def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, schedule, data):
     """Each job on its own thread, in 1-3 calls of 1-3 steps with the learning
-    rate changed between calls; the jobs join and leave whenever their calls
-    begin and end (a tight limit makes them take turns)."""
+    rate changed between calls (and, fine-tuning, the first layer thawed
+    after the first call: a new capture); the jobs join and leave whenever
+    their calls begin and end (a tight limit makes them take turns)."""
     session = ww.TrainingSession("cpu", memory_limit=limit, schedule=schedule)
     jobs, expected, calls = [], [], []
     for k, spec in enumerate(specs):
@@ -85,6 +94,7 @@ def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, s
     def trial(job, spec, c):
         losses = []
         for i, n in enumerate(c):
+            thaw(job.model, spec, i)
             if i:
                 change_lr(job.step_fn.optimizer, spec)
             losses += job.train(n, session=session)
