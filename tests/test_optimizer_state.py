@@ -290,6 +290,9 @@ def test_what_the_update_cannot_do_is_refused():
     (lambda ps: torch.optim.SGD(ps, lr=torch.tensor(0.01)), r"lr is a Tensor"),
     (lambda ps: torch.optim.Adam(ps, betas=(torch.tensor(0.9), torch.tensor(0.99))),
      r"betas\[0\] is a Tensor.*betas=\(float"),
+    # their multi-tensor updates round otherwise on the CPU (1 ulp from step 1)
+    (lambda ps: torch.optim.NAdam(ps, foreach=True), r"NAdam\(foreach=True\) on the CPU"),
+    (lambda ps: torch.optim.RAdam(ps, foreach=True), r"RAdam\(foreach=True\).*leave foreach"),
 ])
 def test_settings_that_select_another_update_are_refused_at_capture(make, message):
     """Each would make torch's step compute otherwise than the captured
@@ -632,3 +635,31 @@ def test_complex_parameters_update_as_torchs_step(kind):
         identical(a.detach(), b.detach())
         for key, value in eager_opt.state[a].items():
             identical(value, opt.state[b][key])
+
+
+FOREACH = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
+                                      weight_decay=1e-3, maximize=True, foreach=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, amsgrad=True,
+                                        foreach=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, maximize=True, foreach=True),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5, centered=True,
+                                              foreach=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.01, weight_decay=1e-3,
+                                              foreach=True),
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=1e-2, weight_decay=1e-3, foreach=True),
+}
+
+
+@pytest.mark.parametrize("kind", FOREACH)
+def test_foreach_updates_on_the_cpu_match_bit_for_bit(kind):
+    """torch's multi-tensor (foreach=True) update of these optimizers rounds
+    as the single-tensor one on the CPU: accepted, and exact (NAdam's and
+    RAdam's do not, and are refused above)."""
+    xs = batches(6)
+    eager, model = net(), net()
+    eager_opt, opt = FOREACH[kind](eager.parameters()), FOREACH[kind](model.parameters())
+    eager_steps(eager, eager_opt, xs)
+    ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs]).train(len(xs))
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a, b)

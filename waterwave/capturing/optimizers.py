@@ -113,7 +113,8 @@ def structure(optimizer) -> list[tuple]:
 
 
 # Settings that select another implementation of the update than the
-# single-tensor one the captured step reproduces (foreach rounds alike).
+# single-tensor one the captured step reproduces (foreach rounds alike on the
+# CPU, but for NAdam and RAdam, refused below).
 OTHER_IMPLEMENTATIONS = {
     "fused": "its fused kernel rounds differently from the single-tensor and foreach updates "
              "the captured step reproduces: leave fused unset (or False)",
@@ -134,6 +135,16 @@ def _refuse_other_implementations(name: str, group: dict) -> None:
     for setting, why in OTHER_IMPLEMENTATIONS.items():
         if group.get(setting):
             raise OptimizerError(f"capture does not support {name}({setting}=True): {why}")
+    # NAdam's and RAdam's multi-tensor updates order their arithmetic otherwise
+    # (1 ulp from the first step, measured); on the CPU the default is the
+    # single-tensor one, bit for bit. (On CUDA the default is multi-tensor for
+    # every optimizer: the same training, not bit for bit; docs/guide.)
+    on_cpu = all(p.device.type == "cpu" for p in group["params"])
+    if group.get("foreach") and name in ("NAdam", "RAdam") and on_cpu:
+        raise OptimizerError(f"capture does not support {name}(foreach=True) on the CPU: its "
+                             "multi-tensor update rounds otherwise than the single-tensor one "
+                             "the captured step reproduces, the CPU's default: leave foreach "
+                             "unset")
     values = [(k, group[k]) for k in NUMBERS if k in group]
     values += [(f"betas[{i}]", b) for i, b in enumerate(group.get("betas", ()))]
     for key, value in values:
