@@ -456,6 +456,19 @@ def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync(kin
 
 
 
+def test_a_grad_scaler_over_float16_parameters_is_refused_as_eager_refuses_it():
+    model = net(0).half()
+    x, y = torch.randn(4, 16).half(), torch.randint(0, 4, (4,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(ValueError, match="unscale FP16"):  # eagerly
+        scaler.scale(loss_fn(model(x).float(), y)).backward()
+        scaler.step(opt)
+    with pytest.raises(CaptureError, match=r"parameter 0\.weight is float16.*autocast_dtype"):
+        ww.Job(model, loss_fn=lambda out, y: loss_fn(out.float(), y), optimizer=opt,
+               data=[(x, y)], grad_scaler=torch.amp.GradScaler("cpu"))
+
+
 def test_training_in_eval_mode_follows_the_modes_set_when_train_is_called():
     """Eager code may train with batch norm frozen (model.eval(), or one
     module's): train() captures the step in the modes the model is in when

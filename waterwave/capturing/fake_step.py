@@ -385,6 +385,14 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         scaling = (grad_scaler.get_growth_factor(), grad_scaler.get_backoff_factor(),
                    grad_scaler.get_growth_interval())
     _refuse_parameters_outside(model, optimizer, loss_fn)
+    if scaling is not None:
+        half = next((n for n, p, _ in trained_parameters(model, optimizer)
+                     if p.dtype == _torch().float16), None)
+        if half is not None:  # GradScaler.unscale_ raises here eagerly
+            raise CaptureError(
+                f"parameter {half} is float16, and a GradScaler does not unscale float16 "
+                "gradients (torch raises 'Attempting to unscale FP16 gradients'): keep the "
+                "parameters in float32 and train in float16 with autocast_dtype=torch.float16")
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
                            micro_batches, scaling is not None)
     grads_seen: list = []
