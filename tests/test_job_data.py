@@ -182,6 +182,15 @@ def test_non_tensor_items_a_capture_cannot_follow_are_clear_errors(monkeypatch):
         trainer.step(x, targets=(y, 3.0))
 
 
+def test_a_loss_that_cannot_take_the_batchs_targets_says_what_it_was_given():
+    x, y = torch.randn(4, 16), torch.randint(0, 4, (4,))
+    model = net(0)
+    with pytest.raises(CaptureError, match=r"takes 2 positional arguments.*loss_fn\(output, "
+                                           r"\*targets\).*2 here"):
+        ww.Job(model, loss_fn=lambda out, y: loss_fn(out, y), data=[(x, y, torch.arange(4))],
+               optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
 def test_data_that_runs_out_says_to_pass_a_re_iterable():
     model = net(0)
     data = iter([(torch.randn(4, 16), torch.randint(0, 4, (4,))) for _ in range(2)])

@@ -434,7 +434,13 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
         explained = data_dependence.explain_trace_error(e)
         if explained is not None:
             raise CaptureError(explained) from None
-        raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}") from e
+        hint = ""
+        if len(example_targets) > micro_batches:  # several targets a batch: say where they go
+            hint = (f" (the loss is called as loss_fn(output, *targets), the targets being "
+                    f"each batch's items after its inputs: {len(example_targets) // micro_batches}"
+                    " here)")
+        raise CaptureError(f"tracing the training step failed: {type(e).__name__}: {e}"
+                           f"{hint}") from e
     value_sized = data_dependence.value_sized_node(gm)
     if value_sized is not None:
         raise CaptureError(data_dependence.value_sized_message(value_sized))
