@@ -92,6 +92,8 @@ class Job:
         self._example = (example_inputs, targets)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
                                     clip, k, autocast_dtype, grad_scaler)
+        # The example batch's key, which step_for matches (every capture has that batch)
+        self._example_key = _batch_key(self.step_fn.example)
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch) or non-tensor values:
         # _batch_key -> [capture, runner, partition]
@@ -141,7 +143,6 @@ class Job:
         variant (``CapturedStep.variant_now``: train/eval modes, frozen
         parameters, parameter groups, the update's shape, step cohorts), the
         job then cut into the session's node groups again."""
-        import torch
 
         variant = self.step_fn.variant_now()
         if variant == self.step_fn.variant:
@@ -149,12 +150,7 @@ class Job:
         self._by_variant[self.step_fn.variant] = (self.step_fn, self._other_shapes)
         found = self._by_variant.pop(variant, None)
         if found is None:
-            loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
-            inputs, targets = self._example
-            with torch.enable_grad():
-                step = CapturedStep(self.model, inputs, loss_fn, self.step_fn.optimizer, targets,
-                                    self.name, clip, k, autocast_dtype, grad_scaler)
-            found = (step, {})
+            found = (self._new_capture(*self._example), {})
         self.step_fn, self._other_shapes = found
         self.graph = self.step_fn.graph
         self.session = self.partition = self.runner = self.plan = self.measured = None
@@ -205,10 +201,9 @@ class Job:
         into the same node groups. Its operators must be the same, each
         tensor no larger than at the job's shapes (so the memory planned for
         a step bounds it); a clear error otherwise."""
-        import torch
 
         key = _batch_key((*inputs, *(targets or ())))
-        if not inputs or key == _batch_key(self.step_fn.example):
+        if not inputs or key == self._example_key:
             return self.step_fn, self.runner
         found = self._other_shapes.get(key)
         if found is None:
@@ -217,24 +212,31 @@ class Job:
                     f"the job's batches have come in {MAX_OTHER_CAPTURES + 1} shapes or "
                     "non-tensor values, each a capture of its own: pad them to a few shapes, "
                     "and pass values that change from batch to batch as tensors")
-            with torch.enable_grad():  # a capture needs gradients, whatever the caller's mode
-                step = self._capture_at(inputs, targets)
-            found = self._other_shapes[key] = [step, None, None]
+            found = self._other_shapes[key] = [self._capture_at(inputs, targets), None, None]
         if found[2] is not self.partition:  # cut into this trainer's or session's groups
             found[1], found[2] = GroupRunner(found[0], self.partition), self.partition
         return found[0], found[1]
+
+    def _new_capture(self, inputs, targets) -> CapturedStep:
+        """The job's step captured anew on ``inputs`` and ``targets``, with
+        its settings, for the model and optimizer as they are now (with
+        gradients on, whatever the caller's mode: a capture needs them)."""
+        import torch
+
+        loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
+        with torch.enable_grad():
+            return CapturedStep(self.model, inputs, loss_fn, self.step_fn.optimizer, targets,
+                                self.name, clip, k, autocast_dtype, grad_scaler)
 
     def _capture_at(self, inputs: tuple, targets) -> CapturedStep:
         main = self.step_fn
         if len(inputs) + len(targets or ()) != len(main.example):
             main._check_batch((*inputs, *(targets or ())))  # its error names the difference
-        loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
         shapes = "/".join(str(tuple(x.shape)) for x in inputs if hasattr(x, "shape"))
         first = "/".join(str(tuple(x.shape)) for x in main.example[:len(inputs)]
                          if hasattr(x, "shape"))
         try:
-            step = CapturedStep(main.model, inputs, loss_fn, main.optimizer, targets or None,
-                                self.name, clip, k, autocast_dtype, grad_scaler)
+            step = self._new_capture(inputs, targets or None)
         except CaptureError as e:
             raise ValueError(f"a batch of shapes {shapes} (the first batch's: {first}) cannot "
                              f"train this model: {e}") from None

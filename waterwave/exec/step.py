@@ -136,9 +136,9 @@ class CapturedStep:
         groups = tuple(group_of.get(id(p), -1) for p in params)
         cohorts: tuple = ()
         if self.host_counts_steps:
-            trained = [(p, k) for p, k in zip(params, groups) if k >= 0 and p.requires_grad]
-            cohorts = tuple(optimizers.step_cohorts(opt, [p for p, _ in trained],
-                                                    [k for _, k in trained])[0])
+            trained = fake_step.trained_parameters(self.model, opt)
+            cohorts = tuple(optimizers.step_cohorts(opt, [p for _, p, _ in trained],
+                                                    [k for _, _, k in trained])[0])
         return modes, frozen, groups, tuple(optimizers.structure(opt)), cohorts
 
     def check_context(self) -> None:
