@@ -114,10 +114,13 @@ def install_extras(wheels: Path, site: Path) -> list[str]:
 
 
 def child_env(site: Path) -> dict:
-    """The parts' environment: ``site`` first on PYTHONPATH when it exists."""
+    """The parts' environment: ``site`` (when it exists) and the repository
+    on PYTHONPATH, so that a benchmark run as a script finds ``waterwave``
+    where it was built in place (the GPU machines' Python has it nowhere
+    else; a script's own directory is bench/..., not the root)."""
     env = dict(os.environ)
-    if site.is_dir():
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    paths = [str(site)] if site.is_dir() else []
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 

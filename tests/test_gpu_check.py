@@ -90,3 +90,15 @@ def test_missing_extras_install_from_carried_wheels_for_every_part(tmp_path, mon
     r = subprocess.run([sys.executable, "-c", "import ww_probe_mod; print(ww_probe_mod.VALUE)"],
                        env=env, capture_output=True, text=True)
     assert r.stdout.strip() == "7", r.stderr
+
+
+def test_every_part_finds_waterwave_where_it_was_built(tmp_path, monkeypatch):
+    """On the GPU machines waterwave is built in place, not installed: a part
+    run as a script (whose own directory is bench/..., not the root) finds it
+    through the repository on its PYTHONPATH, after the carried wheels."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    env = gpu_check.child_env(tmp_path / "absent")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(gpu_check.ROOT)]
+    (tmp_path / "site").mkdir()
+    env = gpu_check.child_env(tmp_path / "site")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "site"), str(gpu_check.ROOT)]

@@ -155,6 +155,8 @@ def measure(model: str, njobs: int, cap_gib: float, steps: int, say=print,
             trial_fn=run_trial, split_mib: float | None = None) -> dict:
     """The largest batch per job alone, lockstep and under the pipeline,
     then both schedules' throughput at lockstep's largest batch."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from waterwave.sim.maxbatch import search
 
     def largest(schedule: str, n: int) -> dict:
