@@ -50,7 +50,9 @@ def job_specs(draw):
                   "wd": draw(st.sampled_from([0.0, 1e-3])),
                   "nesterov": momentum > 0 and draw(st.booleans()),
                   "amsgrad": draw(st.booleans()), "maximize": draw(st.booleans())},
-        "clip": draw(st.sampled_from([{}, {"clip_grad_norm": 0.1}, {"clip_grad_value": 0.02}])),
+        "clip": draw(st.sampled_from([{}, {"clip_grad_norm": 0.1}, {"clip_grad_value": 0.02},
+                                      {"clip_grad_norm": 0.1, "clip_grad_norm_type": float("inf")},
+                                      {"clip_grad_norm": 0.1, "clip_grad_norm_type": 1.0}])),
         "width": draw(st.sampled_from([8, 24])),
         "batches": draw(st.integers(1, 3)),
         "batch_size": draw(st.sampled_from([4, 6])),
@@ -111,7 +113,8 @@ def eager_step(model, opt, spec, x, y) -> float:
     if "clip_grad_value" in spec["clip"]:
         torch.nn.utils.clip_grad_value_(model.parameters(), spec["clip"]["clip_grad_value"])
     if "clip_grad_norm" in spec["clip"]:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"])
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"]["clip_grad_norm"],
+                                       norm_type=spec["clip"].get("clip_grad_norm_type", 2.0))
     opt.step()
     return loss.item()
 

@@ -421,11 +421,51 @@ def test_gradient_clipping_as_torch_nn_utils_clips(clip, way):
     assert_same(eager, eager_opt, model, opt)
 
 
+@pytest.mark.parametrize("norm_type", [1.0, float("inf"), "inf", 3])
+@pytest.mark.parametrize("way", ["optimize", "job"])
+def test_clipping_by_another_norm_as_torch_nn_utils_clips(norm_type, way):
+    """clip_grad_norm_type is clip_grad_norm_'s norm_type, "inf" as a string
+    included; a max_norm small enough that every step clips."""
+    xs = batches(3)
+    eager, model = net(), net()
+    eager_opt = OPTIMIZERS["sgd"](eager.parameters())
+    for x in xs:
+        eager_opt.zero_grad()
+        loss_fn(eager(x)).backward()
+        torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.01, norm_type=norm_type)
+        eager_opt.step()
+    opt = OPTIMIZERS["sgd"](model.parameters())
+    clip = dict(clip_grad_norm=0.01, clip_grad_norm_type=norm_type)
+    if way == "optimize":
+        trainer = ww.optimize(model, (xs[0],), loss_fn, opt, **clip)
+        for x in xs:
+            trainer.step(x)
+    else:
+        job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=[(x,) for x in xs], **clip)
+        ww.ConcurrentTrainer([job]).run(3)
+        assert job.error is None
+    assert_same(eager, eager_opt, model, opt)
+    # Another order clips otherwise: the comparison can tell them apart.
+    other = net()
+    other_opt = OPTIMIZERS["sgd"](other.parameters())
+    for x in xs:
+        other_opt.zero_grad()
+        loss_fn(other(x)).backward()
+        torch.nn.utils.clip_grad_norm_(other.parameters(), 0.01,
+                                       norm_type=2.0 if norm_type != 2.0 else 1.0)
+        other_opt.step()
+    assert any(not torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+
+
 def test_clipping_settings_are_checked():
     model = net()
     with pytest.raises(OptimizerError, match="max_norm must be a positive number"):
         ww.optimize(model, batches(1), loss_fn, OPTIMIZERS["sgd"](model.parameters()),
                     clip_grad_norm=-1)
+    for bad in (float("nan"), True, "two", None):
+        with pytest.raises(OptimizerError, match="clip_grad_norm_type must be a number"):
+            ww.Job(model, batches(1), loss_fn, OPTIMIZERS["sgd"](model.parameters()),
+                   clip_grad_norm=1.0, clip_grad_norm_type=bad)
     frozen = net()
     with pytest.raises(CaptureError, match="which the optimizer does not train"):
         ww.optimize(frozen, batches(1), loss_fn, torch.optim.SGD(frozen[0].parameters(), lr=0.1),

@@ -472,7 +472,8 @@ def model_device(model, example_inputs) -> str:
 def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None,
             optimizer=None, name: str | None = None, targets=None,
             kernels: str = "cuda", clip_grad_norm: float | None = None,
-            clip_grad_value: float | None = None, autocast_dtype=None) -> Graph:
+            clip_grad_value: float | None = None, autocast_dtype=None,
+            clip_grad_norm_type: float = 2.0) -> Graph:
     """Record one training step of ``model`` as a Graph, with fake tensors.
     The loss is ``loss_fn(model(*example_inputs), *targets)``; ``targets``
     (one tensor or several, e.g. class labels) are optional.
@@ -482,7 +483,8 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
     kernels a CUDA device runs, see ``waterwave.capturing.cuda_kernels``) or "cpu"
     (a model on the CPU, as the CPU runs it). ``clip_grad_norm``,
     ``clip_grad_value``: the gradients are clipped before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` would.
+    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` would
+    (``clip_grad_norm_type``: ``clip_grad_norm_``'s ``norm_type``).
     ``autocast_dtype`` (bfloat16 or float16): the forward pass and the loss
     inside ``torch.autocast``, as mixed-precision training runs them (their
     activations then take half the bytes)."""
@@ -504,7 +506,7 @@ def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = Non
     with cuda_kernels() if emulate else own_kernels():
         gm, roles, names, grads_seen, _ = trace_step(
             model, example_inputs, loss_fn, optimizer, as_tuple(targets),
-            optimizers.GradClip(clip_grad_norm, max_value=clip_grad_value),
+            optimizers.GradClip(clip_grad_norm, clip_grad_norm_type, clip_grad_value),
             autocast_dtype=autocast_dtype)
     meta = {"optimizer": type(optimizer).__name__, "kernels": kernels,
             "input_shapes": [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]}

@@ -272,6 +272,17 @@ class GradClip:
             if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
                                       and math.isfinite(v) and v > 0):
                 raise OptimizerError(f"clip {name} must be a positive number, got {v!r}")
+        # torch.nn.utils.clip_grad_norm_ takes any float order, "inf" spelled
+        # as a string included; NaN would make every step's norm NaN.
+        norm_type = self.norm_type
+        if isinstance(norm_type, str) and norm_type.strip().lower() in ("inf", "-inf"):
+            norm_type = float(norm_type)
+        if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float)) \
+                or math.isnan(norm_type):
+            raise OptimizerError(
+                f"clip_grad_norm_type must be a number (2.0 for the Euclidean norm, "
+                f"float('inf') for the largest magnitude), got {self.norm_type!r}")
+        object.__setattr__(self, "norm_type", float(norm_type))
 
     @property
     def active(self) -> bool:

@@ -33,7 +33,8 @@ class Job:
     on first); every batch must have its shapes. ``clip_grad_norm`` and
     ``clip_grad_value`` clip the gradients before each update, as
     ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
-    model's parameters would. ``accumulate_grad_batches`` k: each step
+    model's parameters would (``clip_grad_norm_type``: the norm's order,
+    ``clip_grad_norm_``'s ``norm_type``, 2.0 unless given). ``accumulate_grad_batches`` k: each step
     trains on the data's next k batches, each batch's loss / k backpropagated
     and the gradients summed before one update (clipping included), as the
     usual eager loop does; a step's loss is their mean. The data's batches
@@ -62,7 +63,8 @@ class Job:
                  name: str | None = None, data=None, n_inputs: int = 1,
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None,
-                 evaluation_memory: int | None = None, step_schedulers: Sequence = ()):
+                 evaluation_memory: int | None = None, step_schedulers: Sequence = (),
+                 clip_grad_norm_type: float = 2.0):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
         self.step_schedulers = _checked_schedulers(step_schedulers, optimizer)
@@ -87,7 +89,7 @@ class Job:
             example_inputs, targets = self.batches.peek()
             targets = targets or None
         self.name = name or type(model).__name__
-        clip = GradClip(clip_grad_norm, max_value=clip_grad_value)
+        clip = GradClip(clip_grad_norm, clip_grad_norm_type, clip_grad_value)
         self._capture = (loss_fn, clip, k, autocast_dtype, grad_scaler)
         self._example = (example_inputs, targets)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,

@@ -151,12 +151,14 @@ def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = No
              strategy: str = "greedy", time_limit: float = 10.0, example_targets=None,
              use_plan: bool = True, clip_grad_norm: float | None = None,
              clip_grad_value: float | None = None, autocast_dtype=None,
-             accumulate_grad_batches: int = 1, grad_scaler=None) -> Trainer:
+             accumulate_grad_batches: int = 1, grad_scaler=None,
+             clip_grad_norm_type: float = 2.0) -> Trainer:
     """Capture ``model``'s training step, plan it, and return a Trainer that
     runs each step in the planned order. With ``example_targets`` (e.g.
     class labels) the loss is ``loss_fn(model(*inputs), *targets)`` and each
     step takes ``targets=``. ``clip_grad_norm``, ``clip_grad_value``: the
-    gradients are clipped before each update, as ``torch.nn.utils`` would.
+    gradients are clipped before each update, as ``torch.nn.utils`` would
+    (``clip_grad_norm_type``: ``clip_grad_norm_``'s ``norm_type``).
     ``autocast_dtype`` (bfloat16 or float16): the forward pass and the loss
     run inside ``torch.autocast``, as eager mixed-precision code runs them.
     ``accumulate_grad_batches`` k: each step takes k batches (``step(x1, x2,
@@ -172,5 +174,5 @@ def optimize(model, example_inputs: Sequence[Any], loss_fn: Callable | None = No
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return Trainer(model, example_inputs, loss_fn, optimizer, strategy, time_limit, example_targets,
-                   use_plan, GradClip(clip_grad_norm, max_value=clip_grad_value),
+                   use_plan, GradClip(clip_grad_norm, clip_grad_norm_type, clip_grad_value),
                    autocast_dtype, accumulate_grad_batches, grad_scaler)
