@@ -3,6 +3,7 @@ context changed since (train/eval mode, a parameter replaced, a hook added,
 autocast, a Python value its modules' code read), the next step refuses with an error that names the change and the
 fix, instead of silently training another model than eager PyTorch would."""
 import copy
+import io
 
 import pytest
 
@@ -178,11 +179,48 @@ def test_an_attribute_the_forward_pass_sets_is_the_steps_and_is_not_guarded():
             ref_opt.step()
             expected.append(loss.item())
         got += job.train(2)
+        # The steps keep their aux inside: what is there says so when used,
+        # rather than pass for the last step's (the evaluation's before).
+        assert isinstance(model.aux, ww.capturing.guards.SetInsideCapturedStep)
+        with pytest.raises(AttributeError, match=r"the model's attribute 'aux' is set by the "
+                                                 r"forward pass inside the captured.*return it"):
+            model.aux.item()
+        with pytest.raises(TypeError, match="not carry it out"):
+            float(model.aux)
+        with pytest.raises(TypeError, match="not carry it out"):
+            f"{model.aux:.3f}"
+        assert "not carried out" in repr(model.aux)
         with torch.no_grad():  # evaluation between calls sets aux again
             reference(X)
             model(X)
+        assert torch.equal(model.aux, reference.aux)
     assert got == expected
     assert torch.equal(reference.layer.weight, model.layer.weight)
+    job.train(1)
+    twin = copy.deepcopy(model)  # a model holding the marker copies and pickles
+    assert "not carried out" in repr(twin.aux)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    assert "not carried out" in repr(torch.load(buffer, weights_only=False).aux)
+
+
+def test_an_attribute_the_loss_module_sets_is_marked_after_optimize_steps():
+    """The same for a loss module's attribute, through optimize's trainer:
+    the last value eager code would read is the step's, which stays inside."""
+    class LoggedLoss(torch.nn.Module):
+        def forward(self, out):
+            self.last = out.square().mean()
+            return self.last
+
+    torch.manual_seed(0)
+    model, loss = net(), LoggedLoss()
+    loss.last = torch.tensor(-1.0)  # as set before, by an evaluation
+    trainer = ww.optimize(model, (X,), loss, torch.optim.SGD(model.parameters(), lr=0.05))
+    assert float(loss.last) == -1.0  # the capture puts it back
+    trainer.step(X)
+    with pytest.raises(AttributeError, match=r"module loss_fn's attribute 'last' is set"):
+        loss.last.detach()
 
 
 def test_a_running_value_kept_as_a_plain_tensor_attribute_is_refused():

@@ -17,8 +17,11 @@ notes reads of its public instance attributes, and swapped back after.
 Only what was read is guarded, so bookkeeping kept on a model (an epoch
 count) may change freely. Attributes the code sets before reading them (an
 auxiliary loss kept as ``self.aux`` for the loss) are outputs, not
-guarded, and put back after the trace (its values are fake tensors); one
-read and then set to a tensor (a running value outside the buffers) is
+guarded, and put back after the trace (its values are fake tensors); before
+each call's captured steps they are set to a ``SetInsideCapturedStep``,
+which says so wherever it is used, since the steps do not carry them out
+and a value left from before (an evaluation's) would be stale, silently.
+One read and then set to a tensor (a running value outside the buffers) is
 refused at capture, since no step could carry it on. Values are compared
 when they are plain (numbers, strings, None, tuples and lists of them,
 dtypes, devices) and tensors by identity; other objects are not compared.
@@ -109,6 +112,53 @@ def _recording_class(cls: type) -> type:
     return sub
 
 
+class SetInsideCapturedStep:
+    """What a module attribute that the forward pass (or the loss) sets
+    without reading it first holds once captured steps have run: the steps
+    compute it inside the step and do not carry it out, where an eager step
+    would have left the last one there. Used in any way (an attribute, a
+    number, arithmetic, truth), it raises naming the attribute and the fix;
+    printed, it says what it is. Copies and pickles as itself."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str):
+        object.__setattr__(self, "where", where)
+
+    def message(self) -> str:
+        return (f"{self.where} is set by the forward pass inside the captured training step "
+                "(job.train, ConcurrentTrainer.run or an optimize trainer's step), which does "
+                "not carry it out of the step: return it from forward() or add it to the loss "
+                "to train on it, and read it after a plain eager forward (an evaluation "
+                "between train() calls) to see its value")
+
+    def __repr__(self) -> str:
+        return f"<{self.where}: set inside the captured step, not carried out>"
+
+    def __getattr__(self, name):
+        raise AttributeError(self.message())
+
+    def __setattr__(self, name, value):
+        raise AttributeError(self.message())
+
+    def __reduce__(self):
+        return (SetInsideCapturedStep, (self.where,))
+
+    def __format__(self, spec: str) -> str:
+        if spec:
+            raise TypeError(self.message())
+        return repr(self)
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(self.message())
+
+    __bool__ = __float__ = __int__ = __index__ = __complex__ = __len__ = __iter__ = _refuse
+    __getitem__ = __call__ = __neg__ = __pos__ = __abs__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __pow__ = __rpow__ = _refuse
+    __matmul__ = __rmatmul__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+
+
 class AttributeReads:
     """``with AttributeReads({name: module, ...}) as reads:`` records the
     public instance attributes the modules' code reads inside the block;
@@ -118,12 +168,14 @@ class AttributeReads:
     block: the trace's values are not real tensors. ``reads.tensor_state``
     lists the attributes it read and then set to a tensor (a running value
     kept outside the buffers), which a captured step cannot carry from step
-    to step."""
+    to step; ``reads.outputs`` those it set without reading them first, as
+    (module, attribute, where) for ``mark_outputs``."""
 
     def __init__(self, modules: dict):
         self.modules = modules
         self.read: list[tuple[str, str]] = []
         self.tensor_state: list[tuple[str, str]] = []
+        self.outputs: list[tuple] = []
         self._swapped: list = []
         self._record = _Record()
 
@@ -150,12 +202,23 @@ class AttributeReads:
         for (i, attr), (m, name, before, read_first) in record.writes.items():
             if read_first and isinstance(m.__dict__.get(name), torch.Tensor) and i in names:
                 self.tensor_state.append((names[i], attr))
+            if not read_first and i in names:
+                where = f"module {names[i]}'s attribute" if names[i] else "the model's attribute"
+                self.outputs.append((m, name, f"{where} {attr!r}"))
             if before is _MISSING:
                 m.__dict__.pop(name, None)
             else:
                 m.__dict__[name] = before
         self.read = sorted((names[i], attr) for i, attr in record.reads if i in names)
         self.tensor_state.sort()
+
+
+def mark_outputs(outputs) -> None:
+    """Before a call's captured steps: each attribute the step's code sets
+    (``AttributeReads.outputs``) to a ``SetInsideCapturedStep``, as the
+    steps leave no value of theirs there."""
+    for module, name, where in outputs:
+        module.__dict__[name] = SetInsideCapturedStep(where)
 
 
 def guarded_modules(model, loss_fn=None) -> dict:

@@ -180,7 +180,7 @@ class ConcurrentTrainer:
         for job in jobs:  # on the caller's thread: its train/eval mode, autocast, hooks
             job.check_context()
         for job in jobs:  # every check passed: nothing is touched by a refused run
-            job.step_fn.clear_grads()
+            job.step_fn.clear_step_outputs()
         self._check_budget(jobs)
         probe = self._memory_probe(jobs) if self.plan_schedule.pairing == MEMORY else None
         if probe is not None and any(j.measured is None for j in jobs):

@@ -120,7 +120,7 @@ class TrainingSession:
         """``steps`` steps of ``job`` on the calling thread, beside the others."""
         steps = whole_steps(steps)
         job.check_context()  # its train/eval mode, autocast, hooks: the caller's
-        job.step_fn.clear_grads()
+        job.step_fn.clear_step_outputs()
         on_cuda = job.step_fn.device == "cuda"
         probe = MemoryProbe(job.device) if on_cuda else None
         measure_between = BetweenCalls.measurable(on_cuda)

@@ -101,6 +101,7 @@ class CapturedStep:
         # resnet50's step) or node by node (then the patched nodes suffice).
         self.modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({self.gm: False})
         self.guard = guards.StepGuard(model, self.device, reads.read, loss_fn)
+        self.attribute_outputs = reads.outputs  # what clear_step_outputs marks
         self.steps = 0  # steps run through this capture
         self.variant = self.variant_now()  # what a Job follows by capturing again
 
@@ -149,14 +150,18 @@ class CapturedStep:
         mean reset by assignment) are followed, as eager code follows them."""
         self.buffers = self.guard.check(self.model)
 
-    def clear_grads(self) -> None:
-        """Before a call's steps: every trained parameter's ``.grad`` to None,
-        as ``optimizer.zero_grad()`` leaves it. The captured step's gradients
-        live inside the step and die at their update, so a ``.grad`` left
-        from before (an eager step, a warm-up) would be stale after training,
-        silently: None says plainly that there is none."""
+    def clear_step_outputs(self) -> None:
+        """Before a call's steps, what an eager step would leave behind and
+        the captured steps keep inside: every trained parameter's ``.grad``
+        to None, as ``optimizer.zero_grad()`` leaves it, and each module
+        attribute the step's code sets (an auxiliary loss kept as
+        ``self.aux``) to a ``guards.SetInsideCapturedStep``. A value left
+        from before (an eager step's gradients, an evaluation's ``aux``)
+        would be stale after training, silently; these say plainly that
+        there is none."""
         for p in self.params:
             p.grad = None
+        guards.mark_outputs(self.attribute_outputs)
 
     def flat_inputs(self, inputs: Sequence[Any] = (), targets=None) -> list:
         """The next step's inputs, in the captured graph's order (the example

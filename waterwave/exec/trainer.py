@@ -119,7 +119,7 @@ class Trainer:
                              + ("with" if self._captured.takes_targets else "without")
                              + " example targets: pass targets= to step() exactly when it was")
         self._captured.check_context()
-        self._captured.clear_grads()
+        self._captured.clear_step_outputs()
         flat = self._captured.flat_inputs(inputs, targets)
         if self._plan_device is None:
             with grad_mode():
