@@ -37,8 +37,9 @@ class Job:
     ``clip_grad_norm_``'s ``norm_type``, 2.0 unless given).
     ``accumulate_grad_batches`` k: each step trains on the data's next k
     batches, each batch's loss / k backpropagated and the gradients summed
-    before one update (clipping included), as the usual eager loop does; a step's loss is their mean. The data's batches
-    an epoch must be a multiple of k. ``autocast_dtype`` (``torch.bfloat16``
+    before one update (clipping included), as the usual eager loop does; a
+    step's loss is their mean. The data's batches an epoch must be a
+    multiple of k. ``autocast_dtype`` (``torch.bfloat16``
     or ``torch.float16``): mixed precision, the forward pass and the loss
     inside ``torch.autocast`` on the model's device, as eager code runs them.
     ``grad_scaler``: a ``torch.amp.GradScaler``, used as
