@@ -197,12 +197,15 @@ def test_an_attribute_the_forward_pass_sets_is_the_steps_and_is_not_guarded():
     assert got == expected
     assert torch.equal(reference.layer.weight, model.layer.weight)
     job.train(1)
-    twin = copy.deepcopy(model)  # a model holding the marker copies and pickles
+    twin = copy.deepcopy(model)  # a model holding the marker copies with it
     assert "not carried out" in repr(twin.aux)
+    # and pickles with None there: a model saved whole loads without waterwave
     buffer = io.BytesIO()
     torch.save(model, buffer)
+    assert b"waterwave" not in buffer.getvalue()
     buffer.seek(0)
-    assert "not carried out" in repr(torch.load(buffer, weights_only=False).aux)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded.aux is None and torch.equal(loaded.layer.weight, model.layer.weight)
 
 
 def test_an_attribute_the_loss_module_sets_is_marked_after_optimize_steps():

@@ -118,7 +118,9 @@ class SetInsideCapturedStep:
     compute it inside the step and do not carry it out, where an eager step
     would have left the last one there. Used in any way (an attribute, a
     number, arithmetic, truth), it raises naming the attribute and the fix;
-    printed, it says what it is. Copies and pickles as itself."""
+    printed, it says what it is. It copies as itself and pickles as None
+    (no value), so that a model saved whole after training loads where
+    waterwave is not installed."""
 
     __slots__ = ("where",)
 
@@ -141,8 +143,14 @@ class SetInsideCapturedStep:
     def __setattr__(self, name, value):
         raise AttributeError(self.message())
 
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     def __reduce__(self):
-        return (SetInsideCapturedStep, (self.where,))
+        return (type(None), ())
 
     def __format__(self, spec: str) -> str:
         if spec:
