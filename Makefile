@@ -133,10 +133,13 @@ bench: build
 # without a GPU rather than skip everything. bench-gpu: the benchmarks alone.
 # Through the device tool (10-minute calls, files back from $OUT):
 #   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=9
+# GPU_PARTS="concurrent trainer": only the parts whose names hold one of
+# these words (what an earlier check's budget left out).
 RESULTS ?= bench/results
 GPU_BUDGET_MIN ?= 25
 gpu-check: build
-	$(PY) bench/gpu_check.py --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)
+	$(PY) bench/gpu_check.py --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN) \
+		$(if $(GPU_PARTS),--only $(GPU_PARTS))
 
 bench-gpu: build
 	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)

@@ -25,8 +25,11 @@ are). A module still missing is named in the report.
 Each benchmark writes its own figures under ``--out`` naming the device; this
 script adds ``gpu_check.json`` and ``gpu_check.md``: the device, torch, the
 date, each part's exit status and time, rewritten after every part (so a
-run stopped from outside still leaves what it measured), and the GPU tests'
-output in ``gpu_tests.log``. A part still running when the budget (25
+run stopped from outside still leaves what it measured), the GPU tests'
+output in ``gpu_tests.log`` and each benchmark's in ``gpu_part_<name>.log``
+(what a benchmark stopped by the budget printed before it wrote its
+files). ``--only WORD ...`` runs the parts whose names hold one of the words
+(``--only concurrent``: what a previous check's budget left out). A part still running when the budget (25
 minutes by default) is spent is stopped and reported as such, so the whole
 ends within the budget. Without a CUDA GPU it says so and exits 2 before
 running anything: a GPU check that skips everything proves nothing.
@@ -124,6 +127,28 @@ def child_env(site: Path) -> dict:
     return env
 
 
+def slug(name: str) -> str:
+    """A part's name as a file name: "concurrent jobs under 12 GiB" ->
+    "concurrent_jobs_under_12_gib"."""
+    return "_".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
+def chosen(all_parts: list, benchmarks_only: bool, only: list[str] | None) -> list:
+    """The parts to run: all, or the benchmarks (``--benchmarks-only``), or
+    those whose names hold one of ``only``'s words. A word no part's name
+    holds is a ValueError naming the parts."""
+    todo = all_parts[1:] if benchmarks_only else all_parts
+    if not only:
+        return todo
+    words = [w.lower() for w in only]
+    unknown = [w for w in words if not any(w in name.lower() for name, _ in todo)]
+    if unknown:
+        names = "; ".join(name for name, _ in todo)
+        raise ValueError(f"--only {' '.join(unknown)}: no part's name holds that; the parts: "
+                         f"{names}")
+    return [(name, c) for name, c in todo if any(w in name.lower() for w in words)]
+
+
 def device_name() -> str | None:
     try:
         import torch
@@ -141,10 +166,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the benchmarks without the GPU tests (make bench-gpu)")
     ap.add_argument("--budget-min", type=float, default=25.0,
                     help="stop whatever still runs after this many minutes (default 25)")
+    ap.add_argument("--only", nargs="+", metavar="WORD",
+                    help="only the parts whose names hold one of these words (case ignored)")
     ap.add_argument("--wheels", default=str(ROOT / "build" / "gpu-wheels"),
                     help="wheels of the extras to install first when missing "
                          "(make gpu-wheels; default build/gpu-wheels)")
     args = ap.parse_args(argv)
+    try:
+        todo = chosen(parts(Path(args.out)), args.benchmarks_only, args.only)
+    except ValueError as e:
+        print(f"gpu-check: {e}", file=sys.stderr)
+        return 2
     device = device_name()
     if device is None:
         print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): run it on the "
@@ -159,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": device, "torch": torch.__version__,
               "date": dt.date.today().isoformat(), "budget_min": args.budget_min,
               "missing": install_extras(Path(args.wheels), site), "parts": []}
-    todo = parts(out)[1:] if args.benchmarks_only else parts(out)
     for name, command in todo:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -167,17 +198,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"gpu-check: {name}: {' '.join(command[1:])}", flush=True)
         start = time.monotonic()
-        log = open(out / "gpu_tests.log", "w") if command[1:3] == ["-m", "pytest"] else None
+        log_path = out / ("gpu_tests.log" if command[1:3] == ["-m", "pytest"]
+                          else f"gpu_part_{slug(name)}.log")
+        log = open(log_path, "w")
         try:
             rc = subprocess.run(command, cwd=ROOT, timeout=left, stdout=log, env=child_env(site),
-                                stderr=subprocess.STDOUT if log else None).returncode
+                                stderr=subprocess.STDOUT).returncode
             status = "passed" if rc == 0 else f"failed (exit {rc})"
         except subprocess.TimeoutExpired:
             status = "stopped: budget spent"
         finally:
-            if log:
-                log.close()
-                print((out / "gpu_tests.log").read_text()[-4000:], flush=True)
+            log.close()
+            print(log_path.read_text(errors="replace")[-4000:], flush=True)
         report["parts"].append({"part": name, "status": status,
                                 "seconds": round(time.monotonic() - start, 1)})
         write_report(report, out)

@@ -39,7 +39,7 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
     monkeypatch.setattr(gpu_check, "parts", lambda out: [
         ("quick", [py, "-c", "pass"]),
         ("broken", [py, "-c", "raise SystemExit(3)"]),
-        ("slow", [py, "-c", "import time; time.sleep(60)"]),
+        ("slow", [py, "-c", "import time; print('a first figure', flush=True); time.sleep(60)"]),
         ("late", [py, "-c", "pass"]),
     ])
     assert gpu_check.main(["--out", str(tmp_path), "--budget-min", "0.1"]) == 1
@@ -49,6 +49,30 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
         "passed", "failed (exit 3)", "stopped: budget spent", "not run: budget spent"]
     assert report["parts"][2]["seconds"] < 30
     assert "a stand-in GPU" in (tmp_path / "gpu_check.md").read_text()
+    # What a part stopped by the budget printed comes back in its log.
+    assert (tmp_path / "gpu_part_slow.log").read_text() == "a first figure\n"
+    assert not (tmp_path / "gpu_part_late.log").exists()
+
+
+def test_only_runs_the_parts_named_and_refuses_a_word_no_part_holds(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    py = sys.executable
+    monkeypatch.setattr(gpu_check, "device_name", lambda: "a stand-in GPU")
+    monkeypatch.setattr(gpu_check, "parts", lambda out: [
+        ("GPU tests (pytest -m gpu)", [py, "-c", "raise SystemExit(1)"]),
+        ("concurrent jobs under 12 GiB", [py, "-c", "print('ran')"]),
+        ("ConcurrentTrainer's largest batch", [py, "-c", "print('ran too')"]),
+        ("training under each allocator", [py, "-c", "raise SystemExit(1)"]),
+    ])
+    assert gpu_check.main(["--out", str(tmp_path), "--only", "CONCURRENT"]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [p["part"] for p in report["parts"]] == [
+        "concurrent jobs under 12 GiB", "ConcurrentTrainer's largest batch"]
+    assert (tmp_path / "gpu_part_concurrent_jobs_under_12_gib.log").read_text() == "ran\n"
+    assert gpu_check.main(["--out", str(tmp_path / "b"), "--only", "concurent"]) == 2
+    err = capsys.readouterr().err
+    assert "--only concurent: no part's name holds that" in err and "training under" in err
+    assert not (tmp_path / "b").exists()
 
 
 def probe_wheel(where: Path) -> Path:
