@@ -32,16 +32,22 @@ def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
     assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)
 
 
-def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, monkeypatch):
+def stand_in(monkeypatch, scripts: dict) -> None:
+    """gpu_check on a stand-in GPU whose parts are ``scripts`` (name ->
+    Python code), each run by this interpreter."""
     pytest.importorskip("torch")
-    py = sys.executable
     monkeypatch.setattr(gpu_check, "device_name", lambda: "a stand-in GPU")
     monkeypatch.setattr(gpu_check, "parts", lambda out: [
-        ("quick", [py, "-c", "pass"]),
-        ("broken", [py, "-c", "raise SystemExit(3)"]),
-        ("slow", [py, "-c", "import time; print('a first figure', flush=True); time.sleep(60)"]),
-        ("late", [py, "-c", "pass"]),
-    ])
+        (name, [sys.executable, "-c", code]) for name, code in scripts.items()])
+
+
+def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, monkeypatch):
+    stand_in(monkeypatch, {
+        "quick": "pass",
+        "broken": "raise SystemExit(3)",
+        "slow": "import time; print('a first figure', flush=True); time.sleep(60)",
+        "late": "pass",
+    })
     assert gpu_check.main(["--out", str(tmp_path), "--budget-min", "0.1"]) == 1
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["device"] == "a stand-in GPU"
@@ -55,15 +61,12 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
 
 
 def test_only_runs_the_parts_named_and_refuses_a_word_no_part_holds(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("torch")
-    py = sys.executable
-    monkeypatch.setattr(gpu_check, "device_name", lambda: "a stand-in GPU")
-    monkeypatch.setattr(gpu_check, "parts", lambda out: [
-        ("GPU tests (pytest -m gpu)", [py, "-c", "raise SystemExit(1)"]),
-        ("concurrent jobs under 12 GiB", [py, "-c", "print('ran')"]),
-        ("ConcurrentTrainer's largest batch", [py, "-c", "print('ran too')"]),
-        ("training under each allocator", [py, "-c", "raise SystemExit(1)"]),
-    ])
+    stand_in(monkeypatch, {
+        "GPU tests (pytest -m gpu)": "raise SystemExit(1)",
+        "concurrent jobs under 12 GiB": "print('ran')",
+        "ConcurrentTrainer's largest batch": "print('ran too')",
+        "training under each allocator": "raise SystemExit(1)",
+    })
     assert gpu_check.main(["--out", str(tmp_path), "--only", "CONCURRENT"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [p["part"] for p in report["parts"]] == [
