@@ -28,10 +28,10 @@ date, each part's exit status and time, rewritten after every part (so a
 run stopped from outside still leaves what it measured), the GPU tests'
 output in ``gpu_tests.log`` and each benchmark's in ``gpu_part_<name>.log``
 (what a benchmark stopped by the budget printed before it wrote its
-files). ``--only WORD ...`` runs the parts whose names hold one of the words
-(``--only concurrent``: what a previous check's budget left out). A part still running when the budget (25
-minutes by default) is spent is stopped and reported as such, so the whole
-ends within the budget. Without a CUDA GPU it says so and exits 2 before
+files). ``--only WORD ...`` runs the parts whose names hold one of the
+words (``--only concurrent``: what a previous check's budget left out). A
+part still running when the budget (25 minutes by default) is spent is
+stopped and reported as such, so the whole ends within the budget. Without a CUDA GPU it says so and exits 2 before
 running anything: a GPU check that skips everything proves nothing.
 
 May import: the standard library; torch (to name the device).

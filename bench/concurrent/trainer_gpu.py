@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: waterwave where it was built
+    sys.path.insert(0, str(ROOT))
 GiB = 1 << 30
 ALLOC_CONFIG = {"max_split_size_mb": 128}  # as the simulated `Waterwave` variant
 SCHEDULES = ("lockstep", "waterwave")
@@ -54,8 +56,6 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
           device: str = "cuda", split_mib: float | None = None) -> dict:
     """One trial in this process: ``njobs`` copies of ``model`` at ``batch``
     trained by the ConcurrentTrainer under ``schedule``."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     import waterwave
 
     cap = int(cap_gib * GiB)
@@ -155,8 +155,6 @@ def measure(model: str, njobs: int, cap_gib: float, steps: int, say=print,
             trial_fn=run_trial, split_mib: float | None = None) -> dict:
     """The largest batch per job alone, lockstep and under the pipeline,
     then both schedules' throughput at lockstep's largest batch."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from waterwave.sim.maxbatch import search
 
     def largest(schedule: str, n: int) -> dict:

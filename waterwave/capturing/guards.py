@@ -177,7 +177,7 @@ class AttributeReads:
     lists the attributes it read and then set to a tensor (a running value
     kept outside the buffers), which a captured step cannot carry from step
     to step; ``reads.outputs`` those it set without reading them first, as
-    (module, attribute, where) for ``mark_outputs``."""
+    (module, attribute, its marker) for ``mark_outputs``."""
 
     def __init__(self, modules: dict):
         self.modules = modules
@@ -212,7 +212,7 @@ class AttributeReads:
                 self.tensor_state.append((names[i], attr))
             if not read_first and i in names:
                 where = f"module {names[i]}'s attribute" if names[i] else "the model's attribute"
-                self.outputs.append((m, name, f"{where} {attr!r}"))
+                self.outputs.append((m, name, SetInsideCapturedStep(f"{where} {attr!r}")))
             if before is _MISSING:
                 m.__dict__.pop(name, None)
             else:
@@ -225,8 +225,8 @@ def mark_outputs(outputs) -> None:
     """Before a call's captured steps: each attribute the step's code sets
     (``AttributeReads.outputs``) to a ``SetInsideCapturedStep``, as the
     steps leave no value of theirs there."""
-    for module, name, where in outputs:
-        module.__dict__[name] = SetInsideCapturedStep(where)
+    for module, name, marker in outputs:
+        module.__dict__[name] = marker
 
 
 def guarded_modules(model, loss_fn=None) -> dict:
