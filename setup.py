@@ -54,7 +54,8 @@ class BuildWithTorchBridge(build_ext):
         bridge = load_torch_bridge_builder()
         target = Path(self.get_ext_fullpath("waterwave._C")).parent
         for what, library in (("the torch bridge", bridge.BRIDGE),
-                              ("the native registration", bridge.NATIVE)):
+                              ("the native registration", bridge.NATIVE),
+                              ("the CPU allocator", bridge.CPU)):
             try:
                 print(f"waterwave: built {what} {library.build_into(target, torch)}")
             except bridge.BridgeUnavailable as e:  # not fatal: install_allocator says why

@@ -28,18 +28,6 @@ void bind_runtime(py::module_& m, CudaRuntime& rt) {
     return d;
   });
   m.def("cuda_empty_cache", [&rt]() { rt.empty_cache(); }, release_gil);
-  // Thread accounts: what a tagged thread allocates through the entry points.
-  m.def("cuda_open_account", [&rt]() { return rt.accounts().open(); });
-  m.def("cuda_close_account", [&rt](std::int64_t id) { rt.accounts().close(id); }, py::arg("id"));
-  m.def("cuda_set_thread_account", [](std::int64_t id) {
-    return cuda::ThreadAccounts::set_thread(id);
-  }, py::arg("id"), "Tag the calling thread (0: none); returns its previous tag.");
-  m.def("cuda_account_usage", [&rt](std::int64_t id) {
-    const cuda::AccountUsage u = rt.accounts().usage(id);
-    return std::make_pair(u.allocated, u.peak);
-  }, py::arg("id"), "(bytes live, most bytes live since the last reset_peak) of an account.");
-  m.def("cuda_reset_account_peak", [&rt](std::int64_t id) { rt.accounts().reset_peak(id); },
-        py::arg("id"));
   m.def("cuda_free_errors", [&rt]() { return rt.free_errors(); },
         "(count, last message) of problems the free hook met; it cannot raise into PyTorch.");
 }

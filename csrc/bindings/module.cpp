@@ -33,6 +33,7 @@ PYBIND11_MODULE(_C, m) {
   bind_sim(m);
   bind_stack(m);
   bind_cuda(m);
+  bind_accounts(m);
   bind_planner(m);
   bind_bench(m);
 }

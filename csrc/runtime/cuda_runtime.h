@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../alloc/stack.h"
+#include "../core/errors.h"
 #include "../device/cuda/cuda_device.h"
 #include "private_pools.h"
 #include "thread_accounts.h"
@@ -56,7 +57,10 @@ class CudaRuntime {
   std::shared_ptr<AllocatorStack> shared_stack(int device);
 
   // The allocation path, as PyTorch's hooks call it.
+  // A sharing member's allocation may wait for the others' frees, or fail
+  // (thread_accounts.h).
   Addr allocate(std::size_t bytes, int device, StreamId stream) {
+    if (!accounts_.before_allocate(bytes)) throw OutOfMemoryError(ThreadAccounts::why());
     AllocatorStack& s = stack(device);
     const Addr ptr = s.allocate(bytes, stream);
     accounts_.allocated(ptr, [&] { return s.allocation_size(ptr); });
@@ -67,6 +71,7 @@ class CudaRuntime {
   // ---- Private pools (private_pools.h): CUDA graphs, torch.cuda.MemPool. ----
   PrivatePools& pools(int device) { return *stack_owner(device).pools; }
   Addr allocate_in_pool(PoolId pool, std::size_t bytes, int device, StreamId stream) {
+    if (!accounts_.before_allocate(bytes)) throw OutOfMemoryError(ThreadAccounts::why());
     PrivatePools& p = pools(device);
     const Addr ptr = p.allocate(pool, bytes, stream);
     accounts_.allocated(ptr, [&] { return p.owner(ptr)->allocation_size(ptr); });

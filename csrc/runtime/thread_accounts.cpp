@@ -1,3 +1,5 @@
+// Thread accounts: opening, tagging and the bytes noted under each
+// (thread_accounts.h). The shared budget's rule is shared_budget.cpp.
 #include "thread_accounts.h"
 
 #include <iterator>
@@ -5,21 +7,32 @@
 
 #include "../core/errors.h"
 
-namespace waterwave::cuda {
+namespace waterwave {
 
 thread_local std::int64_t ThreadAccounts::current_ = 0;
+std::atomic<std::int64_t> ThreadAccounts::next_id_{1};
 
 std::int64_t ThreadAccounts::open() {
   std::lock_guard<std::mutex> g(mu_);
-  const std::int64_t id = next_id_++;
-  accounts_.emplace(id, AccountUsage{});
+  const std::int64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  accounts_.emplace(id, Account{});
   open_.store(accounts_.size(), std::memory_order_relaxed);
   return id;
 }
 
 void ThreadAccounts::close(std::int64_t id) {
   std::lock_guard<std::mutex> g(mu_);
-  if (accounts_.erase(id) == 0) return;
+  close_locked(id);
+}
+
+void ThreadAccounts::close_locked(std::int64_t id) {
+  auto found = accounts_.find(id);
+  if (found == accounts_.end()) return;
+  if (found->second.member) {
+    members_live_ -= found->second.usage.allocated + found->second.base;
+    changed_locked();
+  }
+  accounts_.erase(found);
   for (auto it = blocks_.begin(); it != blocks_.end();) {
     it = it->second.account == id ? blocks_.erase(it) : std::next(it);
   }
@@ -41,7 +54,7 @@ AccountUsage ThreadAccounts::usage(std::int64_t id) {
   if (it == accounts_.end()) {
     throw ConfigError("thread account " + std::to_string(id) + " is not open");
   }
-  return it->second;
+  return it->second.usage;
 }
 
 void ThreadAccounts::reset_peak(std::int64_t id) {
@@ -50,7 +63,7 @@ void ThreadAccounts::reset_peak(std::int64_t id) {
   if (it == accounts_.end()) {
     throw ConfigError("thread account " + std::to_string(id) + " is not open");
   }
-  it->second.peak = it->second.allocated;
+  it->second.usage.peak = it->second.usage.allocated;
 }
 
 void ThreadAccounts::note(std::int64_t id, Addr ptr, std::size_t bytes) {
@@ -62,12 +75,19 @@ void ThreadAccounts::note(std::int64_t id, Addr ptr, std::size_t bytes) {
   auto [at, inserted] = blocks_.try_emplace(ptr, Noted{id, bytes});
   if (!inserted) {
     auto old = accounts_.find(at->second.account);
-    if (old != accounts_.end()) old->second.allocated -= at->second.bytes;
+    if (old != accounts_.end()) {
+      old->second.usage.allocated -= at->second.bytes;
+      if (old->second.member) members_live_ -= at->second.bytes;
+    }
     at->second = Noted{id, bytes};
   }
-  AccountUsage& u = it->second;
-  u.allocated += bytes;
-  if (u.allocated > u.peak) u.peak = u.allocated;
+  Account& a = it->second;
+  a.usage.allocated += bytes;
+  if (a.usage.allocated > a.usage.peak) a.usage.peak = a.usage.allocated;
+  if (a.member) {
+    members_live_ += bytes;
+    if (members_live_ > members_peak_) members_peak_ = members_live_;
+  }
   live_.store(blocks_.size(), std::memory_order_relaxed);
 }
 
@@ -76,9 +96,15 @@ void ThreadAccounts::forget(Addr ptr) {
   auto it = blocks_.find(ptr);
   if (it == blocks_.end()) return;
   auto account = accounts_.find(it->second.account);
-  if (account != accounts_.end()) account->second.allocated -= it->second.bytes;
+  if (account != accounts_.end()) {
+    account->second.usage.allocated -= it->second.bytes;
+    if (account->second.member) {
+      members_live_ -= it->second.bytes;
+      changed_locked();  // room for a waiting member, perhaps
+    }
+  }
   blocks_.erase(it);
   live_.store(blocks_.size(), std::memory_order_relaxed);
 }
 
-}  // namespace waterwave::cuda
+}  // namespace waterwave

@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
 
   auto worker = [&](int tid) {
     std::mt19937_64 rng(seed * 7919 + tid);
-    cuda::ThreadAccounts::set_thread(accounts[tid]);
+    ThreadAccounts::set_thread(accounts[tid]);
     std::vector<Held> mine;
     void* stream = stream_of(tid);
     try {

@@ -1,10 +1,11 @@
-"""``ThreadAccount``: the bytes one thread allocates through Waterwave's CUDA
-entry points while it is tagged with the account (csrc/runtime/
-thread_accounts.h). A training session tags a job's thread between the
-job's ``train()`` calls, so that what the job allocates there (evaluation,
-metrics) is measured while other threads train beside it: the allocator's
-own counters cover the whole device, and only the allocating thread knows
-whose memory it is.
+"""``ThreadAccount``: the bytes one thread allocates through one of Waterwave's
+ledgers (csrc/runtime/thread_accounts.h) while it is tagged with the
+account: the CUDA runtime's (``_C.cuda_accounts()``, the default) or the
+CPU's (``_C.cpu_accounts()``, once the CPU allocator is installed:
+``cpu_allocator.py``). The allocator's own counters cover the whole device,
+and only the allocating thread knows whose memory it is. A training session
+tags a job's thread between the job's ``train()`` calls (``between_calls``),
+and ``waterwave.sharing`` tags each member's thread inside its block.
 
 May import: waterwave._C.
 """
@@ -18,27 +19,28 @@ from .. import _C
 class ThreadAccount:
     """An open account; closed when dropped (or by ``close``)."""
 
-    def __init__(self):
-        self.id = _C.cuda_open_account()
-        self._close = weakref.finalize(self, _C.cuda_close_account, self.id)
+    def __init__(self, ledger: _C.ThreadAccounts | None = None):
+        self.ledger = ledger if ledger is not None else _C.cuda_accounts()
+        self.id = self.ledger.open()
+        self._close = weakref.finalize(self, self.ledger.close, self.id)
 
     def tag(self) -> int:
         """Tag the calling thread; returns the tag it had (0: none)."""
-        return _C.cuda_set_thread_account(self.id)
+        return _C.ThreadAccounts.set_thread(self.id)
 
     @staticmethod
     def untag(previous: int = 0) -> int:
         """Give the calling thread ``previous`` back (0: no tag); returns
         the tag it had."""
-        return _C.cuda_set_thread_account(previous)
+        return _C.ThreadAccounts.set_thread(previous)
 
     def usage(self) -> tuple[int, int]:
         """(bytes allocated under the account and still live, the most that
         were at once since ``reset_peak``)."""
-        return _C.cuda_account_usage(self.id)
+        return self.ledger.usage(self.id)
 
     def reset_peak(self) -> None:
-        _C.cuda_reset_account_peak(self.id)
+        self.ledger.reset_peak(self.id)
 
     def close(self) -> None:
         self._close()

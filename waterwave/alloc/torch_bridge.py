@@ -210,6 +210,8 @@ BRIDGE = TorchLibrary((SOURCE,), PREFIX)
 # since torch 2.10) and the ABI header it shares with _C.
 NATIVE = TorchLibrary((HERE / "torch_native.cpp", HERE / "native_abi.h"), "_torch_native.",
                       std="c++20", cuda=True, libraries=("c10", "c10_cuda"))
+# Waterwave's CPU allocator (torch_cpu.cpp; cpu_allocator.py loads it).
+CPU = TorchLibrary((HERE / "torch_cpu.cpp",), "_torch_cpu.")
 
 
 def address(lib: ctypes.CDLL, name: str) -> int:

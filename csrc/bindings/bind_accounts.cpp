@@ -1,0 +1,94 @@
+// Thread accounts and their shared budget (csrc/runtime/thread_accounts.h),
+// bound once as waterwave._C.ThreadAccounts: the CUDA runtime's ledger
+// (cuda_accounts()), the CPU's (cpu_accounts()), or a ledger of its own
+// (ThreadAccounts(), whose allocations are told to it: allocate/free).
+#include <cstdint>
+
+#include "../core/errors.h"
+#include "../runtime/cpu_accounts.h"
+#include "../runtime/cuda_runtime.h"
+#include "bindings.h"
+
+namespace waterwave::bindings {
+
+namespace {
+
+// The allocation path's waits give up the GIL when the waiting thread holds
+// it (a CPU tensor made with the GIL held), so that others can free.
+void* release_gil_if_held() { return PyGILState_Check() ? PyEval_SaveThread() : nullptr; }
+void acquire_gil(void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }
+
+std::size_t rise_or_unknown(const py::object& rise) {
+  return rise.is_none() ? kUnknownRise : rise.cast<std::size_t>();
+}
+
+}  // namespace
+
+void bind_accounts(py::module_& m) {
+  ThreadAccounts::set_wait_hooks(&release_gil_if_held, &acquire_gil);
+  const auto release_gil = py::call_guard<py::gil_scoped_release>();
+  py::class_<ThreadAccounts>(m, "ThreadAccounts",
+                             "Accounts of what tagged threads allocate, and the budget that "
+                             "waterwave.sharing's members share (thread_accounts.h).")
+      .def(py::init<>())
+      .def("open", &ThreadAccounts::open, "A new account's id.")
+      .def("close", &ThreadAccounts::close, py::arg("id"))
+      .def_static("set_thread", &ThreadAccounts::set_thread, py::arg("id"),
+                  "Tag the calling thread (0: none); returns its previous tag.")
+      .def_static("thread_account", &ThreadAccounts::thread_account)
+      .def("usage", [](ThreadAccounts& a, std::int64_t id) {
+        const AccountUsage u = a.usage(id);
+        return std::make_pair(u.allocated, u.peak);
+      }, py::arg("id"), "(bytes live, most bytes live since the last reset_peak) of an account.")
+      .def("reset_peak", &ThreadAccounts::reset_peak, py::arg("id"))
+      .def("set_budget", &ThreadAccounts::set_budget, py::arg("budget"), py::arg("outside") = 0)
+      .def("join", &ThreadAccounts::join, py::arg("id"), py::arg("base") = 0)
+      .def("leave", &ThreadAccounts::leave, py::arg("id"))
+      .def("gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise, std::size_t rest,
+                      std::size_t end, bool boundary, long timeout_ms) {
+        const GateRequest request{rise_or_unknown(rise), rest, end, boundary};
+        py::gil_scoped_release released;
+        return static_cast<int>(a.gate(id, request, timeout_ms));
+      }, py::arg("id"), py::arg("rise"), py::arg("rest"), py::arg("end"), py::arg("boundary"),
+         py::arg("timeout_ms"),
+         "0: admitted; 1: timed out (still waiting: call again); 2: interrupted. rise None: "
+         "no prediction, the pass runs alone.")
+      .def("interrupt", &ThreadAccounts::interrupt, release_gil)
+      .def("share_stats", [](ThreadAccounts& a) {
+        const ShareStats s = a.share_stats();
+        py::dict d;
+        d["budget"] = s.budget;
+        d["outside"] = s.outside;
+        d["members_live"] = s.members_live;
+        d["peak"] = s.peak;
+        d["held"] = s.held;
+        d["active"] = s.active;
+        d["waiting"] = s.waiting;
+        d["gate_waits"] = s.gate_waits;
+        d["allocation_waits"] = s.allocation_waits;
+        d["overshoots"] = s.overshoots;
+        d["forced"] = s.forced;
+        d["failed"] = s.failed;
+        return d;
+      })
+      .def("reset_share_peak", &ThreadAccounts::reset_share_peak)
+      // A ledger of its own is told its allocations (the simulated members
+      // of tests): the calling thread's, as the allocation path would.
+      .def("allocate", [](ThreadAccounts& a, Addr ptr, std::size_t bytes) {
+        bool ok;
+        {
+          py::gil_scoped_release released;
+          ok = a.before_allocate(bytes);
+        }
+        if (!ok) throw OutOfMemoryError(ThreadAccounts::why());
+        a.allocated(ptr, [bytes] { return bytes; });
+      }, py::arg("ptr"), py::arg("bytes"))
+      .def("free", [](ThreadAccounts& a, Addr ptr) { a.freed(ptr); }, py::arg("ptr"));
+  m.def("cpu_accounts", &cpu_accounts, py::return_value_policy::reference,
+        "The CPU's ledger (what PyTorch's CPU allocator gives tagged threads, once "
+        "waterwave's CPU allocator is installed).");
+  m.def("cuda_accounts", []() -> ThreadAccounts& { return cuda::CudaRuntime::get().accounts(); },
+        py::return_value_policy::reference, "The CUDA runtime's ledger.");
+}
+
+}  // namespace waterwave::bindings
