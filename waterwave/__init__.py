@@ -39,6 +39,7 @@ from .exec import (  # noqa: F401  (torch only when called)
     Job,
     TrainingSession,
     optimize,
+    sharing,
     training_session,
 )
 from .graph import Graph, InputLimits, input_limits, set_input_limits  # noqa: F401
@@ -71,6 +72,7 @@ __all__ = [
     "ConcurrentTrainer",
     "TrainingSession",
     "training_session",
+    "sharing",
     "install_allocator",
 ]
 __version__ = "0.1.0"

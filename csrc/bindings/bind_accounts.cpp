@@ -41,6 +41,10 @@ void bind_accounts(py::module_& m) {
         return std::make_pair(u.allocated, u.peak);
       }, py::arg("id"), "(bytes live, most bytes live since the last reset_peak) of an account.")
       .def("reset_peak", &ThreadAccounts::reset_peak, py::arg("id"))
+      .def("take_peak", [](ThreadAccounts& a, std::int64_t id) {
+        const AccountUsage u = a.take_peak(id);
+        return std::make_pair(u.allocated, u.peak);
+      }, py::arg("id"), "usage(), and the peak reset to the bytes live now, at once.")
       .def("set_budget", &ThreadAccounts::set_budget, py::arg("budget"), py::arg("outside") = 0)
       .def("join", &ThreadAccounts::join, py::arg("id"), py::arg("base") = 0)
       .def("leave", &ThreadAccounts::leave, py::arg("id"))

@@ -66,6 +66,17 @@ void ThreadAccounts::reset_peak(std::int64_t id) {
   it->second.usage.peak = it->second.usage.allocated;
 }
 
+AccountUsage ThreadAccounts::take_peak(std::int64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = accounts_.find(id);
+  if (it == accounts_.end()) {
+    throw ConfigError("thread account " + std::to_string(id) + " is not open");
+  }
+  const AccountUsage u = it->second.usage;
+  it->second.usage.peak = u.allocated;
+  return u;
+}
+
 void ThreadAccounts::note(std::int64_t id, Addr ptr, std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = accounts_.find(id);

@@ -86,6 +86,8 @@ class ThreadAccounts {
   // ConfigError for an account not open.
   AccountUsage usage(std::int64_t id);
   void reset_peak(std::int64_t id);
+  // The usage, and the peak reset to the bytes live now, at once.
+  AccountUsage take_peak(std::int64_t id);
 
   // ---- The allocation path ----
   // Before an allocation of `bytes` by the calling thread: true to go on.

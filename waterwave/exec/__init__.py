@@ -5,6 +5,9 @@ allocator stack.
   tensors;
 - ``trainer``: ``waterwave.optimize``, one model's steps in a planned order,
   its allocations served from a plan on a GPU;
+- ``sharing``: ``waterwave.sharing(model)``, any eager loop a member of
+  its device's training session, gated at hooks by what its passes were
+  measured needing (``pass_profile``);
 - ``concurrent``: ``waterwave.Job`` and ``waterwave.ConcurrentTrainer``,
   several jobs on one device, memory flowing between them, run on the
   NodeGroup pipeline (``waterwave.pipeline``: node groups, pairing, the
@@ -16,4 +19,5 @@ waterwave.planner, waterwave.cuda, waterwave.alloc, waterwave._C; torch.
 from .concurrent import ConcurrentTrainer  # noqa: F401
 from .job import Job  # noqa: F401
 from .session import TrainingSession, training_session  # noqa: F401
+from .sharing import sharing  # noqa: F401
 from .trainer import Trainer, optimize  # noqa: F401

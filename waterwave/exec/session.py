@@ -39,8 +39,11 @@ import threading
 import weakref
 from dataclasses import replace
 
+from .. import _C
+from ..alloc import cpu_allocator
+from ..alloc.torch_bridge import BridgeUnavailable
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import MemoryPairing, graph_plan
+from ..pipeline.pairing import MemoryPairing, graph_plan, step_peak
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from ..pipeline.schedules import schedule as named_schedule
@@ -76,6 +79,7 @@ class TrainingSession:
         self._feed: RoundFeed | None = None
         self._members: dict[int, tuple[object, RoundFeed]] = {}
         self._known: weakref.WeakSet = weakref.WeakSet()  # jobs that trained here
+        self._sharing: dict[int, object] = {}  # id -> waterwave.sharing members in blocks now
         self._next_k = 0
         self._generation = 0  # settings changed: jobs are cut again
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
@@ -87,9 +91,10 @@ class TrainingSession:
                   order=_UNSET) -> TrainingSession:
         """Change the settings given; only while no job trains here."""
         with self._lock:
-            if self._members:
-                raise RuntimeError(f"{len(self._members)} job(s) train in the session of "
-                                   f"{self.device} now: change its settings between trainings")
+            if self._members or self._sharing:
+                raise RuntimeError(f"{len(self._members) + len(self._sharing)} job(s) train in "
+                                   f"the session of {self.device} now: change its settings "
+                                   "between trainings")
             self._set(self.memory_limit if memory_limit is _UNSET else memory_limit,
                       self.schedule if schedule is _UNSET else schedule,
                       self.split_size if split_size is _UNSET else split_size,
@@ -139,7 +144,7 @@ class TrainingSession:
             k = self._next_k
             self._next_k += 1
             self._members[k] = (job, feed)
-            self.most_training = max(self.most_training, len(self._members))
+            self.most_training = max(self.most_training, len(self._members) + len(self._sharing))
             solo = probe is not None and job.measured is None and self.plan_schedule.pairing == MEMORY
             groups = list(job.measured or job.plan.groups)
             plan = replace(job.plan, job=k, groups=groups,
@@ -147,6 +152,7 @@ class TrainingSession:
                            after=job.between.reserve(groups))
             feed.join(k, job, plan, steps, solo_first=solo)
             feed.set_limit(*self._budget(feed))
+            self._share_budget_locked()
         measure = None
         if solo:
             def report(readings, job=job, feed=feed, k=k):
@@ -168,6 +174,7 @@ class TrainingSession:
                         feed.set_limit(*self._budget(feed))
                     else:
                         self._feed = None  # the next job starts a fresh feed
+                self._share_budget_locked()
             job.between.begin(measure_between)
         if job.error is not None:
             raise job.error
@@ -194,15 +201,79 @@ class TrainingSession:
         gc.collect()
         return probe.available() + sum(_held(j) for j in list(self._known))
 
+    def _limit(self) -> int | None:
+        if self.plan_schedule.pairing == FREE:
+            return None
+        return self.memory_limit if self.memory_limit is not None else self._capacity
+
     def _budget(self, feed: RoundFeed) -> tuple[int | None, int]:
         """(the budget, the bytes held outside the feed: what the session's
-        jobs not training in it now hold between their calls)."""
-        if self.plan_schedule.pairing == FREE:
-            return None, 0
-        limit = self.memory_limit if self.memory_limit is not None else self._capacity
+        jobs not training in it now hold between their calls, and what the
+        sharing members may hold). While members share, the captured jobs
+        keep room for their steps side by side and the members share the
+        rest; otherwise members that left their blocks hold what they hold."""
+        limit = self._limit()
         if limit is None:
             return None, 0
-        return limit, self._between_calls(feed)
+        outside = self._between_calls(feed)
+        if self._sharing:
+            return limit, max(outside, limit - self._feed_peaks(feed))
+        return limit, outside + self.ledger().share_stats()["members_live"]
+
+    def _feed_peaks(self, feed: RoundFeed | None) -> int:
+        """The most the jobs training in ``feed`` hold at once side by side."""
+        return sum(step_peak(job.plan) + job.between.kept for job, f in self._members.values()
+                   if f is feed and job.plan is not None)
+
+    # waterwave.sharing's members (sharing.py) ------------------------------
+    def ledger(self) -> _C.ThreadAccounts:
+        """The device's thread accounts: its members' bytes and their budget."""
+        return _C.cpu_accounts() if self.device == "cpu" else _C.cuda_accounts()
+
+    def join_sharing(self, member, base: int) -> int:
+        """A member's block starts (``base``: its model's bytes); returns the
+        budget it shares (0: none)."""
+        with self._lock:
+            if self.device == "cpu":
+                self._count_cpu_memory()
+            self._sharing[id(member)] = member
+            self.ledger().join(member.account.id, base)
+            self.most_training = max(self.most_training, len(self._members) + len(self._sharing))
+            budget = self._share_budget_locked()
+            if self._feed is not None:
+                self._feed.set_limit(*self._budget(self._feed))
+            return budget
+
+    def leave_sharing(self, member) -> None:
+        with self._lock:
+            self._sharing.pop(id(member), None)
+            self.ledger().leave(member.account.id)
+            self._share_budget_locked()
+            if self._feed is not None:
+                self._feed.set_limit(*self._budget(self._feed))
+
+    def _count_cpu_memory(self) -> None:
+        """Waterwave's CPU allocator counts the members' CPU tensors; a budget
+        needs it."""
+        try:
+            cpu_allocator.install()
+        except BridgeUnavailable as e:
+            if self._limit() is not None:
+                raise RuntimeError(f"the session of cpu has memory_limit={self.memory_limit}, "
+                                   f"which needs Waterwave's CPU allocator to count each "
+                                   f"trial's memory, and it is unavailable: {e}") from None
+
+    def _share_budget_locked(self) -> int:
+        """The members' budget in the ledger: the session's, less what the
+        captured jobs keep (their steps side by side, and what they hold
+        between calls). 0: none."""
+        limit = self._limit()
+        ledger = self.ledger()
+        if limit is None:
+            ledger.set_budget(0, 0)
+            return 0
+        ledger.set_budget(limit, self._feed_peaks(self._feed) + self._between_calls(self._feed))
+        return limit
 
     def _between_calls(self, feed: RoundFeed | None) -> int:
         inside = {id(j) for j, f in self._members.values() if f is feed}
@@ -210,25 +281,39 @@ class TrainingSession:
 
     # The whole session ------------------------------------------------------
     def interrupt(self) -> None:
-        """Stop every job training here at its next group (Ctrl-C)."""
+        """Stop every job training here at its next group (Ctrl-C), and every
+        sharing member at its next gate or waiting allocation."""
         with self._lock:
             if self._feed is not None:
                 self._feed.barrier.close()
                 self._feed = None
+            if self._sharing:
+                self.ledger().interrupt()
 
     @property
     def training(self) -> list:
-        """The jobs training here now."""
+        """The jobs training here now (``Job`` objects, and the names of
+        sharing members)."""
         with self._lock:
-            return [job for job, _ in self._members.values()]
+            return [job for job, _ in self._members.values()] + [
+                m.name for m in self._sharing.values()]
+
+    def reset_peak(self) -> None:
+        """``stats()["peak_bytes"]`` starts again from the members' bytes now."""
+        self.ledger().reset_share_peak()
 
     def stats(self) -> dict:
         with self._lock:
             feed = self._feed
+            share = self.ledger().share_stats()
             return {"device": str(self.device), "schedule": self.schedule,
                     "memory_limit": self.memory_limit, "budget": self._capacity
                     if self.memory_limit is None else self.memory_limit,
                     "training": [job.name for job, _ in self._members.values()],
+                    "sharing": [m.name for m in self._sharing.values()],
+                    "peak_bytes": share["peak"], "members_bytes": share["members_live"],
+                    "waits": {k: share[k] for k in ("gate_waits", "allocation_waits",
+                                                    "overshoots", "forced", "failed")},
                     "jobs_known": len(self._known), "steps_run": self.steps_run,
                     "held_between_calls": self._between_calls(feed),
                     "most_training": self.most_training,

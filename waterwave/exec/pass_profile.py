@@ -1,0 +1,190 @@
+"""What a ``waterwave.sharing`` member's passes need, learned from the
+allocator's own counts: the bytes its thread holds at points inside each
+pass, and the most between them.
+
+A *pass* runs from one call of the member's model (its forward, at the top)
+to the next: forward, loss, backward, the optimizer's step and whatever the
+loop does before the next batch. *Points* are places a hook sees inside it:
+a module's forward starting, its backward starting, an optimizer's step;
+each has a key, ``(where, occurrence in the pass)``. A *region* runs from a
+point to the next point reached; its rise is the most its bytes went above
+their level at its start, its net the change by its end.
+
+Passes are told apart by their *signature* (gradients on, the model's
+training mode): an evaluation pass needs less than a training one. Sizes
+differ from batch to batch (dynamic padding): a pass's *size* is the
+elements of the tensors its model was called with. What was learned is kept
+per size bucket (a quarter of an octave wide); a pass is predicted from the
+smallest bucket at or above its size (memory grows with the batch), or, past
+every size seen, from the largest, scaled by the square of the ratio (an
+attention's scores grow with the square of a sequence's length): an upper
+bound, where allocations past it wait rather than fail (the shared budget,
+csrc/runtime/shared_budget.cpp). A signature never seen has no prediction:
+the member's pass runs alone and is measured at every module.
+
+``gate_keys`` chooses where a member waits (its *gates*) from a measured
+pass, as node groups are cut (``pipeline/nodegroups.py``): a gate wherever
+the bytes risen or fallen since the last gate reach ``split``, so a large
+model has a gate every eighth of its pass's rise and a small one only at the
+pass's start.
+
+May import: the standard library only.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+START = ("start", 0)  # the pass's first point: its model called
+MAX_BUCKETS = 64      # sizes kept per signature (oldest dropped past it)
+RECENT = 4            # passes a bucket predicts from
+
+
+@dataclass(frozen=True)
+class Region:
+    """From the point ``key`` to the next point reached."""
+    key: tuple
+    rise: int  # the most above its start level, at least 0
+    net: int   # its end level less its start level
+
+
+class PassRecorder:
+    """A pass's regions as its points are reached; ``at`` takes the account's
+    (live bytes, most live since the last point)."""
+
+    def __init__(self, live: int):
+        self.regions: list[Region] = []
+        self.start = live
+        self._key, self._level = START, live
+
+    def at(self, key: tuple, live: int, peak: int) -> None:
+        self.regions.append(Region(self._key, max(0, peak - self._level), live - self._level))
+        self._key, self._level = key, live
+
+
+
+def rise_of(regions: list[Region]) -> int:
+    """The most a run of regions rises above its start level."""
+    level, most = 0, 0
+    for r in regions:
+        most = max(most, level + r.rise)
+        level += r.net
+    return most
+
+
+def coarsen(regions: list[Region], gates: set[tuple]) -> list[Region]:
+    """The regions between gates: each run of regions from a gate (or the
+    pass's start) to the next, as one."""
+    out: list[Region] = []
+    for r in regions:
+        if not out or r.key == START or r.key in gates:
+            out.append(r)
+        else:
+            last = out[-1]
+            out[-1] = Region(last.key, max(last.rise, last.net + r.rise), last.net + r.net)
+    return out
+
+
+@dataclass
+class Bucket:
+    """What the latest passes of one signature and size bucket needed (the
+    last ``RECENT``: a first pass that made an optimizer's state, once, is
+    forgotten after them): per key, the most each region rose and its
+    largest net change; the order of the keys in the latest pass; the
+    largest size seen."""
+    size: int
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+    order: list[tuple] = field(default_factory=list)
+    rise: dict = field(default_factory=dict)
+    net: dict = field(default_factory=dict)
+    pass_rise: int = 0
+    pass_net: int = 0
+
+    def add(self, size: int, regions: list[Region]) -> None:
+        self.size = max(self.size, size)
+        self.recent.append(regions)
+        self.order = [r.key for r in regions]
+        self.rise, self.net = {}, {}
+        for regions in self.recent:
+            for r in regions:
+                self.rise[r.key] = max(self.rise.get(r.key, 0), r.rise)
+                self.net[r.key] = max(self.net.get(r.key, r.net), r.net)
+        self.pass_rise = max(rise_of(regions) for regions in self.recent)
+        self.pass_net = max(sum(r.net for r in regions) for regions in self.recent)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A pass's needs at its gates, in bytes above the level at the gate."""
+    bucket: Bucket
+    scale: float
+
+    def at(self, key: tuple) -> tuple[int, int, int]:
+        """(the most the region from ``key`` rises, the most the pass rises
+        from here to its end, its net change from here to its end)."""
+        b, scale = self.bucket, self.scale
+        if key not in b.order:  # not on the latest pass's path: bound by the whole pass
+            rest = _scaled(max(b.rise.get(key, 0), b.pass_rise), scale)
+            return _scaled(b.rise.get(key, b.pass_rise), scale), rest, \
+                max(0, _scaled(b.pass_net, scale))
+        level, rest = 0, 0
+        for k in b.order[b.order.index(key):]:
+            rest = max(rest, level + b.rise[k])
+            level += b.net[k]
+        return _scaled(b.rise[key], scale), _scaled(rest, scale), _scaled(level, scale)
+
+
+def _scaled(n: int, scale: float) -> int:
+    return int(math.ceil(n * scale)) if n > 0 else n
+
+
+class Profiles:
+    """Everything learned of one member's passes (see the module's opening)."""
+
+    def __init__(self):
+        self._by_signature: dict[tuple, dict[int, Bucket]] = {}
+
+    def knows(self, signature: tuple) -> bool:
+        return signature in self._by_signature
+
+    def learn(self, signature: tuple, size: int, regions: list[Region]) -> None:
+        """A pass of ``size`` ran through ``regions`` (in order, the last
+        ending with the pass)."""
+        buckets = self._by_signature.setdefault(signature, {})
+        b = bucket_of(size)
+        if b not in buckets:
+            if len(buckets) >= MAX_BUCKETS:
+                del buckets[next(iter(buckets))]
+            buckets[b] = Bucket(size)
+        buckets[b].add(size, regions)
+
+    def predict(self, signature: tuple, size: int) -> Prediction | None:
+        """None: nothing known of the signature (the pass must be measured)."""
+        buckets = self._by_signature.get(signature)
+        if not buckets:
+            return None
+        at_or_above = [bk for bk in buckets.values() if bk.size >= size]
+        if at_or_above:
+            return Prediction(min(at_or_above, key=lambda bk: bk.size), 1.0)
+        largest = max(buckets.values(), key=lambda bk: bk.size)
+        return Prediction(largest, (size / max(1, largest.size)) ** 2)
+
+
+def bucket_of(size: int) -> int:
+    """A size's bucket: a quarter of an octave wide."""
+    return int(math.floor(math.log2(max(1, size)) * 4))
+
+
+def gate_keys(regions: list[Region], split: int) -> set[tuple]:
+    """The keys of the points where a member waits: the first point whose
+    region starts after the bytes risen or fallen since the last gate reach
+    ``split`` (the pass's start is always one)."""
+    gates: set[tuple] = set()
+    moved = 0
+    for r in regions:
+        if r.key != START and moved >= split:
+            gates.add(r.key)
+            moved = 0
+        moved += max(r.rise, abs(r.net))
+    return gates

@@ -1,0 +1,428 @@
+"""``waterwave.sharing(model)``: any eager training loop shares its device.
+
+    with ww.sharing(model):          # this trial's memory flows with the others'
+        for batch in loader:         # the user's own loop, unchanged
+            opt.zero_grad(); model(**batch).loss.backward(); opt.step()
+
+Inside the block the loop is the user's eager PyTorch, untouched: any
+forward, loss and optimizer, shapes that change every batch. Its results are
+the eager loop's because it is the eager loop; Waterwave only counts and
+waits. The calling thread becomes a *member* of its device's training
+session (``session.py``) while the block runs: its allocations are counted
+in the session's ledger (a thread account: ``csrc/runtime/
+thread_accounts.h``; on the CPU through Waterwave's CPU allocator,
+``alloc/cpu_allocator.py``), and with a budget it waits at *gates*, points
+inside each pass that hooks see (the model's forward starting, chosen
+modules' forward and backward starting, an optimizer's step: hooks, not
+capture), until the region after the gate fits beside the others' holdings
+(``csrc/runtime/shared_budget.cpp``). So one trial's forward runs while
+another's backward frees.
+
+What a region needs is learned from the allocator's own counts of earlier
+passes (``pass_profile.py``). A member's first pass of each kind (training,
+evaluating) runs alone and is measured at every module; the gates are then
+chosen by measured memory, as node groups are cut by size. A pass larger
+than any seen is predicted scaled; an allocation past a prediction waits for
+the others' frees, and if every member waits, one fails with
+``torch.OutOfMemoryError`` naming the budget while the others go on.
+
+Without a budget (a CPU session with no ``memory_limit``) nothing waits
+and no hook is placed: members are counted only.
+
+A member's model, its account and what was learned of it last as long as
+the model: the next block (the next epoch) goes on from them. Hooks are
+placed when a block starts and removed when it ends, so the model outside
+its blocks is the user's, unchanged (saved, copied, evaluated).
+
+May import: waterwave._C, waterwave.alloc, this package; torch (lazily).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Mapping
+
+from ..alloc.thread_account import ThreadAccount
+from .pass_profile import (START, PassRecorder, Profiles, Region, coarsen, gate_keys,
+                           rise_of)
+
+ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
+GATE_POLL_MS = 100  # a waiting gate returns to Python this often (Ctrl-C lands)
+END = ("end", 0)    # the point that ends a pass (never a region's start)
+GATES_PER_PASS = 8  # a gate every eighth of a pass's rise, as node groups are cut
+# Regions rising less than this share of the budget get no gate of their own:
+# a gate costs a hook and a lock, and small regions fit anyway.
+SMALLEST_GATE_SHARE = 1 / 256
+
+_local = threading.local()  # .member: the member whose block runs on this thread
+_members: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Member
+_members_lock = threading.Lock()
+_optimizer_hooks: list = []  # the global optimizer hooks, while any block runs
+_blocks_running = 0
+
+
+class Member:
+    """One model's training as a member of its device's session: its
+    account in the session's ledger and what its passes were measured
+    needing (see the module's opening)."""
+
+    def __init__(self, model, session, name: str):
+        self.model_ref = weakref.ref(model)
+        self.session = session
+        self.name = name
+        self.ledger = session.ledger()
+        self.account = ThreadAccount(self.ledger)
+        self.profiles = Profiles()
+        self.gates: dict[tuple, set[tuple]] = {}  # signature -> gate keys
+        self.thread: int | None = None  # the thread whose block runs now
+        self.budget = 0       # the budget when the block began (0: none)
+        self.passes = 0
+        self.measured_passes = 0
+        self._modules: list = []
+        self._hooks: dict[tuple, object] = {}  # (module index, phase) -> handle
+        self._hooked: frozenset | None = None   # the module points hooked now
+        self._placed = False
+        self._root_handles: list = []
+        self._depth = 0
+        self._recorder: PassRecorder | None = None
+        self._signature: tuple | None = None
+        self._size = 0
+        self._prediction = None
+        self._occurrences: Counter = Counter()
+
+    # The block ------------------------------------------------------------
+    def enter(self, budget: int) -> None:
+        model = self.model_ref()
+        self.thread = threading.get_ident()
+        self.budget = budget
+        self._depth = 0
+        self._recorder = None
+        if budget:
+            self._modules = list(model.modules())
+            self._root_handles = [
+                model.register_forward_pre_hook(self._root_called, with_kwargs=True),
+                model.register_forward_hook(self._root_returned, always_call=True)]
+
+    def exit(self) -> None:
+        if self._recorder is not None:
+            live, peak = self.ledger.take_peak(self.account.id)
+            self._end_pass(live, peak)
+        for handle in [*self._root_handles, *self._hooks.values()]:
+            handle.remove()
+        self._root_handles, self._hooks, self._hooked, self._placed = [], {}, None, False
+        self._modules = []
+        self.thread = None
+
+    @property
+    def gating(self) -> bool:
+        return bool(self.budget)
+
+    # Passes -----------------------------------------------------------------
+    def _root_called(self, module, args, kwargs):
+        if threading.get_ident() != self.thread:
+            return None
+        self._depth += 1
+        if self._depth == 1:
+            self._begin_pass(args, kwargs)
+        return None
+
+    def _root_returned(self, module, args, output):
+        if threading.get_ident() == self.thread and self._depth:
+            self._depth -= 1
+            if self._depth == 0:
+                self._hook_backward(0, output)
+        return None
+
+    def _begin_pass(self, args, kwargs) -> None:
+        import torch
+
+        model = self._modules[0]
+        if self._recorder is not None:
+            live, peak = self.ledger.take_peak(self.account.id)
+            self._end_pass(live, peak)
+        signature = (torch.is_grad_enabled(), bool(model.training))
+        size = elements(args) + elements(kwargs)
+        prediction = self.profiles.predict(signature, size)
+        measuring = prediction is None
+        self._place_hooks(None if measuring else self._gate_points())
+        live, _ = self.ledger.take_peak(self.account.id)
+        if measuring:
+            self._wait(None, 0, live, boundary=True)
+        else:
+            rise, rest, net = prediction.at(START)
+            self._wait(rise, rest, live + net, boundary=True)
+        live, _ = self.ledger.take_peak(self.account.id)
+        self._recorder = PassRecorder(live)
+        self._signature, self._size, self._prediction = signature, size, prediction
+        self._occurrences.clear()
+        self.passes += 1
+        self.measured_passes += measuring
+
+    def _end_pass(self, live: int, peak: int) -> None:
+        recorder, signature = self._recorder, self._signature
+        self._recorder = None
+        recorder.at(END, live, peak)
+        regions = recorder.regions
+        if self._prediction is None:  # measured at every module: choose the gates
+            split = max(rise_of(regions) // GATES_PER_PASS,
+                        int(self.budget * SMALLEST_GATE_SHARE), 1)
+            self.gates[signature] = gate_keys(regions, split)
+        self.profiles.learn(signature, self._size,
+                            coarsen(regions, self.gates.get(signature, set())))
+
+    # Points -----------------------------------------------------------------
+    def _point(self, key: tuple, may_wait: bool) -> None:
+        """A point of the pass: read the account, and wait at a gate."""
+        recorder = self._recorder
+        if recorder is None:
+            return
+        live, peak = self.ledger.take_peak(self.account.id)
+        recorder.at(key, live, peak)
+        prediction = self._prediction
+        if (may_wait and prediction is not None and key in self.gates.get(self._signature, ())
+                and threading.get_ident() == self.thread):
+            rise, rest, net = prediction.at(key)
+            self._wait(rise, rest, live + net, boundary=False)
+
+    def _wait(self, rise, rest: int, end: int, boundary: bool) -> None:
+        """Wait at a gate until the session admits the region (``rise`` None:
+        the pass runs alone). Ctrl-C (the session interrupted) raises here."""
+        while True:
+            result = self.ledger.gate(self.account.id, rise, max(0, rest), max(0, end), boundary,
+                                      GATE_POLL_MS)
+            if result == ADMITTED:
+                return
+            if result == INTERRUPTED:
+                raise KeyboardInterrupt(f"{self.name!r} stopped at a gate: training was "
+                                        "interrupted")
+
+    def module_called(self, index: int):
+        def pre_hook(module, args):
+            if threading.get_ident() == self.thread and self._recorder is not None:
+                key = (index, "f", self._occurrences[(index, "f")])
+                self._occurrences[(index, "f")] += 1
+                self._point(key, may_wait=True)
+        return pre_hook
+
+    def module_returned(self, index: int):
+        def post_hook(module, args, output):
+            if threading.get_ident() == self.thread and self._recorder is not None:
+                self._hook_backward(index, output)
+        return post_hook
+
+    def _hook_backward(self, index: int, output) -> None:
+        """A point where the backward of ``output`` starts: a hook on the
+        autograd node that made it (no change to the graph or its values)."""
+        if self._recorder is None or not self._wants(index, "b"):
+            return
+        node = first_grad_fn(output)
+        if node is None:
+            return
+        key = (index, "b", self._occurrences[(index, "b")])
+        self._occurrences[(index, "b")] += 1
+
+        def reached(grad_outputs, key=key):
+            # On the CPU autograd runs the backward on the calling thread; on
+            # a GPU on its device thread, shared by every member: read there,
+            # never wait (``_point`` waits on the member's thread only).
+            self._point(key, may_wait=True)
+        node.register_prehook(reached)
+
+    def optimizer_step(self) -> None:
+        if self._recorder is not None:
+            key = ("step", self._occurrences["step"])
+            self._occurrences["step"] += 1
+            self._point(key, may_wait=True)
+
+    # Hooks ------------------------------------------------------------------
+    def _gate_points(self) -> frozenset:
+        """The (module index, phase) points some signature's gates need."""
+        return frozenset((k[0], k[1]) for keys in self.gates.values() for k in keys
+                         if isinstance(k[0], int))
+
+    def _wants(self, index: int, phase: str) -> bool:
+        return self._hooked is None or (index, phase) in self._hooked
+
+    def _place_hooks(self, points: frozenset | None) -> None:
+        """Hooks at ``points`` (None: every module's, to measure a pass)."""
+        if self._placed and points == self._hooked:
+            return
+        for handle in self._hooks.values():
+            handle.remove()
+        self._hooks = {}
+        self._hooked, self._placed = points, True
+        for index, module in enumerate(self._modules):
+            if index and (points is None or (index, "f") in points):
+                self._hooks[(index, "f")] = module.register_forward_pre_hook(
+                    self.module_called(index))
+            if index and (points is None or (index, "b") in points):
+                self._hooks[(index, "b")] = module.register_forward_hook(
+                    self.module_returned(index))
+
+    def stats(self) -> dict:
+        return {"name": self.name, "passes": self.passes,
+                "measured_passes": self.measured_passes,
+                "gates": {str(s): len(k) for s, k in self.gates.items()},
+                "live": self.ledger.usage(self.account.id)[0]}
+
+    def __repr__(self) -> str:
+        return f"Member({self.name!r}, {self.passes} passes)"
+
+
+class sharing:
+    """``with waterwave.sharing(model):`` (see the module's opening). The
+    device is the model's (its parameters'); ``session`` another than the
+    device's; ``name`` what stats and errors call it (the model's class)."""
+
+    def __init__(self, model, session=None, *, name: str | None = None):
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"waterwave.sharing takes the model being trained (a "
+                            f"torch.nn.Module), not a {type(model).__name__}")
+        self.model = model
+        self.name = name or type(model).__name__
+        self._session = session
+        self.member: Member | None = None
+
+    def __enter__(self) -> Member:
+        from .session import training_session
+
+        model = self.model
+        session = self._session or training_session(model_device(model))
+        with _members_lock:
+            member = _members.get(model)
+            if member is None or member.session is not session:
+                member = _members[model] = Member(model, session, self.name)
+            if member.thread is not None:
+                raise RuntimeError(f"{self.name!r} already shares its device from another "
+                                   "thread: train a model in one sharing block at a time")
+            if getattr(_local, "member", None) is not None:
+                raise RuntimeError("this thread is already in a sharing block (of "
+                                   f"{_local.member.name!r}): one block per thread")
+            member.thread = threading.get_ident()
+        try:
+            _optimizer_hooks_on()
+        except BaseException:
+            member.thread = None
+            raise
+        try:
+            budget = session.join_sharing(member, base_bytes(model, session.device))
+        except BaseException:
+            member.thread = None
+            _optimizer_hooks_off()
+            raise
+        self.member = member
+        try:
+            member.enter(budget)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        member.account.tag()
+        _local.member = member
+        return member
+
+    def __exit__(self, kind, error, trace) -> None:
+        member = self.member
+        self.member = None
+        ThreadAccount.untag()
+        _local.member = None
+        try:
+            member.exit()
+        finally:
+            _optimizer_hooks_off()
+            member.session.leave_sharing(member)
+        return None
+
+
+def _optimizer_hooks_on() -> None:
+    """The global optimizer hooks (an optimizer's step is a point of the
+    member stepping it), while any block runs."""
+    global _blocks_running
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    with _members_lock:
+        if _blocks_running == 0:
+            _optimizer_hooks.append(register_optimizer_step_pre_hook(_optimizer_stepping))
+        _blocks_running += 1
+
+
+def _optimizer_hooks_off() -> None:
+    global _blocks_running
+    with _members_lock:
+        _blocks_running -= 1
+        if _blocks_running == 0:
+            for handle in _optimizer_hooks:
+                handle.remove()
+            _optimizer_hooks.clear()
+
+
+def _optimizer_stepping(optimizer, args, kwargs):
+    member = getattr(_local, "member", None)
+    if member is not None and member.gating:
+        member.optimizer_step()
+    return None
+
+
+def elements(value, depth: int = 0) -> int:
+    """The elements of the tensors in a model's arguments (nested lists,
+    tuples and mappings: a dict batch, a PackedSequence)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if depth > 4:
+        return 0
+    if isinstance(value, (list, tuple)):
+        return sum(elements(v, depth + 1) for v in value)
+    if isinstance(value, Mapping):
+        return sum(elements(v, depth + 1) for v in value.values())
+    return 0
+
+
+def first_grad_fn(output, depth: int = 0):
+    """The autograd node of the first tensor in a module's output that has
+    one (a tensor, a tuple, a dict, a model output object)."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output.grad_fn
+    if depth > 3:
+        return None
+    if isinstance(output, Mapping):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        for value in output:
+            node = first_grad_fn(value, depth + 1)
+            if node is not None:
+                return node
+    return None
+
+
+def model_device(model):
+    """The device a model trains on: its parameters' (else its buffers')."""
+    import torch
+
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def base_bytes(model, device: str) -> int:
+    """Bytes of the model's parameters and buffers on ``device``: a member
+    holds them without having allocated them in its blocks."""
+    import torch
+
+    kind = torch.device(device).type
+    storages = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == kind:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+__all__ = ["sharing", "Member", "Region"]
