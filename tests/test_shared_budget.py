@@ -1,0 +1,332 @@
+"""The shared budget of ``waterwave.sharing``'s members (issue 39, item 2),
+driven directly: a ledger of its own (``_C.ThreadAccounts()``), threads as
+members, their allocations told to it. The rule (csrc/runtime/
+shared_budget.cpp): a gate admits a region when its predicted rise fits and
+the state stays safe; a pass with no prediction runs alone; an allocation
+past the budget waits for the others' frees; when every member waits, one
+allocation fails naming the budget, else a gate goes on. Never a hang, and
+the members' bytes never pass the budget."""
+import itertools
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from waterwave import _C
+
+ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
+_addresses = itertools.count(1 << 20)
+
+
+class SimMember:
+    """A member on a thread of its own: passes of (rise, actual) regions,
+    each region's allocations told to the ledger, freed at the pass's end."""
+
+    def __init__(self, ledger, base=0):
+        self.ledger = ledger
+        self.id = ledger.open()
+        ledger.join(self.id, base)
+        self.error = None
+        self.passes = 0
+
+    def gate(self, rise, rest, end, boundary):
+        while (r := self.ledger.gate(self.id, rise, rest, end, boundary, 50)) == TIMED_OUT:
+            pass
+        return r
+
+    def allocate(self, nbytes):
+        ptr = next(_addresses)
+        self.ledger.allocate(ptr, nbytes)
+        return ptr
+
+    def run(self, passes, kept=0):
+        """``passes``: lists of (predicted rise, bytes actually allocated)
+        per region; ``kept``: bytes allocated once in the first pass and
+        held after (an optimizer's state)."""
+        _C.ThreadAccounts.set_thread(self.id)
+        held = []
+        try:
+            for p, regions in enumerate(passes):
+                rest = sum(r for r, _ in regions)
+                self.gate(regions[0][0] if p else None, rest, 0, boundary=True)
+                live = []
+                for k, (rise, actual) in enumerate(regions):
+                    if k:
+                        self.gate(rise, sum(r for r, _ in regions[k:]), 0, boundary=False)
+                    if actual:
+                        live.append(self.allocate(actual))
+                    time.sleep(0.0005)
+                if p == 0 and kept:
+                    held.append(self.allocate(kept))
+                for ptr in live:
+                    self.ledger.free(ptr)
+                self.passes += 1
+        except BaseException as e:  # noqa: BLE001 (the test reads it)
+            self.error = e
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+            self.ledger.leave(self.id)
+        return held
+
+
+def run_members(members, plans, timeout=60):
+    threads = [threading.Thread(target=m.run, args=(plan,)) for m, plan in zip(members, plans)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "members hung"
+
+
+def test_members_take_turns_where_both_do_not_fit_and_never_pass_the_budget():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    a, b = SimMember(ledger, base=100), SimMember(ledger, base=100)
+    plans = [[[(400, 400)]] * 30, [[(500, 500)]] * 30]
+    run_members([a, b], plans)
+    stats = ledger.share_stats()
+    assert a.error is None and b.error is None
+    assert a.passes == b.passes == 30
+    assert stats["peak"] <= 1000
+    assert stats["gate_waits"] > 0  # they did wait for each other
+    assert stats["failed"] == stats["forced"] == 0
+
+
+def test_members_that_fit_together_run_side_by_side():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(10_000)
+    a, b = SimMember(ledger), SimMember(ledger)
+    run_members([a, b], [[[(400, 400)]] * 20] * 2)
+    stats = ledger.share_stats()
+    assert stats["peak"] == 800  # both at once
+    assert stats["failed"] == stats["forced"] == 0
+
+
+def test_a_pass_with_no_prediction_runs_alone():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(10_000)
+    a, b = ledger.open(), ledger.open()
+    ledger.join(a, 0)
+    ledger.join(b, 0)
+    assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED  # a is in a pass
+    assert ledger.gate(b, None, 0, 0, True, 0) == TIMED_OUT  # b must run alone: waits for a
+    # a back at its boundary waits too: b came first
+    assert ledger.gate(a, 100, 100, 0, True, 0) == TIMED_OUT
+    assert ledger.share_stats()["waiting"] == 2
+    assert ledger.gate(b, None, 0, 0, True, 0) == ADMITTED  # no one else in a pass
+    assert ledger.gate(a, 100, 100, 0, True, 0) == TIMED_OUT  # b's pass runs alone
+    assert ledger.gate(b, 100, 100, 0, True, 0) == ADMITTED  # b's pass ended
+    assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED
+
+
+def test_a_gate_waits_where_the_state_would_be_unsafe():
+    # Each pass rises to 700 and ends keeping 500. b's first region fits
+    # beside a's now, but admitting it would leave no order in which both
+    # finish: a finished holds 500, and b would need 600 more.
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    a, b = ledger.open(), ledger.open()
+    ledger.join(a, 0)
+    ledger.join(b, 0)
+    assert ledger.gate(a, 100, 700, 500, True, 0) == ADMITTED
+    assert ledger.gate(b, 100, 700, 500, True, 0) == TIMED_OUT
+    ledger.leave(a)
+    assert ledger.gate(b, 100, 700, 500, True, 0) == ADMITTED
+
+
+def test_an_allocation_past_the_budget_waits_for_the_others_frees():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    a, b = ledger.open(), ledger.open()
+    ledger.join(a, 0)
+    ledger.join(b, 0)
+    assert ledger.gate(b, 600, 600, 0, True, 0) == ADMITTED
+    _C.ThreadAccounts.set_thread(b)
+    ledger.allocate(1, 600)
+    _C.ThreadAccounts.set_thread(0)
+    done = threading.Event()
+
+    def allocate_600():
+        _C.ThreadAccounts.set_thread(a)
+        ledger.allocate(2, 600)  # past the budget beside b's 600: waits
+        _C.ThreadAccounts.set_thread(0)
+        done.set()
+
+    t = threading.Thread(target=allocate_600)
+    t.start()
+    assert not done.wait(0.3)
+    assert ledger.share_stats()["allocation_waits"] == 1
+    ledger.free(1)  # b's memory comes back, its region's claim at its next gate
+    assert not done.wait(0.3)
+    assert ledger.gate(b, 300, 300, 0, True, 0) == ADMITTED
+    assert done.wait(5)
+    t.join()
+    assert ledger.share_stats()["peak"] <= 1000
+
+
+def test_every_member_waiting_fails_one_allocation_naming_the_budget():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    ids = [ledger.open() for _ in range(2)]
+    for i in ids:
+        ledger.join(i, 0)
+    errors = [None, None]
+    started = threading.Barrier(2)
+
+    def member(k):
+        _C.ThreadAccounts.set_thread(ids[k])
+        try:
+            ledger.allocate(10 + k, 400)
+            started.wait()
+            ledger.allocate(20 + k, 400)  # 1,600 wanted of 1,000: both wait
+        except MemoryError as e:
+            errors[k] = e
+            ledger.free(10 + k)  # its thread unwinds
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    threads = [threading.Thread(target=member, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    failed = [e for e in errors if e is not None]
+    assert len(failed) == 1, errors  # one fails, alone; the other went on
+    assert "memory_limit=1000 bytes" in str(failed[0]) and "every trial" in str(failed[0])
+    assert ledger.share_stats()["failed"] == 1
+    assert ledger.share_stats()["peak"] <= 1000
+
+
+def test_members_at_gates_that_cannot_all_fit_break_the_tie_without_failing():
+    # A pass predicted larger than the budget allows beside the others'
+    # holdings still runs (a gate goes on with the room there is) and,
+    # needing less than predicted, finishes.
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    a = SimMember(ledger, base=300)
+    b = SimMember(ledger, base=300)
+    plans = [[[(900, 200)]] * 5, [[(900, 200)]] * 5]
+    run_members([a, b], plans)
+    assert a.error is None and b.error is None
+    stats = ledger.share_stats()
+    assert stats["forced"] > 0 and stats["failed"] == 0
+    assert stats["peak"] <= 1000
+
+
+def test_interrupt_wakes_every_gate_and_fails_waiting_allocations():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    a, b = ledger.open(), ledger.open()
+    ledger.join(a, 0)
+    ledger.join(b, 0)
+    assert ledger.gate(a, 900, 900, 0, True, 0) == ADMITTED
+    results = []
+
+    def wait_at_gate():
+        results.append(ledger.gate(b, 900, 900, 0, True, 10_000))
+
+    t = threading.Thread(target=wait_at_gate)
+    t.start()
+    time.sleep(0.1)
+    ledger.interrupt()
+    t.join(5)
+    assert results == [INTERRUPTED]
+    _C.ThreadAccounts.set_thread(a)
+    with pytest.raises(MemoryError, match="interrupted"):
+        ledger.allocate(5, 2000)
+    _C.ThreadAccounts.set_thread(0)
+    ledger.leave(a)
+    ledger.leave(b)
+    # The last member gone, the next block starts afresh.
+    ledger.join(a, 0)
+    assert ledger.gate(a, 10, 10, 0, True, 0) == ADMITTED
+
+
+def test_without_a_budget_nothing_waits():
+    ledger = _C.ThreadAccounts()
+    a = ledger.open()
+    ledger.join(a, 0)
+    _C.ThreadAccounts.set_thread(a)
+    ledger.allocate(7, 1 << 40)
+    _C.ThreadAccounts.set_thread(0)
+    assert ledger.gate(a, 1 << 50, 1 << 50, 0, True, 0) == ADMITTED
+    assert ledger.share_stats()["peak"] == 1 << 40
+
+
+def test_a_member_that_left_holds_its_bytes_until_its_account_closes():
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000, 50)
+    a = ledger.open()
+    ledger.join(a, 100)
+    _C.ThreadAccounts.set_thread(a)
+    ledger.allocate(3, 200)  # an optimizer's state, kept
+    _C.ThreadAccounts.set_thread(0)
+    ledger.leave(a)
+    stats = ledger.share_stats()
+    assert stats["held"] == 50 + 100 + 200 and stats["active"] == 0
+    ledger.close(a)
+    assert ledger.share_stats()["held"] == 50
+    assert ledger.share_stats()["members_live"] == 0
+
+
+def test_a_waiting_allocation_gives_up_the_gil():
+    # An allocation made with the GIL held (a CPU tensor from a Python list)
+    # waits without it: another Python thread runs and frees.
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000)
+    a, b = ledger.open(), ledger.open()
+    ledger.join(a, 0)
+    ledger.join(b, 0)
+    _C.ThreadAccounts.set_thread(b)
+    ledger.allocate(1, 900)
+    _C.ThreadAccounts.set_thread(0)
+
+    def free_soon():
+        time.sleep(0.2)  # Python code: needs the GIL
+        ledger.free(1)
+        ledger.leave(b)  # its claim goes with it
+
+    t = threading.Thread(target=free_soon)
+    t.start()
+    _C.ThreadAccounts.set_thread(a)
+    ledger.allocate(2, 900)  # waits (the binding gives the GIL up; so does the hook)
+    _C.ThreadAccounts.set_thread(0)
+    t.join()
+    assert ledger.share_stats()["allocation_waits"] == 1
+
+
+@settings(max_examples=25)
+@given(st.lists(st.tuples(st.integers(0, 300),               # base
+                          st.lists(st.tuples(st.integers(0, 400),   # predicted rise
+                                             st.integers(0, 500)),  # actual bytes
+                                   min_size=1, max_size=4),
+                          st.integers(1, 6)),                # passes
+                min_size=1, max_size=4),
+       st.integers(600, 3000))
+def test_random_members_end_and_never_pass_the_budget(specs, budget):
+    # Any mix (mispredictions included): every run ends, the members' bytes
+    # never pass the budget, and a member fails only with out of memory.
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(budget)
+    bases = [min(base, budget // (2 * len(specs))) for base, _, _ in specs]
+    members = [SimMember(ledger, base) for base in bases]
+    plans = [[regions] * passes for _, regions, passes in specs]
+    run_members(members, plans, timeout=60)
+    stats = ledger.share_stats()
+    assert stats["peak"] <= budget
+    for m, (_, regions, passes) in zip(members, specs):
+        if m.error is not None:
+            assert isinstance(m.error, MemoryError), m.error
+        else:
+            assert m.passes == passes
+    # What fails is only what could not fit: a region alone past the room
+    # the bases leave.
+    room = budget - sum(bases)
+    if all(sum(actual for _, actual in regions) <= room // len(specs)
+           for _, regions, _ in specs):
+        assert all(m.error is None for m in members)
