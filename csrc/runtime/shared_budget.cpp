@@ -299,6 +299,7 @@ GateResult ThreadAccounts::gate(std::int64_t id, const GateRequest& request, lon
     throw ConfigError("thread account " + std::to_string(id) + " is not open");
   }
   if (!it->second.member || !it->second.active) return GateResult::kAdmitted;
+  if (interrupted_) return GateResult::kInterrupted;  // with or without a budget
   {
     Account& a = it->second;
     if (a.waiting == Waiting::kNone) {  // it arrives (else it calls again after a time-out)

@@ -319,15 +319,19 @@ def begin_step(optimizer, captured: list[tuple]) -> None:
     """What an eager ``optimizer.step()`` call would see and leave, checked
     and left before a captured step: the groups are shaped as captured
     (``check_structure``); no step hooks wait to run (the captured update
-    runs none: refused); and a learning-rate scheduler sees that the
-    optimizer stepped (its flag, as its wrapper of ``step`` sets it), so it
-    neither warns nor skips its first value."""
+    runs none: refused; a hook marked ``waterwave_not_in_captured_steps``,
+    waterwave.sharing's, acts only in eager members' threads); and a
+    learning-rate scheduler sees that the optimizer stepped (its flag, as
+    its wrapper of ``step`` sets it), so it neither warns nor skips its
+    first value."""
     from torch.optim import optimizer as torch_optimizer
 
     check_structure(optimizer, captured)
-    hooks = (len(optimizer._optimizer_step_pre_hooks) + len(optimizer._optimizer_step_post_hooks)
-             + len(torch_optimizer._global_optimizer_pre_hooks)
-             + len(torch_optimizer._global_optimizer_post_hooks))
+    hooks = [*optimizer._optimizer_step_pre_hooks.values(),
+             *optimizer._optimizer_step_post_hooks.values(),
+             *torch_optimizer._global_optimizer_pre_hooks.values(),
+             *torch_optimizer._global_optimizer_post_hooks.values()]
+    hooks = sum(not getattr(h, "waterwave_not_in_captured_steps", False) for h in hooks)
     if hooks:
         raise OptimizerError(f"the optimizer has {hooks} step hook(s), which a captured step "
                              "does not run: remove them (or run their work between steps)")

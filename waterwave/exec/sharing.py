@@ -26,8 +26,8 @@ than any seen is predicted scaled; an allocation past a prediction waits for
 the others' frees, and if every member waits, one fails with
 ``torch.OutOfMemoryError`` naming the budget while the others go on.
 
-Without a budget (a CPU session with no ``memory_limit``) nothing waits
-and no hook is placed: members are counted only.
+Without a budget (a CPU session with no ``memory_limit``) nothing waits:
+members are counted, and one hook at the model's call lets Ctrl-C stop them.
 
 A member's model, its account and what was learned of it last as long as
 the model: the next block (the next epoch) goes on from them. Hooks are
@@ -98,11 +98,10 @@ class Member:
         self.budget = budget
         self._depth = 0
         self._recorder = None
-        if budget:
-            self._modules = list(model.modules())
-            self._root_handles = [
-                model.register_forward_pre_hook(self._root_called, with_kwargs=True),
-                model.register_forward_hook(self._root_returned, always_call=True)]
+        self._modules = list(model.modules()) if budget else [model]
+        self._root_handles = [
+            model.register_forward_pre_hook(self._root_called, with_kwargs=True),
+            model.register_forward_hook(self._root_returned, always_call=True)]
 
     def exit(self) -> None:
         if self._recorder is not None:
@@ -130,7 +129,7 @@ class Member:
     def _root_returned(self, module, args, output):
         if threading.get_ident() == self.thread and self._depth:
             self._depth -= 1
-            if self._depth == 0:
+            if self._depth == 0 and self.gating:
                 self._hook_backward(0, output)
         return None
 
@@ -138,6 +137,10 @@ class Member:
         import torch
 
         model = self._modules[0]
+        self.passes += 1
+        if not self.gating:  # counted only; Ctrl-C still stops it here
+            self._wait(0, 0, 0, boundary=True)
+            return
         if self._recorder is not None:
             live, peak = self.ledger.take_peak(self.account.id)
             self._end_pass(live, peak)
@@ -156,7 +159,6 @@ class Member:
         self._recorder = PassRecorder(live)
         self._signature, self._size, self._prediction = signature, size, prediction
         self._occurrences.clear()
-        self.passes += 1
         self.measured_passes += measuring
 
     def _end_pass(self, live: int, peak: int) -> None:
@@ -363,6 +365,11 @@ def _optimizer_stepping(optimizer, args, kwargs):
     if member is not None and member.gating:
         member.optimizer_step()
     return None
+
+
+# A captured step (job.train) runs no step hooks and refuses optimizers that
+# have some; this one acts only in a member's thread, where steps are eager.
+_optimizer_stepping.waterwave_not_in_captured_steps = True
 
 
 def elements(value, depth: int = 0) -> int:

@@ -1,0 +1,586 @@
+"""``with ww.sharing(model):`` around ordinary eager loops (issue 39): the
+loop is the user's, untouched, so each member trains exactly as it would
+alone (losses, parameters, optimizer state, bit for bit), whatever it
+does (dict batches and keyword inputs, shapes that change every batch,
+``pack_padded_sequence``, data-dependent Python, custom and fused
+optimizers, schedulers, clipping, autocast, accumulation), while its memory
+is counted by Waterwave's CPU allocator and, under a session's
+``memory_limit``, gated with the other members': the counted peak never
+passes the limit."""
+import contextlib
+import copy
+import importlib
+import pickle
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import waterwave as ww  # noqa: E402
+
+
+@pytest.fixture
+def session():
+    """A fresh CPU session: its settings back to none afterwards."""
+    s = ww.training_session("cpu", memory_limit=None)
+    s.reset_peak()
+    yield s
+    s.configure(memory_limit=None)
+
+
+# Models, as users write them -------------------------------------------------
+class HFStyleClassifier(nn.Module):
+    """A Hugging Face-style model: keyword inputs, a dict batch, an output
+    object carrying ``.loss``."""
+
+    def __init__(self, vocab=50, dim=32, classes=3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.mix = nn.Sequential(nn.Linear(dim, dim * 2), nn.GELU(), nn.Linear(dim * 2, dim))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        h = self.mix(self.embed(input_ids)) * attention_mask.unsqueeze(-1)
+        pooled = h.sum(1) / attention_mask.sum(1, keepdim=True)
+        logits = self.head(pooled)
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+class PackedLSTM(nn.Module):
+    """An LSTM over ``pack_padded_sequence`` (lengths differ per sequence)."""
+
+    def __init__(self, vocab=50, dim=16, classes=3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.lstm = nn.LSTM(dim, dim, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(tokens), lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)
+        return self.head(h[-1])
+
+
+class Branchy(nn.Module):
+    """Data-dependent Python: which layer runs depends on the batch's values."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x) if float(x.sum()) > 0 else self.b(x).relu()
+        for _ in range(int(x.shape[0]) % 3):  # a loop as long as the batch says
+            h = torch.tanh(self.a(h))
+        return self.head(h)
+
+
+class Lion(torch.optim.Optimizer):
+    """A custom optimizer (Lion, Chen et al. 2023), as users write them."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.99)):
+        super().__init__(params, dict(lr=lr, betas=betas))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                avg = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.add_(torch.sign(avg * b1 + p.grad * (1 - b1)), alpha=-group["lr"])
+                avg.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+class MyAdam(torch.optim.Adam):
+    """A subclass of a torch optimizer."""
+
+    def step(self, closure=None):
+        return super().step(closure)
+
+
+# Data -------------------------------------------------------------------------
+def padded_batches(seed, n=12, batch=8, vocab=50, longest=24):
+    """Token batches padded to each batch's longest sequence (dynamic
+    padding: every batch its own shape), as a collate_fn makes them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        lengths = torch.randint(2, longest, (batch,), generator=g)
+        width = int(lengths.max())
+        ids = torch.randint(1, vocab, (batch, width), generator=g)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+        out.append({"input_ids": ids * mask, "attention_mask": mask,
+                    "labels": torch.randint(0, 3, (batch,), generator=g)})
+    return out
+
+
+def mlp_batches(seed, n=10, batch=64, features=32, vary=False):
+    g = torch.Generator().manual_seed(seed)
+    sizes = [batch - (7 * i) % (batch // 2) if vary else batch for i in range(n)]
+    return [(torch.randn(b, features, generator=g), torch.randint(0, 4, (b,), generator=g))
+            for b in sizes]
+
+
+# The user's loops -------------------------------------------------------------
+def hf_loop(model, opt, batches, sched=None):
+    losses = []
+    for batch in batches:
+        opt.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+def lstm_loop(model, opt, batches):
+    losses = []
+    for batch in batches:
+        opt.zero_grad()
+        lengths = batch["attention_mask"].sum(1)
+        loss = F.cross_entropy(model(batch["input_ids"], lengths), batch["labels"])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def mlp_loop(model, opt, batches, clip=None, accumulate=1, autocast=None, evaluate=False):
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        ctx = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+        with ctx:
+            loss = F.cross_entropy(model(x), y)
+        (loss / accumulate).backward()
+        if (i + 1) % accumulate == 0:
+            if clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if evaluate and i % 3 == 0:  # an evaluation inside the block
+            model.eval()
+            with torch.no_grad():
+                losses.append(F.cross_entropy(model(x), y).item())
+            model.train()
+    return losses
+
+
+def mlp(seed, width=64, features=32):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(features, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 4))
+
+
+CASES = {
+    "hf dict batches, dynamic padding, OneCycleLR": lambda: (
+        _seeded(HFStyleClassifier), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+        lambda m, o, data: hf_loop(m, o, data, torch.optim.lr_scheduler.OneCycleLR(
+            o, max_lr=1e-2, total_steps=len(data))), padded_batches(1)),
+    "pack_padded_sequence LSTM": lambda: (
+        _seeded(PackedLSTM), lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), lstm_loop,
+        padded_batches(2)),
+    "data-dependent Python, Lion": lambda: (
+        _seeded(Branchy), lambda m: Lion(m.parameters(), lr=1e-3),
+        mlp_loop, [(torch.randn(5 + i % 4, 8), torch.randint(0, 2, (5 + i % 4,)))
+                   for i in range(10)]),
+    "Adam subclass, clipping, accumulation, an evaluation inside": lambda: (
+        mlp(3), lambda m: MyAdam(m.parameters(), lr=1e-3),
+        lambda m, o, d: mlp_loop(m, o, d, clip=0.5, accumulate=2, evaluate=True),
+        mlp_batches(3)),
+    "fused AdamW, bf16 autocast, shapes that change": lambda: (
+        mlp(4), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True),
+        lambda m, o, d: mlp_loop(m, o, d, autocast=torch.bfloat16), mlp_batches(4, vary=True)),
+    "SGD with momentum, foreach": lambda: (
+        mlp(5), lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, foreach=True),
+        mlp_loop, mlp_batches(5)),
+}
+
+
+def _seeded(cls, seed=0):
+    torch.manual_seed(seed)
+    return cls()
+
+
+def assert_same_training(a_model, a_opt, a_losses, b_model, b_opt, b_losses):
+    assert a_losses == b_losses
+    for (name, p), q in zip(a_model.state_dict().items(), b_model.state_dict().values()):
+        assert torch.equal(p, q), name
+    sa, sb = a_opt.state_dict(), b_opt.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    for k, state in sa["state"].items():
+        for key, value in state.items():
+            other = sb["state"][k][key]
+            assert torch.equal(value, other) if torch.is_tensor(value) else value == other
+
+
+def eager_and_shared(case, session, threads=1):
+    """Each member's loop run eagerly, then the same loops as sharing
+    members (``threads`` of them at once)."""
+    runs = []
+    for k in range(threads):
+        model, make_opt, loop, data = CASES[case]()
+        runs.append((model, make_opt, loop, data))
+    eager = []
+    for model, make_opt, loop, data in runs:
+        m = copy.deepcopy(model)
+        o = make_opt(m)
+        eager.append((m, o, loop(m, o, data)))
+    shared = [None] * threads
+
+    def member(k):
+        model, make_opt, loop, data = runs[k]
+        opt = make_opt(model)
+        with ww.sharing(model):
+            losses = loop(model, opt, data)
+        shared[k] = (model, opt, losses)
+
+    threads_ = [threading.Thread(target=member, args=(k,)) for k in range(threads)]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        t.join(120)
+    assert all(s is not None for s in shared), "a member did not finish"
+    return eager, shared
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_member_trains_exactly_as_its_eager_loop(case, session):
+    session.configure(memory_limit=256 << 20)  # gated: hooks, gates, predictions
+    (eager,), (shared,) = eager_and_shared(case, session)
+    assert_same_training(*eager, *shared)
+    assert session.stats()["peak_bytes"] > 0
+
+
+def test_members_of_every_kind_at_once_under_a_budget_match_eager(session):
+    cases = sorted(CASES)
+    runs = [CASES[c]() for c in cases]
+    eager = []
+    for model, make_opt, loop, data in runs:
+        m = copy.deepcopy(model)
+        o = make_opt(m)
+        eager.append((m, o, loop(m, o, data)))
+    session.configure(memory_limit=64 << 20)
+    shared = [None] * len(runs)
+
+    def member(k):
+        model, make_opt, loop, data = runs[k]
+        opt = make_opt(model)
+        with ww.sharing(model):
+            shared[k] = (model, opt, loop(model, opt, data))
+
+    threads = [threading.Thread(target=member, args=(k,)) for k in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for e, s in zip(eager, shared):
+        assert s is not None
+        assert_same_training(*e, *s)
+    assert session.stats()["most_training"] >= 2
+
+
+# Memory flow under a budget ----------------------------------------------------
+def wide_member(seed, batch=512, width=256):
+    """An MLP whose activations outweigh its parameters: members that fit
+    one or two at a time, not four."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
+    g = torch.Generator().manual_seed(seed)
+    data = [(torch.randn(batch, 64, generator=g), torch.randint(0, 4, (batch,), generator=g))
+            for _ in range(8)]
+    return model, data
+
+
+def solo_needs(session, model, data):
+    """A member's (peak, bytes held once its loop ends), measured alone by
+    the session's counts."""
+    m = copy.deepcopy(model)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    session.reset_peak()
+    before = session.stats()["members_bytes"]
+    with ww.sharing(m):
+        mlp_loop(m, opt, data)
+    stats = session.stats()
+    return stats["peak_bytes"] - before, stats["members_bytes"] - before
+
+
+def test_members_under_a_budget_below_their_sum_match_eager_and_stay_under(session):
+    members = [wide_member(seed) for seed in range(4)]
+    needs = [solo_needs(session, model, data) for model, data in members]
+    peaks, ends = zip(*needs)
+    # Room for every member's lasting bytes and one pass and a half beside:
+    # well under four side by side.
+    limit = sum(ends) + int(1.5 * max(p - e for p, e in needs))
+    assert limit < sum(peaks)
+    eager = []
+    for model, data in members:
+        m = copy.deepcopy(model)
+        o = torch.optim.Adam(m.parameters(), lr=1e-3)
+        eager.append((m, o, mlp_loop(m, o, data)))
+    session.configure(memory_limit=limit)
+    session.reset_peak()
+    baseline = session.stats()["members_bytes"]
+    shared = [None] * 4
+
+    def member(k):
+        model, data = members[k]
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        with ww.sharing(model):
+            shared[k] = (model, opt, mlp_loop(model, opt, data))
+
+    threads = [threading.Thread(target=member, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stats = session.stats()
+    for e, s in zip(eager, shared):
+        assert s is not None
+        assert_same_training(*e, *s)
+    assert stats["peak_bytes"] - baseline <= limit
+    assert stats["waits"]["gate_waits"] > 0  # they did take turns
+    assert stats["waits"]["failed"] == 0
+
+
+def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):
+    big, data = wide_member(0, batch=2048)
+    small, small_data = wide_member(1, batch=64)
+    session.configure(memory_limit=6 << 20)  # the big pass needs far more
+    errors = {}
+
+    def run(name, model, batches):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        try:
+            with ww.sharing(model, name=name):
+                mlp_loop(model, opt, batches)
+        except torch.OutOfMemoryError as e:
+            errors[name] = e
+
+    threads = [threading.Thread(target=run, args=("big", big, data)),
+               threading.Thread(target=run, args=("small", small, small_data))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert set(errors) == {"big"}
+    assert "memory_limit=6.00 MiB" in str(errors["big"])
+    assert session.stats()["training"] == []
+
+
+def test_a_member_that_raises_leaves_and_the_others_go_on(session):
+    session.configure(memory_limit=64 << 20)
+    model_a, data_a = wide_member(0, batch=64)
+    model_b, data_b = wide_member(1, batch=64)
+    outcome = {}
+
+    def failing():
+        opt = torch.optim.SGD(model_a.parameters(), lr=0.01)
+        try:
+            with ww.sharing(model_a):
+                for i, (x, y) in enumerate(data_a):
+                    if i == 3:
+                        raise ValueError("a bad batch")
+                    F.cross_entropy(model_a(x), y).backward()
+                    opt.step()
+        except ValueError as e:
+            outcome["a"] = e
+
+    def fine():
+        opt = torch.optim.SGD(model_b.parameters(), lr=0.01)
+        with ww.sharing(model_b):
+            outcome["b"] = mlp_loop(model_b, opt, data_b * 4)
+
+    threads = [threading.Thread(target=failing), threading.Thread(target=fine)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert isinstance(outcome["a"], ValueError) and len(outcome["b"]) == 32
+    assert session.stats()["sharing"] == []
+
+
+@pytest.mark.parametrize("limit", [None, 64 << 20])
+def test_interrupting_the_session_stops_every_member_at_its_next_pass(session, limit):
+    session.configure(memory_limit=limit)
+    stop = threading.Event()
+    raised = []
+
+    def forever(seed):
+        model, data = wide_member(seed, batch=32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        try:
+            with ww.sharing(model):
+                while True:
+                    mlp_loop(model, opt, data)
+                    stop.set()
+        except KeyboardInterrupt as e:
+            raised.append(e)
+
+    threads = [threading.Thread(target=forever, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    assert stop.wait(30)
+    session.interrupt()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(raised) == 2
+    # The next block starts afresh.
+    model, data = wide_member(5, batch=32)
+    with ww.sharing(model):
+        mlp_loop(model, torch.optim.SGD(model.parameters(), lr=0.01), data[:2])
+
+
+def test_the_model_outside_its_blocks_carries_no_hooks(session):
+    session.configure(memory_limit=64 << 20)
+    model, data = wide_member(0, batch=32)
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(2):  # two epochs: the second goes on from what the first learned
+        with ww.sharing(model) as member:
+            mlp_loop(model, opt, data)
+    assert member.passes == 16 and member.measured_passes == 1
+    for m in model.modules():
+        assert not m._forward_pre_hooks and not m._forward_hooks
+    assert not importlib.import_module("torch.optim.optimizer")._global_optimizer_pre_hooks
+    copy.deepcopy(model)
+    pickle.loads(pickle.dumps(model))
+
+
+def test_sharing_refuses_what_it_cannot_share(session):
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        ww.sharing(torch.zeros(3)).__enter__()
+    model = nn.Linear(2, 2)
+    with ww.sharing(model):
+        with pytest.raises(RuntimeError, match="already in a sharing block"):
+            with ww.sharing(nn.Linear(2, 2)):
+                pass
+        errors = []
+
+        def other_thread():
+            try:
+                with ww.sharing(model):
+                    pass
+            except RuntimeError as e:
+                errors.append(e)
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        assert "another thread" in str(errors[0])
+
+
+def test_a_captured_job_and_sharing_members_train_in_one_session(session):
+    # A Job (planned, job.train) and eager members share one budget: the job
+    # keeps room for its step, the members share the rest; both exact.
+    torch.manual_seed(0)
+    net = mlp(7)
+    x, y = torch.randn(32, 32), torch.randint(0, 4, (32,))
+    ref = copy.deepcopy(net)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    ref_losses = []
+    for _ in range(6):
+        ref_opt.zero_grad()
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+    session.configure(memory_limit=64 << 20)
+    job = ww.Job(net, (x,), F.cross_entropy, torch.optim.SGD(net.parameters(), lr=0.05),
+                 targets=(y,))
+    model, data = wide_member(1, batch=128)
+    eager_model = copy.deepcopy(model)
+    eager_opt = torch.optim.Adam(eager_model.parameters(), lr=1e-3)
+    eager_losses = mlp_loop(eager_model, eager_opt, data)
+    out = {}
+
+    def member():
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        with ww.sharing(model):
+            out["member"] = (model, opt, mlp_loop(model, opt, data))
+
+    t = threading.Thread(target=member)
+    t.start()
+    out["job"] = job.train(6)
+    t.join(60)
+    assert out["job"] == ref_losses
+    assert_same_training(eager_model, eager_opt, eager_losses, *out["member"])
+    assert session.stats()["most_training"] >= 2
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(16, 256),      # batch
+                          st.booleans(),             # shapes change every batch
+                          st.integers(1, 3),         # blocks (epochs), joining and leaving
+                          st.integers(0, 6)),        # the step it fails at (0: never)
+                min_size=1, max_size=4),
+       st.floats(0.6, 1.5))
+def test_random_members_under_random_budgets(session, specs, tightness):
+    # Any mix: the counted peak never passes the budget, every run ends in
+    # time, every member that does not fail equals its eager loop.
+    runs = []
+    for k, (batch, vary, blocks, fail_at) in enumerate(specs):
+        torch.manual_seed(k)
+        model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 4))
+        runs.append((model, mlp_batches(k, n=4, batch=batch, vary=vary), blocks, fail_at))
+    eager = []
+    for model, data, blocks, fail_at in runs:
+        m = copy.deepcopy(model)
+        o = torch.optim.Adam(m.parameters(), lr=1e-3)
+        eager.append((m, o, [loss for _ in range(blocks) for loss in mlp_loop(m, o, data)]))
+    # The session is configured afresh for each example (the fixture's
+    # settings are only its start). Room for each member's parameters and
+    # state, and some of its passes.
+    params = sum(4 * sum(p.numel() for p in m.parameters()) for m, *_ in runs) * 4
+    biggest_pass = max(b for b, *_ in specs) * (128 + 32 + 4) * 4 * 8
+    limit = int(params + tightness * biggest_pass * len(specs) / 2)
+    session.configure(memory_limit=limit)
+    session.reset_peak()
+    baseline = session.stats()["members_bytes"]
+    out = [None] * len(runs)
+
+    def member(k):
+        model, data, blocks, fail_at = runs[k]
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        losses = []
+        try:
+            for _ in range(blocks):
+                with ww.sharing(model):
+                    losses += mlp_loop(model, opt, data)
+                    if fail_at and fail_at <= len(losses):
+                        raise ValueError("the trial's own error")
+                time.sleep(0.001 * k)  # evaluate, report: the others go on
+            out[k] = ("done", model, opt, losses)
+        except ValueError as e:
+            out[k] = ("failed", e)
+        except torch.OutOfMemoryError as e:
+            out[k] = ("oom", e)
+
+    threads = [threading.Thread(target=member, args=(k,)) for k in range(len(runs))]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(1.0, 90 - (time.monotonic() - start)))
+    assert not any(t.is_alive() for t in threads), "a member hung"
+    assert session.stats()["peak_bytes"] - baseline <= limit
+    for (model, data, blocks, fail_at), e, o in zip(runs, eager, out):
+        if o[0] == "done":
+            assert_same_training(*e, *o[1:])
+        elif o[0] == "oom":
+            assert "memory_limit" in str(o[1])
