@@ -4,6 +4,7 @@ trained exactly as eager PyTorch trains it; a failing trial that leaves
 the others training; two worker processes sharing one study, over
 SQLite and over Optuna's journal file."""
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -206,3 +207,25 @@ def test_trials_on_a_simulated_gpu_fit_under_a_smaller_cap_with_the_pipeline():
     assert 0 < r["blas_workspaces"] < r["lockstep"]["peak_reserved"]
     with pytest.raises(ValueError, match="needs the graphs"):
         trials_on_gpu([])
+
+
+def test_a_text_search_with_dynamic_padding_shares_memory_under_a_limit():
+    """examples/text_search.py (issue 39's measure of done): 24 trials of
+    LSTM and BERT text classifiers, batches dynamically padded and shuffled,
+    their loops under ``with ww.sharing(model):``, four at a time on the CPU
+    under a memory_limit below what four of the trials need side by side:
+    every trial ends (complete or pruned) and the counted peak stays under
+    the limit."""
+    root = __import__("pathlib").Path(__file__).parent.parent
+    r = subprocess.run([sys.executable, str(root / "examples" / "text_search.py"), "--trials", "24",
+                        "--jobs", "4", "--epochs", "2", "--sentences", "160",
+                        "--memory-limit", "40"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = r.stdout.splitlines()[0]
+    done = re.match(r"24 trials in [\d.]+ s on cpu, 4 at a time: (\d+) complete(?:, (\d+) pruned)?$",
+                    first)
+    assert done, r.stdout  # no trial failed
+    side_by_side = float(re.search(r"the 4 largest side by side ([\d.]+) MiB", r.stdout)[1])
+    peak = float(re.search(r"held at most ([\d.]+) MiB at once", r.stdout)[1])
+    assert side_by_side > 40 >= peak, r.stdout
+    assert "out of memory 0" in r.stdout

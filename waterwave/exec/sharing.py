@@ -50,6 +50,9 @@ from .pass_profile import (START, PassRecorder, Profiles, Region, coarsen, gate_
 ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
 GATE_POLL_MS = 100  # a waiting gate returns to Python this often (Ctrl-C lands)
 END = ("end", 0)    # the point that ends a pass (never a region's start)
+# The signature of what a block allocates before its model's first call (the
+# loader's first batch): a pass of its own, learned as the others are.
+BLOCK_START = ("block start",)
 GATES_PER_PASS = 8  # a gate every eighth of a pass's rise, as node groups are cut
 # Regions rising less than this share of the budget get no gate of their own:
 # a gate costs a hook and a lock, and small regions fit anyway.
@@ -77,6 +80,8 @@ class Member:
         self.gates: dict[tuple, set[tuple]] = {}  # signature -> gate keys
         self.thread: int | None = None  # the thread whose block runs now
         self.budget = 0       # the budget when the block began (0: none)
+        self.base = 0         # its model's bytes, which it holds untagged
+        self.most = 0         # the most its account held, as far as its points saw
         self.passes = 0
         self.measured_passes = 0
         self._modules: list = []
@@ -92,20 +97,22 @@ class Member:
         self._occurrences: Counter = Counter()
 
     # The block ------------------------------------------------------------
-    def enter(self, budget: int) -> None:
+    def enter(self, budget: int, base: int) -> None:
         model = self.model_ref()
         self.thread = threading.get_ident()
-        self.budget = budget
+        self.budget, self.base = budget, base
         self._depth = 0
         self._recorder = None
         self._modules = list(model.modules()) if budget else [model]
         self._root_handles = [
             model.register_forward_pre_hook(self._root_called, with_kwargs=True),
             model.register_forward_hook(self._root_returned, always_call=True)]
+        if self.gating:  # what it allocates before its model's first call is a pass's too
+            self._start_pass(BLOCK_START, 0)
 
     def exit(self) -> None:
+        live, peak = self._read()
         if self._recorder is not None:
-            live, peak = self.ledger.take_peak(self.account.id)
             self._end_pass(live, peak)
         for handle in [*self._root_handles, *self._hooks.values()]:
             handle.remove()
@@ -136,20 +143,26 @@ class Member:
     def _begin_pass(self, args, kwargs) -> None:
         import torch
 
-        model = self._modules[0]
         self.passes += 1
         if not self.gating:  # counted only; Ctrl-C still stops it here
+            self._read()
             self._wait(0, 0, 0, boundary=True)
             return
+        model = self._modules[0]
+        self._start_pass((torch.is_grad_enabled(), bool(model.training)),
+                         elements(args) + elements(kwargs))
+
+    def _start_pass(self, signature: tuple, size: int) -> None:
+        """The previous pass ends; the next one (of ``signature`` and
+        ``size``) waits at its boundary until it is admitted."""
+        live, peak = self._read()
         if self._recorder is not None:
-            live, peak = self.ledger.take_peak(self.account.id)
             self._end_pass(live, peak)
-        signature = (torch.is_grad_enabled(), bool(model.training))
-        size = elements(args) + elements(kwargs)
         prediction = self.profiles.predict(signature, size)
         measuring = prediction is None
-        self._place_hooks(None if measuring else self._gate_points())
-        live, _ = self.ledger.take_peak(self.account.id)
+        if signature != BLOCK_START:
+            self._place_hooks(None if measuring else self._gate_points())
+            self.measured_passes += measuring
         if measuring:
             self._wait(None, 0, live, boundary=True)
         else:
@@ -159,7 +172,6 @@ class Member:
         self._recorder = PassRecorder(live)
         self._signature, self._size, self._prediction = signature, size, prediction
         self._occurrences.clear()
-        self.measured_passes += measuring
 
     def _end_pass(self, live: int, peak: int) -> None:
         recorder, signature = self._recorder, self._signature
@@ -179,13 +191,19 @@ class Member:
         recorder = self._recorder
         if recorder is None:
             return
-        live, peak = self.ledger.take_peak(self.account.id)
+        live, peak = self._read()
         recorder.at(key, live, peak)
         prediction = self._prediction
         if (may_wait and prediction is not None and key in self.gates.get(self._signature, ())
                 and threading.get_ident() == self.thread):
             rise, rest, net = prediction.at(key)
             self._wait(rise, rest, live + net, boundary=False)
+
+    def _read(self) -> tuple[int, int]:
+        """The account's (bytes live, most since the last read)."""
+        live, peak = self.ledger.take_peak(self.account.id)
+        self.most = max(self.most, peak)
+        return live, peak
 
     def _wait(self, rise, rest: int, end: int, boundary: bool) -> None:
         """Wait at a gate until the session admits the region (``rise`` None:
@@ -263,10 +281,13 @@ class Member:
                     self.module_returned(index))
 
     def stats(self) -> dict:
+        """Its passes, those measured alone, its gates per kind of pass, and
+        its bytes (its model's included): now, and the most its points saw."""
         return {"name": self.name, "passes": self.passes,
                 "measured_passes": self.measured_passes,
                 "gates": {str(s): len(k) for s, k in self.gates.items()},
-                "live": self.ledger.usage(self.account.id)[0]}
+                "bytes": self.base + self.ledger.usage(self.account.id)[0],
+                "peak_bytes": self.base + self.most}
 
     def __repr__(self) -> str:
         return f"Member({self.name!r}, {self.passes} passes)"
@@ -309,15 +330,16 @@ class sharing:
         except BaseException:
             member.thread = None
             raise
+        base = base_bytes(model, session.device)
         try:
-            budget = session.join_sharing(member, base_bytes(model, session.device))
+            budget = session.join_sharing(member, base)
         except BaseException:
             member.thread = None
             _optimizer_hooks_off()
             raise
         self.member = member
         try:
-            member.enter(budget)
+            member.enter(budget, base)
         except BaseException:
             self.__exit__(None, None, None)
             raise
