@@ -223,3 +223,29 @@ def test_a_zero_byte_allocation_on_a_tagged_thread_is_not_looked_up(fake):
     finally:
         ThreadAccount.untag()
         account.close()
+
+
+def test_an_untagged_threads_allocations_on_a_members_stream_count_to_it(fake):
+    # PyTorch runs a CUDA backward on its own device thread: a sharing
+    # member's backward is counted by its stream, and never waits.
+    use(fake)
+    ledger = _C.cuda_accounts()
+    account = ThreadAccount(ledger)
+    ledger.set_stream_account(7, account.id)
+    got = []
+    t = threading.Thread(target=lambda: got.append(_C.cuda_malloc(MiB, 0, 7)))
+    t.start(), t.join()
+    other = _C.cuda_malloc(MiB, 0, 8)  # another stream: not its
+    assert account.usage() == (MiB, MiB)
+    ledger.join(account.id, 0)
+    ledger.set_budget(MiB // 2)  # past the budget already: a stream's allocation still goes on
+    t = threading.Thread(target=lambda: got.append(_C.cuda_malloc(MiB, 0, 7)))
+    t.start(), t.join()
+    assert account.usage()[0] == 2 * MiB
+    ledger.set_budget(0)
+    ledger.leave(account.id)
+    ledger.set_stream_account(7, 0)
+    for p in (*got, other):
+        _C.cuda_free(p, 0, 0, 0)
+    assert account.usage()[0] == 0
+    account.close()

@@ -45,6 +45,9 @@ void bind_accounts(py::module_& m) {
         const AccountUsage u = a.take_peak(id);
         return std::make_pair(u.allocated, u.peak);
       }, py::arg("id"), "usage(), and the peak reset to the bytes live now, at once.")
+      .def("set_stream_account", &ThreadAccounts::set_stream_account, py::arg("stream"),
+           py::arg("id"), "Untagged threads' allocations on `stream` count to account `id` "
+           "(0: to none); they never wait.")
       .def("set_budget", &ThreadAccounts::set_budget, py::arg("budget"), py::arg("outside") = 0)
       .def("join", &ThreadAccounts::join, py::arg("id"), py::arg("base") = 0)
       .def("leave", &ThreadAccounts::leave, py::arg("id"))

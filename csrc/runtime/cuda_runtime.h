@@ -63,7 +63,7 @@ class CudaRuntime {
     if (!accounts_.before_allocate(bytes)) throw OutOfMemoryError(ThreadAccounts::why());
     AllocatorStack& s = stack(device);
     const Addr ptr = s.allocate(bytes, stream);
-    accounts_.allocated(ptr, [&] { return s.allocation_size(ptr); });
+    accounts_.allocated_on(stream, ptr, [&] { return s.allocation_size(ptr); });
     return ptr;
   }
   void deallocate(Addr ptr, int device);
@@ -74,7 +74,7 @@ class CudaRuntime {
     if (!accounts_.before_allocate(bytes)) throw OutOfMemoryError(ThreadAccounts::why());
     PrivatePools& p = pools(device);
     const Addr ptr = p.allocate(pool, bytes, stream);
-    accounts_.allocated(ptr, [&] { return p.owner(ptr)->allocation_size(ptr); });
+    accounts_.allocated_on(stream, ptr, [&] { return p.owner(ptr)->allocation_size(ptr); });
     return ptr;
   }
   // beginAllocateToPool; the first window on the device first makes the

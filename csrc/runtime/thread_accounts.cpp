@@ -25,9 +25,29 @@ void ThreadAccounts::close(std::int64_t id) {
   close_locked(id);
 }
 
+void ThreadAccounts::set_stream_account(StreamId stream, std::int64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (id == 0) {
+    streams_.erase(stream);
+  } else {
+    streams_[stream] = id;
+  }
+  streams_on_.store(streams_.size(), std::memory_order_relaxed);
+}
+
+std::int64_t ThreadAccounts::stream_account(StreamId stream) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = streams_.find(stream);
+  return it == streams_.end() ? 0 : it->second;
+}
+
 void ThreadAccounts::close_locked(std::int64_t id) {
   auto found = accounts_.find(id);
   if (found == accounts_.end()) return;
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    it = it->second == id ? streams_.erase(it) : std::next(it);
+  }
+  streams_on_.store(streams_.size(), std::memory_order_relaxed);
   if (found->second.member) {
     members_live_ -= found->second.usage.allocated + found->second.base;
     changed_locked();

@@ -111,6 +111,20 @@ class ThreadAccounts {
     if (ptr == 0 || id == 0 || open_.load(std::memory_order_relaxed) == 0) return;
     note(id, ptr, size_of());
   }
+  // The same, for an allocation on `stream`: an untagged thread's counts to
+  // the account the stream is given to (set_stream_account), if any. PyTorch
+  // runs a CUDA backward on its own device thread, shared by every member:
+  // a member's backward is known by its stream, and never waits.
+  template <typename SizeOf>
+  void allocated_on(StreamId stream, Addr ptr, SizeOf&& size_of) {
+    std::int64_t id = current_;
+    if (ptr == 0 || open_.load(std::memory_order_relaxed) == 0) return;
+    if (id == 0 && streams_on_.load(std::memory_order_relaxed) != 0) id = stream_account(stream);
+    if (id != 0) note(id, ptr, size_of());
+  }
+  // Allocations on `stream` by untagged threads count to account `id` (0:
+  // to none again).
+  void set_stream_account(StreamId stream, std::int64_t id);
   void freed(Addr ptr) {
     if (live_.load(std::memory_order_relaxed) == 0) return;
     forget(ptr);
@@ -173,6 +187,7 @@ class ThreadAccounts {
 
   void note(std::int64_t id, Addr ptr, std::size_t bytes);
   void forget(Addr ptr);
+  std::int64_t stream_account(StreamId stream);
   void close_locked(std::int64_t id);
 
   // shared_budget.cpp, under mu_.
@@ -196,6 +211,8 @@ class ThreadAccounts {
   std::unordered_map<Addr, Noted> blocks_;              // under mu_
   std::atomic<std::size_t> open_{0};                    // accounts_.size()
   std::atomic<std::size_t> live_{0};                    // blocks_.size()
+  std::unordered_map<StreamId, std::int64_t> streams_;  // under mu_
+  std::atomic<std::size_t> streams_on_{0};              // streams_.size()
   // The shared budget, under mu_ (budget_on_ also read without it).
   std::atomic<int> budget_on_{0};
   std::size_t budget_ = 0;

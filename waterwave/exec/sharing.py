@@ -79,6 +79,12 @@ class Member:
         self.profiles = Profiles()
         self.gates: dict[tuple, set[tuple]] = {}  # signature -> gate keys
         self.thread: int | None = None  # the thread whose block runs now
+        # On a GPU: the member's own stream, by which its backward (run on
+        # PyTorch's shared autograd thread) is counted to it.
+        self.on_cuda = str(session.device).startswith("cuda")
+        self.stream = None
+        self._outer_stream = None
+        self._stream_context = None
         self.budget = 0       # the budget when the block began (0: none)
         self.base = 0         # its model's bytes, which it holds untagged
         self.most = 0         # the most its account held, as far as its points saw
@@ -107,8 +113,31 @@ class Member:
         self._root_handles = [
             model.register_forward_pre_hook(self._root_called, with_kwargs=True),
             model.register_forward_hook(self._root_returned, always_call=True)]
+        if self.on_cuda:
+            self._enter_stream()
         if self.gating:  # what it allocates before its model's first call is a pass's too
             self._start_pass(BLOCK_START, 0)
+
+    def _enter_stream(self) -> None:
+        """The block's work on the member's own stream, after what the caller
+        queued before it (its batch, its model), as ``job.train`` runs a job."""
+        import torch
+
+        device = torch.device(self.session.device)
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(device)
+        self._outer_stream = torch.cuda.current_stream(device)
+        self.stream.wait_stream(self._outer_stream)
+        self._stream_context = torch.cuda.stream(self.stream)
+        self._stream_context.__enter__()
+        self.ledger.set_stream_account(self.stream.cuda_stream, self.account.id)
+
+    def _exit_stream(self) -> None:
+        """The caller's stream waits for the block's work, as after ``train()``."""
+        self.ledger.set_stream_account(self.stream.cuda_stream, 0)
+        self._stream_context.__exit__(None, None, None)
+        self._outer_stream.wait_stream(self.stream)
+        self._stream_context = self._outer_stream = None
 
     def exit(self) -> None:
         live, peak = self._read()
@@ -117,6 +146,8 @@ class Member:
         for handle in [*self._root_handles, *self._hooks.values()]:
             handle.remove()
         self._root_handles, self._hooks, self._hooked, self._placed = [], {}, None, False
+        if self._stream_context is not None:
+            self._exit_stream()
         self._modules = []
         self.thread = None
 
@@ -234,8 +265,8 @@ class Member:
     def _hook_backward(self, index: int, output) -> None:
         """A point where the backward of ``output`` starts: a hook on the
         autograd node that made it (no change to the graph or its values)."""
-        if self._recorder is None or not self._wants(index, "b"):
-            return
+        if self._recorder is None or self.on_cuda or not self._wants(index, "b"):
+            return  # on a GPU the backward runs on autograd's shared thread: no points there
         node = first_grad_fn(output)
         if node is None:
             return
