@@ -584,3 +584,41 @@ def test_random_members_under_random_budgets(session, specs, tightness):
             assert_same_training(*e, *o[1:])
         elif o[0] == "oom":
             assert "memory_limit" in str(o[1])
+
+
+def test_a_job_meeting_batches_it_has_not_captured_runs_them_eagerly_as_a_member(session):
+    # Issue 39, item 4: dynamic padding (batches longer than the captured
+    # one) used to stop a Job partway; those steps now run eagerly, as
+    # sharing members of the session, with the Job's settings, and the
+    # whole run is the eager loop's.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(1)
+    sizes = [8, 8, 12, 12, 8, 8, 16, 16, 6, 6, 8, 8]  # in pairs: accumulated steps
+    data = [(torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g))
+            for n in sizes]
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    expected = []
+    for i in range(0, len(data), 2):
+        ref_opt.zero_grad()
+        losses = []
+        for x, y in data[i:i + 2]:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(reference(x), y)
+            (loss / 2).backward()
+            losses.append(loss.detach())
+        nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        ref_opt.step()
+        expected.append(((losses[0] + losses[1]) / 2).item())
+    session.configure(memory_limit=64 << 20)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    job = ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=data,
+                 accumulate_grad_batches=2, clip_grad_norm=0.5, autocast_dtype=torch.bfloat16)
+    got = job.train(6)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        assert b.grad is None
+    assert job.stats()["eager_steps"] == 2  # the pairs of 12 and of 16
+    assert session.stats()["peak_bytes"] > 0

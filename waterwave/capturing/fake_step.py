@@ -49,7 +49,7 @@ def _torch():
     return torch
 
 
-def _default_loss(output):
+def default_loss(output):
     torch = _torch()
     if isinstance(output, torch.Tensor):
         return output.float().sum()
@@ -58,7 +58,7 @@ def _default_loss(output):
     if hasattr(output, "last_hidden_state"):
         return output.last_hidden_state.float().sum()
     if isinstance(output, (tuple, list)):
-        return _default_loss(output[0])
+        return default_loss(output[0])
     raise CaptureError(f"cannot derive a loss from a {type(output).__name__}; pass loss_fn")
 
 
@@ -416,7 +416,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     try:
         while True:
             grads_seen.clear()
-            step = _step_function(model, loss_fn or _default_loss, optimizer, layout, grads_seen,
+            step = _step_function(model, loss_fn or default_loss, optimizer, layout, grads_seen,
                                   clip, shapes, traced_with, autocast, scaling, no_gradient)
             flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
             gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)

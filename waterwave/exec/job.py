@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..capturing.fake_step import CaptureError
+from ..capturing.fake_step import CaptureError, default_loss
 from ..capturing.optimizers import GradClip
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import JobPlan
 from .batches import BatchFeed
 from .between_calls import BetweenCalls
 from .group_runner import GroupRunner
-from .session import training_session, whole_steps
+from .session import TrainingSession, training_session, whole_steps
+from .sharing import sharing
 from .step import CapturedStep, batches_per_step
 
 
@@ -112,6 +113,7 @@ class Job:
         self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
         self.session = None  # the training session its partition and runner were made for
         self.between = between  # what it holds between train() calls
+        self.eager_steps = 0  # steps run eagerly: batches no capture of it could train
         self._stream = None
 
     def train(self, steps: int, session=None) -> list[float]:
@@ -197,28 +199,96 @@ class Job:
         inputs, targets = self.batches.next()
         return inputs, targets or None
 
-    def step_for(self, inputs: tuple, targets) -> tuple[CapturedStep, GroupRunner]:
+    def step_for(self, inputs: tuple, targets) -> tuple[CapturedStep, GroupRunner] | None:
         """The capture and group runner for a batch: the job's own, or, for a
         batch of other shapes (a DataLoader's short last batch) or other
         non-tensor values, a capture of the step for it, made once and cut
-        into the same node groups. Its operators must be the same, each
+        into the same node groups. It must run the same operators, each
         tensor no larger than at the job's shapes (so the memory planned for
-        a step bounds it); a clear error otherwise."""
+        a step bounds it). None where no capture can train the batch (a
+        larger batch, one that runs other operators or cannot be captured,
+        shapes past ``MAX_OTHER_CAPTURES``): the step then runs eagerly
+        (``eager_step``), as the same loop would run it."""
 
-        key = _batch_key((*inputs, *(targets or ())))
+        try:
+            key = _batch_key((*inputs, *(targets or ())))
+        except ValueError:
+            return None
         if not inputs or key == self._example_key:
             return self.step_fn, self.runner
         found = self._other_shapes.get(key)
         if found is None:
             if len(self._other_shapes) >= MAX_OTHER_CAPTURES:
-                raise ValueError(
-                    f"the job's batches have come in {MAX_OTHER_CAPTURES + 1} shapes or "
-                    "non-tensor values, each a capture of its own: pad them to a few shapes, "
-                    "and pass values that change from batch to batch as tensors")
-            found = self._other_shapes[key] = [self._capture_at(inputs, targets), None, None]
+                return None
+            try:
+                capture = self._capture_at(inputs, targets)
+            except ValueError:
+                capture = None
+            found = self._other_shapes[key] = [capture, None, None]
+        if found[0] is None:
+            return None
         if found[2] is not self.partition:  # cut into this trainer's or session's groups
             found[1], found[2] = GroupRunner(found[0], self.partition), self.partition
         return found[0], found[1]
+
+    def eager_step(self, inputs: tuple, targets):
+        """One step on a batch that no capture can train, run eagerly as the
+        same loop would run it (its settings: accumulation, autocast, the
+        GradScaler, clipping), the gradients left None as a captured step
+        leaves them; inside a training session, as a ``waterwave.sharing``
+        member, so its memory is counted and gated with the others'. Returns
+        the step's loss (the batches' mean with accumulation)."""
+        session = self.session[0] if self.session is not None else None
+        block = sharing(self.model, session, name=self.name) \
+            if isinstance(session, TrainingSession) else None
+        if block is None:
+            return self._eager_step(inputs, targets)
+        with block:
+            return self._eager_step(inputs, targets)
+
+    def _eager_step(self, inputs: tuple, targets):
+        import contextlib
+
+        import torch
+
+        loss_fn, clip, k, autocast_dtype, scaler = self._capture
+        loss_fn = loss_fn or default_loss
+        scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        model, opt = self.model, self.step_fn.optimizer
+        targets = tuple(targets or ())
+        n_in, n_t = len(inputs) // k, len(targets) // k
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        for i in range(k):
+            with (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
+                  else contextlib.nullcontext()):
+                loss = loss_fn(model(*inputs[i * n_in:(i + 1) * n_in]),
+                               *targets[i * n_t:(i + 1) * n_t])
+            losses.append(loss.detach())
+            scaled = loss / k if k > 1 else loss
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        if clip.active:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if clip.max_value is not None:
+                torch.nn.utils.clip_grad_value_(model.parameters(), clip.max_value)
+            if clip.max_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip.max_norm, clip.norm_type)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.eager_steps += 1
+        return sum(losses[1:], losses[0]) / k if k > 1 else losses[0]
+
+    def stats(self) -> dict:
+        """Steps trained, those run eagerly (batches no capture could train),
+        and captures made (shapes, and variants the model went through)."""
+        return {"steps": len(self.losses), "eager_steps": self.eager_steps,
+                "captures": 1 + len(self._by_variant)
+                + sum(found[0] is not None for found in self._other_shapes.values())}
 
     def _new_capture(self, inputs, targets) -> CapturedStep:
         """The job's step captured anew on ``inputs`` and ``targets``, with

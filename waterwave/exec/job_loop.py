@@ -43,7 +43,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
     thread is raised. The job leaves the feed on the way out."""
     import torch
 
-    env, step_no = None, -1
+    env, step_no, eager, eager_loss = None, -1, None, None
     # Each step's loss, read a few steps later: reading a GPU tensor
     # waits for its stream, and the host should stay ahead of the GPU
     # (its queue holds about one step), as the simulator's host does.
@@ -59,13 +59,34 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
             for round_, step, group in feed.entries(k):
                 if step != step_no:
                     inputs, targets = job.next_batch()
-                    step_fn, runner = job.step_for(inputs, targets)
-                    env, step_no = runner.start(step_fn.flat_inputs(inputs, targets)), step
+                    found = job.step_for(inputs, targets)
+                    step_no = step
+                    if found is None:  # no capture trains this batch: the step runs eagerly
+                        eager, env = (inputs, targets), None
+                    else:
+                        eager, (step_fn, runner) = None, found
+                        env = runner.start(step_fn.flat_inputs(inputs, targets))
                     if measure is not None and measuring_step is None:
                         measuring_step = step
                 feed.barrier.wait(job, round_)
                 if enter is not None:
                     enter(round_)
+                if eager is not None:
+                    # The whole step in its first group's round; its other
+                    # groups' rounds pass through (the barrier's count).
+                    if measure is not None and step == measuring_step:
+                        measure.report(None)
+                        measure = None
+                    if group == 0:
+                        eager_loss = job.eager_step(*eager)
+                    if group == last_group:
+                        pending.append(eager_loss)
+                        eager = eager_loss = None
+                        job.after_step()
+                        if len(pending) > LOSSES_IN_FLIGHT:
+                            job.losses.append(float(pending.pop(0)))
+                    feed.barrier.done(job, round_)
+                    continue
                 if measure is not None and step == measuring_step:
                     start = measure.probe.start()
                     runner.run_group(group, env)
