@@ -60,6 +60,25 @@ void bind_accounts(py::module_& m) {
          py::arg("timeout_ms"),
          "0: admitted; 1: timed out (still waiting: call again); 2: interrupted. rise None: "
          "no prediction, the pass runs alone.")
+      .def("read_and_gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise,
+                               std::size_t rest, long long net, bool boundary, long timeout_ms) {
+        // A member's point in one call: its bytes read (and its peak reset),
+        // then its gate, the pass predicted to end at live + net.
+        const std::size_t wanted = rise_or_unknown(rise);
+        AccountUsage u;
+        int result;
+        {
+          py::gil_scoped_release released;
+          u = a.take_peak(id);
+          const long long end = static_cast<long long>(u.allocated) + net;
+          const GateRequest request{wanted, rest, end > 0 ? static_cast<std::size_t>(end) : 0,
+                                    boundary};
+          result = static_cast<int>(a.gate(id, request, timeout_ms));
+        }
+        return py::make_tuple(result, u.allocated, u.peak);
+      }, py::arg("id"), py::arg("rise"), py::arg("rest"), py::arg("net"), py::arg("boundary"),
+         py::arg("timeout_ms"),
+         "take_peak() then gate(): (gate's result, bytes live, most since the last read).")
       .def("interrupt", &ThreadAccounts::interrupt, release_gil)
       .def("share_stats", [](ThreadAccounts& a) {
         const ShareStats s = a.share_stats();

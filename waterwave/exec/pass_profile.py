@@ -35,15 +35,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 START = ("start", 0)  # the pass's first point: its model called
 MAX_BUCKETS = 64      # sizes kept per signature (oldest dropped past it)
 RECENT = 4            # passes a bucket predicts from
 
 
-@dataclass(frozen=True)
-class Region:
-    """From the point ``key`` to the next point reached."""
+class Region(NamedTuple):
+    """From the point ``key`` to the next point reached (a tuple: passes make
+    them on the training thread's hot path)."""
     key: tuple
     rise: int  # the most above its start level, at least 0
     net: int   # its end level less its start level
@@ -88,11 +89,12 @@ def coarsen(regions: list[Region], gates: set[tuple]) -> list[Region]:
 
 @dataclass
 class Bucket:
-    """What the latest passes of one signature and size bucket needed (the
-    last ``RECENT``: a first pass that made an optimizer's state, once, is
-    forgotten after them): per key, the most each region rose and its
-    largest net change; the order of the keys in the latest pass; the
-    largest size seen."""
+    """What the latest passes of one signature and size bucket needed: per
+    key, the most each region rose and its largest net change; the order of
+    the keys in the latest pass; the largest size seen. The maxima are over
+    the passes since they were last recomputed, which they are whenever
+    ``RECENT`` passes have gone by or the path changed: a first pass that
+    made an optimizer's state, once, is forgotten after a few more."""
     size: int
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     order: list[tuple] = field(default_factory=list)
@@ -100,29 +102,74 @@ class Bucket:
     net: dict = field(default_factory=dict)
     pass_rise: int = 0
     pass_net: int = 0
+    version: int = 0   # bumped when what it predicts changes
+    _since: int = 0    # passes added since the maxima were recomputed
 
     def add(self, size: int, regions: list[Region]) -> None:
-        self.size = max(self.size, size)
+        if size > self.size:
+            self.size = size
         self.recent.append(regions)
-        self.order = [r.key for r in regions]
-        self.rise, self.net = {}, {}
-        for regions in self.recent:
-            for r in regions:
-                self.rise[r.key] = max(self.rise.get(r.key, 0), r.rise)
-                self.net[r.key] = max(self.net.get(r.key, r.net), r.net)
-        self.pass_rise = max(rise_of(regions) for regions in self.recent)
-        self.pass_net = max(sum(r.net for r in regions) for regions in self.recent)
+        self._since += 1
+        if len(regions) == 1 and self.order == [START] and self._since < RECENT:
+            # A pass with no gate inside (a small model's): one region.
+            r = regions[0]
+            if r.rise > self.rise[START] or r.net > self.net[START]:
+                self.rise[START] = self.pass_rise = max(self.rise[START], r.rise)
+                self.net[START] = self.pass_net = max(self.net[START], r.net)
+                self.version += 1
+            return
+        order = [r.key for r in regions]
+        if order != self.order or self._since >= RECENT:
+            self.order, self._since = order, 0
+            self.rise, self.net = {}, {}
+            for kept in self.recent:
+                self._merge(kept)
+            self.pass_rise = max(rise_of(kept) for kept in self.recent)
+            self.pass_net = max(sum(r.net for r in kept) for kept in self.recent)
+            self.version += 1
+            return
+        if self._merge(regions):
+            self.pass_rise = max(self.pass_rise, rise_of(regions))
+            self.pass_net = max(self.pass_net, sum(r.net for r in regions))
+            self.version += 1
+
+    def _merge(self, regions: list[Region]) -> bool:
+        """Each region's values into the maxima; whether any grew."""
+        grew = False
+        rise, net = self.rise, self.net
+        for r in regions:
+            if r.rise > rise.get(r.key, -1):
+                rise[r.key] = r.rise
+                grew = True
+            if r.key not in net or r.net > net[r.key]:
+                net[r.key] = r.net
+                grew = True
+        return grew
 
 
-@dataclass(frozen=True)
 class Prediction:
-    """A pass's needs at its gates, in bytes above the level at the gate."""
-    bucket: Bucket
-    scale: float
+    """A pass's needs at its gates, in bytes above the level at the gate,
+    from a bucket scaled by ``scale`` (answers kept until the bucket
+    changes)."""
+
+    def __init__(self, bucket: Bucket, scale: float):
+        self.bucket, self.scale = bucket, scale
+        self._answers: dict = {}
+        self._version = bucket.version
 
     def at(self, key: tuple) -> tuple[int, int, int]:
         """(the most the region from ``key`` rises, the most the pass rises
         from here to its end, its net change from here to its end)."""
+        b = self.bucket
+        if self._version != b.version:
+            self._answers.clear()
+            self._version = b.version
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = self._compute(key)
+        return answer
+
+    def _compute(self, key: tuple) -> tuple[int, int, int]:
         b, scale = self.bucket, self.scale
         if key not in b.order:  # not on the latest pass's path: bound by the whole pass
             rest = _scaled(max(b.rise.get(key, 0), b.pass_rise), scale)
@@ -144,6 +191,8 @@ class Profiles:
 
     def __init__(self):
         self._by_signature: dict[tuple, dict[int, Bucket]] = {}
+        self._generation = 0  # buckets added, dropped or grown: predictions chosen again
+        self._chosen: dict = {}  # (signature, bucket of the size) -> (generation, Prediction)
 
     def knows(self, signature: tuple) -> bool:
         return signature in self._by_signature
@@ -153,22 +202,35 @@ class Profiles:
         ending with the pass)."""
         buckets = self._by_signature.setdefault(signature, {})
         b = bucket_of(size)
-        if b not in buckets:
+        found = buckets.get(b)
+        if found is None:
             if len(buckets) >= MAX_BUCKETS:
                 del buckets[next(iter(buckets))]
-            buckets[b] = Bucket(size)
-        buckets[b].add(size, regions)
+            found = buckets[b] = Bucket(size)
+            self._generation += 1
+        elif size > found.size:
+            self._generation += 1
+        found.add(size, regions)
 
     def predict(self, signature: tuple, size: int) -> Prediction | None:
         """None: nothing known of the signature (the pass must be measured)."""
         buckets = self._by_signature.get(signature)
         if not buckets:
             return None
+        key = (signature, size)
+        chosen = self._chosen.get(key)
+        if chosen is not None and chosen[0] == self._generation:
+            return chosen[1]
         at_or_above = [bk for bk in buckets.values() if bk.size >= size]
         if at_or_above:
-            return Prediction(min(at_or_above, key=lambda bk: bk.size), 1.0)
-        largest = max(buckets.values(), key=lambda bk: bk.size)
-        return Prediction(largest, (size / max(1, largest.size)) ** 2)
+            prediction = Prediction(min(at_or_above, key=lambda bk: bk.size), 1.0)
+        else:
+            largest = max(buckets.values(), key=lambda bk: bk.size)
+            prediction = Prediction(largest, (size / max(1, largest.size)) ** 2)
+        if len(self._chosen) > 4 * MAX_BUCKETS:
+            self._chosen.clear()
+        self._chosen[key] = (self._generation, prediction)
+        return prediction
 
 
 def bucket_of(size: int) -> int:

@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from ..alloc.thread_account import ThreadAccount
-from .pass_profile import (START, PassRecorder, Profiles, Region, coarsen, gate_keys,
+from .pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen, gate_keys,
                            rise_of)
 
 ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
@@ -77,7 +77,10 @@ class Member:
         self.ledger = session.ledger()
         self.account = ThreadAccount(self.ledger)
         self.profiles = Profiles()
-        self.gates: dict[tuple, set[tuple]] = {}  # signature -> gate keys
+        self.gates: dict[tuple, frozenset] = {}  # signature -> gate keys
+        # The (module index, phase) points some signature's gates need.
+        self._gate_points: frozenset = frozenset()
+        self._gates_now: frozenset = frozenset()  # the running pass's gate keys
         self.thread: int | None = None  # the thread whose block runs now
         # On a GPU: the member's own stream, by which its backward (run on
         # PyTorch's shared autograd thread) is counted to it.
@@ -101,6 +104,7 @@ class Member:
         self._size = 0
         self._prediction = None
         self._occurrences: Counter = Counter()
+        self._as_predicted = 0  # single-region passes in a row within their prediction
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int) -> None:
@@ -157,31 +161,25 @@ class Member:
 
     # Passes -----------------------------------------------------------------
     def _root_called(self, module, args, kwargs):
-        if threading.get_ident() != self.thread:
-            return None
-        self._depth += 1
-        if self._depth == 1:
-            self._begin_pass(args, kwargs)
-        return None
+        if threading.get_ident() == self.thread:
+            self._depth += 1
+            if self._depth == 1:
+                self._begin_pass(args, kwargs)
 
     def _root_returned(self, module, args, output):
-        if threading.get_ident() == self.thread and self._depth:
+        if self._depth and threading.get_ident() == self.thread:
             self._depth -= 1
             if self._depth == 0 and self.gating:
                 self._hook_backward(0, output)
-        return None
 
     def _begin_pass(self, args, kwargs) -> None:
-        import torch
-
         self.passes += 1
         if not self.gating:  # counted only; Ctrl-C still stops it here
             self._read()
             self._wait(0, 0, 0, boundary=True)
             return
-        model = self._modules[0]
-        self._start_pass((torch.is_grad_enabled(), bool(model.training)),
-                         elements(args) + elements(kwargs))
+        self._start_pass((_grad_enabled(), self._modules[0].training),
+                         elements(args) + (elements(kwargs) if kwargs else 0))
 
     def _start_pass(self, signature: tuple, size: int) -> None:
         """The previous pass ends; the next one (of ``signature`` and
@@ -192,41 +190,55 @@ class Member:
         prediction = self.profiles.predict(signature, size)
         measuring = prediction is None
         if signature != BLOCK_START:
-            self._place_hooks(None if measuring else self._gate_points())
+            self._place_hooks(None if measuring else self._gate_points)
             self.measured_passes += measuring
         if measuring:
             self._wait(None, 0, live, boundary=True)
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, rest, live + net, boundary=True)
-        live, _ = self.ledger.take_peak(self.account.id)
-        self._recorder = PassRecorder(live)
+        self._recorder = PassRecorder(live)  # waiting, it allocated nothing
         self._signature, self._size, self._prediction = signature, size, prediction
+        self._gates_now = self.gates.get(signature, frozenset())
         self._occurrences.clear()
 
     def _end_pass(self, live: int, peak: int) -> None:
-        recorder, signature = self._recorder, self._signature
+        recorder, signature, prediction = self._recorder, self._signature, self._prediction
         self._recorder = None
+        if not recorder.regions and prediction is not None and prediction.scale == 1.0:
+            # No point inside (a small model's pass): one region. As predicted,
+            # there is nothing new to learn but every RECENT-th pass, which
+            # lets a first pass's one-time costs age out.
+            rise, net = max(0, peak - recorder.start), live - recorder.start
+            predicted_rise, _, predicted_net = prediction.at(START)
+            self._as_predicted += 1
+            if rise <= predicted_rise and net <= predicted_net and self._as_predicted < RECENT:
+                return
+            self._as_predicted = 0
+            self.profiles.learn(signature, self._size, [Region(START, rise, net)])
+            return
         recorder.at(END, live, peak)
         regions = recorder.regions
         if self._prediction is None:  # measured at every module: choose the gates
             split = max(rise_of(regions) // GATES_PER_PASS,
                         int(self.budget * SMALLEST_GATE_SHARE), 1)
-            self.gates[signature] = gate_keys(regions, split)
+            self.gates[signature] = frozenset(gate_keys(regions, split))
+            self._gate_points = frozenset((k[0], k[1]) for keys in self.gates.values()
+                                          for k in keys if isinstance(k[0], int))
         self.profiles.learn(signature, self._size,
-                            coarsen(regions, self.gates.get(signature, set())))
+                            coarsen(regions, self.gates.get(signature, frozenset())))
 
     # Points -----------------------------------------------------------------
-    def _point(self, key: tuple, may_wait: bool) -> None:
-        """A point of the pass: read the account, and wait at a gate."""
-        recorder = self._recorder
-        if recorder is None:
+    def _point(self, key: tuple) -> None:
+        """A point of the pass: at a gate (or measuring: anywhere), read the
+        account; at a gate, on the member's thread, wait. Other points would
+        only be merged into their gate's region (``coarsen``): skipped."""
+        recorder, prediction = self._recorder, self._prediction
+        if recorder is None or (prediction is not None and key not in self._gates_now):
             return
         live, peak = self._read()
         recorder.at(key, live, peak)
-        prediction = self._prediction
-        if (may_wait and prediction is not None and key in self.gates.get(self._signature, ())
-                and threading.get_ident() == self.thread):
+        if prediction is not None and threading.get_ident() == self.thread:
             rise, rest, net = prediction.at(key)
             self._wait(rise, rest, live + net, boundary=False)
 
@@ -253,7 +265,7 @@ class Member:
             if threading.get_ident() == self.thread and self._recorder is not None:
                 key = (index, "f", self._occurrences[(index, "f")])
                 self._occurrences[(index, "f")] += 1
-                self._point(key, may_wait=True)
+                self._point(key)
         return pre_hook
 
     def module_returned(self, index: int):
@@ -277,21 +289,16 @@ class Member:
             # On the CPU autograd runs the backward on the calling thread; on
             # a GPU on its device thread, shared by every member: read there,
             # never wait (``_point`` waits on the member's thread only).
-            self._point(key, may_wait=True)
+            self._point(key)
         node.register_prehook(reached)
 
     def optimizer_step(self) -> None:
-        if self._recorder is not None:
+        if self._recorder is not None and (self._prediction is None or self._gates_now):
             key = ("step", self._occurrences["step"])
             self._occurrences["step"] += 1
-            self._point(key, may_wait=True)
+            self._point(key)
 
     # Hooks ------------------------------------------------------------------
-    def _gate_points(self) -> frozenset:
-        """The (module index, phase) points some signature's gates need."""
-        return frozenset((k[0], k[1]) for keys in self.gates.values() for k in keys
-                         if isinstance(k[0], int))
-
     def _wants(self, index: int, phase: str) -> bool:
         return self._hooked is None or (index, phase) in self._hooked
 
@@ -425,11 +432,19 @@ def _optimizer_stepping(optimizer, args, kwargs):
 _optimizer_stepping.waterwave_not_in_captured_steps = True
 
 
+def _grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def elements(value, depth: int = 0) -> int:
     """The elements of the tensors in a model's arguments (nested lists,
     tuples and mappings: a dict batch, a PackedSequence)."""
     import torch
 
+    if type(value) is tuple and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        return value[0].numel()  # the usual call: one tensor
     if isinstance(value, torch.Tensor):
         return value.numel()
     if depth > 4:
