@@ -622,3 +622,58 @@ def test_torch_compile_reduce_overhead_trains_as_under_torchs_allocator():
     print(json.dumps(losses))
     """))
     assert ours == pytest.approx(native, rel=1e-4)
+
+
+def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
+    """Issue 39 on a GPU: four resnet18 trials, each its own eager loop under
+    ``with ww.sharing(model):`` from its own thread, under a session
+    memory_limit below what the four need side by side (each trial's own
+    peak measured alone first): no out of memory, each trial's losses its
+    eager loop's, the counted peak under the limit, the allocator sound."""
+    eager = run(TRAIN + "print(json.dumps({'losses': train(6)}))")["losses"]
+    out = run(TRAIN + textwrap.dedent("""
+    import threading, time
+    import waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    def loop(net, opt, x, y, steps, losses):
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    session = ww.training_session("cuda:0", memory_limit=None)
+    alone = setup()
+    with ww.sharing(alone[0]) as member:
+        loop(*alone, 3, [])
+    peak, held = member.stats()["peak_bytes"], member.stats()["bytes"]
+    del alone, member
+    limit = 4 * held + int(1.5 * (peak - held))
+    session.configure(memory_limit=limit)
+    session.reset_peak()
+    losses = [[] for _ in range(4)]
+    errors = []
+    trials = [setup() for _ in range(4)]  # seeded on this thread: each the same trial
+    def trial(k):
+        try:
+            net, opt, x, y = trials[k]
+            with ww.sharing(net):
+                loop(net, opt, x, y, 6, losses[k])
+        except BaseException as e:
+            errors.append(repr(e))
+    start = time.perf_counter()
+    threads = [threading.Thread(target=trial, args=(k,)) for k in range(4)]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    torch.cuda.synchronize()
+    wc.check_invariants(0)
+    print(json.dumps({'losses': losses, 'errors': errors, 'limit': limit,
+                      'side_by_side': 4 * peak, 'stats': session.stats(),
+                      'seconds': time.perf_counter() - start,
+                      'bad_frees': wc.free_errors()[0]}))
+    """))
+    assert out["errors"] == []
+    assert out["limit"] < out["side_by_side"]
+    assert out["stats"]["peak_bytes"] <= out["limit"]
+    for losses in out["losses"]:
+        assert losses == pytest.approx(eager, rel=1e-3)
+    assert out["bad_frees"] == 0

@@ -7,8 +7,9 @@ allocator and the gates, not waiting), for the digits-sized MLP, resnet18 on
 32x32 images and a small transformer encoder (``train_host.py``'s models),
 1 and 4 loops.
 
-    python bench/concurrent/sharing_cost.py [--out bench/results] [--steps 40] [--repeats 5]
+    python bench/concurrent/sharing_cost.py [--out bench/results] [--steps N] [--repeats 5]
                                             [--models M ...] [--jobs K ...] [--quick]
+                                            [--instructions]
 
 Each measurement runs in a fresh process, the modes in turn (so drift hits
 both alike); each loop trains ``steps`` steps after ``warmup`` steps that
@@ -17,6 +18,11 @@ With k loops, each thread's OpenMP team is cores // k, as a user running k
 trials at once would set it. The target (issue 39: the gates add at most 5%)
 is read from the table: a benchmark prints what it measured. Results go to
 bench/results/sharing_cost.{json,md}, naming the machine.
+
+``--instructions`` also counts the instructions each step executes in user
+space (``perf stat -e instructions:u``; the same run with no measured steps
+subtracted), which, unlike a shared machine's wall time, repeat to a tenth
+of a percent: the host work the hooks, the counting and the gates add.
 """
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ import waterwave as ww  # noqa: E402
 
 MODES = ("eager", "sharing")
 WARMUP = 3
+# Steps measured per loop by default: about a second of each.
+STEPS = {"mlp": 400, "resnet18-32": 4, "transformer": 20}
 
 
 def loop(model_name: str, k: int, sharing: bool):
@@ -113,22 +121,40 @@ def run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
     return {"seconds": seconds, "team": torch.get_num_threads()}
 
 
-def measure(model_name: str, jobs: int, steps: int, mode: str) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--one", model_name, str(jobs), str(steps), mode],
-                       capture_output=True, text=True, timeout=900, check=False)
+def measure(model_name: str, jobs: int, steps: int, mode: str, count: bool = False) -> dict:
+    """One measurement in a fresh process; ``count``: under perf stat, with
+    the user-space instructions it executed."""
+    command = [sys.executable, __file__, "--one", model_name, str(jobs), str(steps), mode]
+    if count:
+        command = ["perf", "stat", "-x,", "-e", "instructions:u", *command]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"{mode} {model_name} x{jobs} failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if count:
+        line = next(ln for ln in r.stderr.splitlines() if "instructions" in ln)
+        out["instructions"] = int(line.split(",")[0])
+    return out
+
+
+def instructions_per_step(model_name: str, jobs: int, steps: int, mode: str) -> float:
+    """User-space instructions a step executes: a run of ``steps`` less the
+    same run with none."""
+    with_steps = measure(model_name, jobs, steps, mode, count=True)["instructions"]
+    without = measure(model_name, jobs, 0, mode, count=True)["instructions"]
+    return (with_steps - without) / (jobs * steps)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, help="per loop (default: about a second's worth)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--models", nargs="+", choices=["mlp", "resnet18-32", "transformer"])
     ap.add_argument("--jobs", nargs="+", type=int)
     ap.add_argument("--quick", action="store_true", help="the MLP, 1 and 4 loops, 5 steps, once")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count each step's instructions with perf stat")
     ap.add_argument("--one", nargs=4, metavar=("MODEL", "JOBS", "STEPS", "MODE"),
                     help=argparse.SUPPRESS)  # one measurement: what measure() runs
     args = ap.parse_args(argv)
@@ -138,24 +164,37 @@ def main(argv=None) -> int:
         return 0
     models = ["mlp"] if args.quick else args.models or ["mlp", "resnet18-32", "transformer"]
     counts = args.jobs or [1, 4]
-    steps = 5 if args.quick else args.steps
     repeats = 1 if args.quick else args.repeats
     rows = []
     for model_name in models:
+        steps = 5 if args.quick else args.steps or STEPS[model_name]
         for jobs in counts:
             runs: dict[str, list[float]] = {mode: [] for mode in MODES}
+            instructions: dict[str, list[float]] = {mode: [] for mode in MODES}
             for _ in range(repeats):  # in turn, so that drift hits both alike
                 for mode in MODES:
                     runs[mode].append(measure(model_name, jobs, steps, mode)["seconds"])
+                    if args.instructions:
+                        instructions[mode].append(
+                            instructions_per_step(model_name, jobs, steps, mode))
             per_step = {mode: [1000 * s / (jobs * steps) for s in got] for mode, got in runs.items()}
             row = {"model": model_name, "jobs": jobs, "steps_per_loop": steps,
                    **{f"{mode}_ms_per_step": statistics.median(v) for mode, v in per_step.items()},
                    **{f"{mode}_ms_per_step_runs": v for mode, v in per_step.items()}}
             row["ratio"] = row["sharing_ms_per_step"] / row["eager_ms_per_step"]
+            counted = ""
+            if args.instructions:
+                for mode, got in instructions.items():
+                    row[f"{mode}_instructions_per_step"] = statistics.median(got)
+                row["instructions_ratio"] = (row["sharing_instructions_per_step"]
+                                             / row["eager_instructions_per_step"])
+                counted = (f"; instructions {row['eager_instructions_per_step'] / 1e6:.3f}M "
+                           f"against {row['sharing_instructions_per_step'] / 1e6:.3f}M a step "
+                           f"({row['instructions_ratio']:.3f}x)")
             rows.append(row)
             print(f"{model_name:12} {jobs} loop(s): eager {row['eager_ms_per_step']:7.3f} ms/step, "
                   f"in ww.sharing {row['sharing_ms_per_step']:7.3f} ms/step "
-                  f"({row['ratio']:.3f}x)", flush=True)
+                  f"({row['ratio']:.3f}x){counted}", flush=True)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"torch {torch.__version__}")
     date = time.strftime("%Y-%m-%d")
@@ -166,10 +205,15 @@ def main(argv=None) -> int:
              f"Machine: {machine}; {date}. Made by `python bench/concurrent/sharing_cost.py`: "
              f"medians of {repeats} runs, each mode in a fresh process, in turn; a session "
              "memory_limit that holds every loop, so each gate admits at once.", "",
-             "| model | loops | eager ms/step | in ww.sharing ms/step | ratio |",
-             "|---|---|---|---|---|"]
+             "| model | loops | eager ms/step | in ww.sharing ms/step | ratio | "
+             "instructions/step: eager | in ww.sharing | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['jobs']} | {r['eager_ms_per_step']:.3f} | "
-              f"{r['sharing_ms_per_step']:.3f} | {r['ratio']:.3f} |" for r in rows]
+              f"{r['sharing_ms_per_step']:.3f} | {r['ratio']:.3f} | "
+              + (f"{r['eager_instructions_per_step'] / 1e6:.3f}M | "
+                 f"{r['sharing_instructions_per_step'] / 1e6:.3f}M | "
+                 f"{r['instructions_ratio']:.3f} |" if "instructions_ratio" in r else "- | - | - |")
+              for r in rows]
     with open(os.path.join(args.out, "sharing_cost.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0

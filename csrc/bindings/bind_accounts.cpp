@@ -18,6 +18,18 @@ namespace {
 void* release_gil_if_held() { return PyGILState_Check() ? PyEval_SaveThread() : nullptr; }
 void acquire_gil(void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); }
 
+// A gate that admits at once is a short lock: it keeps the GIL, since giving
+// it up hands it to another thread for up to its switch interval (5 ms),
+// longer than a small model's whole step. Only a gate that must wait gives
+// it up (the waits never take the GIL while holding the ledger's lock).
+int gate_holding_the_gil_if_it_admits(ThreadAccounts& a, std::int64_t id,
+                                      const GateRequest& request, long timeout_ms) {
+  const GateResult at_once = a.gate(id, request, 0);
+  if (at_once != GateResult::kTimedOut || timeout_ms == 0) return static_cast<int>(at_once);
+  py::gil_scoped_release released;
+  return static_cast<int>(a.gate(id, request, timeout_ms));
+}
+
 std::size_t rise_or_unknown(const py::object& rise) {
   return rise.is_none() ? kUnknownRise : rise.cast<std::size_t>();
 }
@@ -53,9 +65,8 @@ void bind_accounts(py::module_& m) {
       .def("leave", &ThreadAccounts::leave, py::arg("id"))
       .def("gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise, std::size_t rest,
                       std::size_t end, bool boundary, long timeout_ms) {
-        const GateRequest request{rise_or_unknown(rise), rest, end, boundary};
-        py::gil_scoped_release released;
-        return static_cast<int>(a.gate(id, request, timeout_ms));
+        return gate_holding_the_gil_if_it_admits(
+            a, id, GateRequest{rise_or_unknown(rise), rest, end, boundary}, timeout_ms);
       }, py::arg("id"), py::arg("rise"), py::arg("rest"), py::arg("end"), py::arg("boundary"),
          py::arg("timeout_ms"),
          "0: admitted; 1: timed out (still waiting: call again); 2: interrupted. rise None: "
@@ -64,17 +75,11 @@ void bind_accounts(py::module_& m) {
                                std::size_t rest, long long net, bool boundary, long timeout_ms) {
         // A member's point in one call: its bytes read (and its peak reset),
         // then its gate, the pass predicted to end at live + net.
-        const std::size_t wanted = rise_or_unknown(rise);
-        AccountUsage u;
-        int result;
-        {
-          py::gil_scoped_release released;
-          u = a.take_peak(id);
-          const long long end = static_cast<long long>(u.allocated) + net;
-          const GateRequest request{wanted, rest, end > 0 ? static_cast<std::size_t>(end) : 0,
-                                    boundary};
-          result = static_cast<int>(a.gate(id, request, timeout_ms));
-        }
+        const AccountUsage u = a.take_peak(id);
+        const long long end = static_cast<long long>(u.allocated) + net;
+        const GateRequest request{rise_or_unknown(rise), rest,
+                                  end > 0 ? static_cast<std::size_t>(end) : 0, boundary};
+        const int result = gate_holding_the_gil_if_it_admits(a, id, request, timeout_ms);
         return py::make_tuple(result, u.allocated, u.peak);
       }, py::arg("id"), py::arg("rise"), py::arg("rest"), py::arg("net"), py::arg("boundary"),
          py::arg("timeout_ms"),

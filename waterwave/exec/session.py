@@ -192,14 +192,16 @@ class TrainingSession:
 
     def _probe_capacity(self, probe: MemoryProbe | None) -> int | None:
         """On a GPU without a limit: what the allocator can still give plus
-        what the session's jobs hold (they are all between steps now)."""
+        what the session's jobs hold (they are all between steps now) and
+        its sharing members (out of their blocks now) hold."""
         if probe is None or self.memory_limit is not None:
             return None
         # Jobs of finished trials can outlive them in reference cycles (the
         # first optimizer a process makes is held by torch's import frames):
         # give their tensors back before measuring what is free.
         gc.collect()
-        return probe.available() + sum(_held(j) for j in list(self._known))
+        return (probe.available() + sum(_held(j) for j in list(self._known))
+                + self.ledger().share_stats()["members_live"])
 
     def _limit(self) -> int | None:
         if self.plan_schedule.pairing == FREE:
@@ -236,6 +238,9 @@ class TrainingSession:
         with self._lock:
             if self.device == "cpu":
                 self._count_cpu_memory()
+            elif self.memory_limit is None and not self._sharing and self._feed is None:
+                # On a GPU with no limit: the free memory now, as a feed's start probes it.
+                self._capacity = self._probe_capacity(MemoryProbe(self.device))
             self._sharing[id(member)] = member
             self.ledger().join(member.account.id, base)
             self.most_training = max(self.most_training, len(self._members) + len(self._sharing))

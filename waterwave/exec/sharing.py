@@ -98,6 +98,7 @@ class Member:
         self._hooked: frozenset | None = None   # the module points hooked now
         self._placed = False
         self._root_handles: list = []
+        self._root_return = None
         self._depth = 0
         self._recorder: PassRecorder | None = None
         self._signature: tuple | None = None
@@ -115,8 +116,8 @@ class Member:
         self._recorder = None
         self._modules = list(model.modules()) if budget else [model]
         self._root_handles = [
-            model.register_forward_pre_hook(self._root_called, with_kwargs=True),
-            model.register_forward_hook(self._root_returned, always_call=True)]
+            model.register_forward_pre_hook(self._root_called, with_kwargs=True)]
+        self._root_return = None  # the model's forward hook, where a pass needs it
         if self.on_cuda:
             self._enter_stream()
         if self.gating:  # what it allocates before its model's first call is a pass's too
@@ -149,7 +150,10 @@ class Member:
             self._end_pass(live, peak)
         for handle in [*self._root_handles, *self._hooks.values()]:
             handle.remove()
+        if self._root_return is not None:
+            self._root_return.remove()
         self._root_handles, self._hooks, self._hooked, self._placed = [], {}, None, False
+        self._root_return = None
         if self._stream_context is not None:
             self._exit_stream()
         self._modules = []
@@ -161,10 +165,15 @@ class Member:
 
     # Passes -----------------------------------------------------------------
     def _root_called(self, module, args, kwargs):
+        # The model called from its own forward (a nested call) is one pass,
+        # where the forward hook counts the depth; where it is not placed (a
+        # small model's steady passes), every call starts one.
         if threading.get_ident() == self.thread:
             self._depth += 1
             if self._depth == 1:
                 self._begin_pass(args, kwargs)
+            if self._root_return is None:
+                self._depth = 0
 
     def _root_returned(self, module, args, output):
         if self._depth and threading.get_ident() == self.thread:
@@ -310,6 +319,13 @@ class Member:
             handle.remove()
         self._hooks = {}
         self._hooked, self._placed = points, True
+        wants_return = points is None or (0, "b") in points
+        if wants_return and self._root_return is None:
+            self._root_return = self._modules[0].register_forward_hook(self._root_returned,
+                                                                       always_call=True)
+        elif not wants_return and self._root_return is not None:
+            self._root_return.remove()
+            self._root_return = None
         for index, module in enumerate(self._modules):
             if index and (points is None or (index, "f") in points):
                 self._hooks[(index, "f")] = module.register_forward_pre_hook(
