@@ -379,3 +379,40 @@ def test_an_order_is_for_a_schedule_that_leaves_it_open():
         simulate_models([R18_32], 8, "H100-80GB", "lockstep", order="bfs")
     with pytest.raises(ValueError, match="unknown order 'dfs'"):
         simulate_models([R18_32], 8, "H100-80GB", "waterwave", order="dfs")
+
+
+def test_sharing_jobs_fit_where_lockstep_runs_out_and_stay_within_the_budget(r18):
+    """``--schedule sharing`` (issue 39, item 6): eager jobs gated by the
+    shared budget's own code, each job's first step alone and measured, the
+    later ones predicted from it. Under 2 GiB, where two resnet18 at 64 run
+    out of memory side by side, they fit, the members' counted bytes never
+    pass the budget, and they train faster than one after another."""
+    jobs = [r18.trace_at(64, "H100-80GB", KERNELS) for _ in range(2)]
+    assert not simulate(jobs, "H100-80GB", 2 * GiB, "lockstep", "pytorch").ok
+    r = simulate(jobs, "H100-80GB", 2 * GiB, "sharing", "waterwave", steps=4,
+                 config="max_split_size_mb:128")
+    assert r.ok and r.hazards == 0
+    assert r.sharing["peak"] <= r.sharing["budget"] < 2 * GiB  # a margin kept for fragmentation
+    assert r.sharing["gate_waits"] > 0
+    one_after_another = simulate(jobs, "H100-80GB", 2 * GiB, "sequential", "pytorch", steps=4)
+    assert r.throughput > one_after_another.throughput
+    # With room for both, after each one's first step alone they run side by side.
+    free = simulate(jobs, "H100-80GB", None, "sharing", "waterwave", steps=4,
+                    config="max_split_size_mb:128")
+    assert free.ok and free.sharing["forced"] == 0
+    assert free.peak_allocated > r.peak_allocated
+
+
+def test_the_sharing_schedule_cuts_steps_by_the_members_rule(r18):
+    from waterwave.sim.schedules import GatedSegment
+
+    t = r18.trace_at(32, "H100-80GB", KERNELS)
+    segments = named_schedule("sharing", 2 * GiB)([t], 3)[0]
+    assert all(isinstance(s, GatedSegment) and s.round == 0 for s in segments)
+    first = [s for s in segments if s.step == 0]
+    assert first[0].rise is None and first[0].boundary  # measured alone
+    assert not any(s.gate for s in first[1:])           # no gate inside it
+    later = [s for s in segments if s.step == 1]
+    assert 8 <= len(later) <= 20 and later[0].boundary and all(s.gate for s in later)
+    assert later[0].rest >= max(s.rise for s in later)
+    assert [(s.first, s.last) for s in later] == [(s.first, s.last) for s in first]

@@ -114,7 +114,10 @@ void bind_accounts(py::module_& m) {
         if (!ok) throw OutOfMemoryError(ThreadAccounts::why());
         a.allocated(ptr, [bytes] { return bytes; });
       }, py::arg("ptr"), py::arg("bytes"))
-      .def("free", [](ThreadAccounts& a, Addr ptr) { a.freed(ptr); }, py::arg("ptr"));
+      .def("free", [](ThreadAccounts& a, Addr ptr) { a.freed(ptr); }, py::arg("ptr"))
+      .def("count", &ThreadAccounts::count, py::arg("id"), py::arg("ptr"), py::arg("bytes"),
+           "An allocation of account `id`'s, told by its owner (the simulator): counted, "
+           "never waits.");
   m.def("cpu_accounts", &cpu_accounts, py::return_value_policy::reference,
         "The CPU's ledger (what PyTorch's CPU allocator gives tagged threads, once "
         "waterwave's CPU allocator is installed).");

@@ -122,6 +122,11 @@ class ThreadAccounts {
     if (id == 0 && streams_on_.load(std::memory_order_relaxed) != 0) id = stream_account(stream);
     if (id != 0) note(id, ptr, size_of());
   }
+  // An allocation told by its owner rather than seen on a tagged thread
+  // (the simulator's jobs, all on one thread): counted, never waits.
+  void count(std::int64_t id, Addr ptr, std::size_t bytes) {
+    if (ptr != 0 && id != 0) note(id, ptr, bytes);
+  }
   // Allocations on `stream` by untagged threads count to account `id` (0:
   // to none again).
   void set_stream_account(StreamId stream, std::int64_t id);

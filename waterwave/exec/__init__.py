@@ -7,7 +7,7 @@ allocator stack.
   its allocations served from a plan on a GPU;
 - ``sharing``: ``waterwave.sharing(model)``, any eager loop a member of
   its device's training session, gated at hooks by what its passes were
-  measured needing (``pass_profile``);
+  measured needing (``pipeline.pass_profile``);
 - ``concurrent``: ``waterwave.Job`` and ``waterwave.ConcurrentTrainer``,
   several jobs on one device, memory flowing between them, run on the
   NodeGroup pipeline (``waterwave.pipeline``: node groups, pairing, the

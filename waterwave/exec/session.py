@@ -44,6 +44,7 @@ from ..alloc import cpu_allocator
 from ..alloc.torch_bridge import BridgeUnavailable
 from ..pipeline.counter_barrier import CounterBarrier
 from ..pipeline.pairing import MemoryPairing, graph_plan, step_peak
+from ..pipeline.pass_profile import GPU_MARGIN
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from ..pipeline.schedules import schedule as named_schedule
@@ -277,6 +278,8 @@ class TrainingSession:
         if limit is None:
             ledger.set_budget(0, 0)
             return 0
+        if self.device != "cpu":  # the caching allocator's fragmentation (pass_profile)
+            limit = int(limit * (1 - GPU_MARGIN))
         ledger.set_budget(limit, self._feed_peaks(self._feed) + self._between_calls(self._feed))
         return limit
 

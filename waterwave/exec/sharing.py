@@ -19,9 +19,9 @@ capture), until the region after the gate fits beside the others' holdings
 another's backward frees.
 
 What a region needs is learned from the allocator's own counts of earlier
-passes (``pass_profile.py``). A member's first pass of each kind (training,
-evaluating) runs alone and is measured at every module; the gates are then
-chosen by measured memory, as node groups are cut by size. A pass larger
+passes (``pipeline/pass_profile.py``). A member's first pass of each kind
+(training, evaluating) runs alone and is measured at every module; the gates
+are then chosen by measured memory, as node groups are cut by size. A pass larger
 than any seen is predicted scaled; an allocation past a prediction waits for
 the others' frees, and if every member waits, one fails with
 ``torch.OutOfMemoryError`` naming the budget while the others go on.
@@ -44,8 +44,8 @@ from collections import Counter
 from collections.abc import Mapping
 
 from ..alloc.thread_account import ThreadAccount
-from .pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen, gate_keys,
-                           rise_of)
+from ..pipeline.pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen,
+                                     gate_keys, split_for)
 
 ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
 GATE_POLL_MS = 100  # a waiting gate returns to Python this often (Ctrl-C lands)
@@ -53,10 +53,6 @@ END = ("end", 0)    # the point that ends a pass (never a region's start)
 # The signature of what a block allocates before its model's first call (the
 # loader's first batch): a pass of its own, learned as the others are.
 BLOCK_START = ("block start",)
-GATES_PER_PASS = 8  # a gate every eighth of a pass's rise, as node groups are cut
-# Regions rising less than this share of the budget get no gate of their own:
-# a gate costs a hook and a lock, and small regions fit anyway.
-SMALLEST_GATE_SHARE = 1 / 256
 
 _local = threading.local()  # .member: the member whose block runs on this thread
 _members: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Member
@@ -229,9 +225,7 @@ class Member:
         recorder.at(END, live, peak)
         regions = recorder.regions
         if self._prediction is None:  # measured at every module: choose the gates
-            split = max(rise_of(regions) // GATES_PER_PASS,
-                        int(self.budget * SMALLEST_GATE_SHARE), 1)
-            self.gates[signature] = frozenset(gate_keys(regions, split))
+            self.gates[signature] = frozenset(gate_keys(regions, split_for(regions, self.budget)))
             self._gate_points = frozenset((k[0], k[1]) for keys in self.gates.values()
                                           for k in keys if isinstance(k[0], int))
         self.profiles.learn(signature, self._size,

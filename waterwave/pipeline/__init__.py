@@ -7,7 +7,9 @@ both what runs it on tensors (``waterwave.exec``) and what simulates it
   memory budget), planned a window at a time;
 - ``counter_barrier``: holds a group until the rounds before it finish;
 - ``round_feed``: hands each job its rounds as the run reaches them;
-- ``schedules``: the one table of schedules, each a cut and a pairing.
+- ``schedules``: the one table of schedules, each a cut and a pairing;
+- ``pass_profile``: what a ``waterwave.sharing`` member's passes need, its
+  gates cut by the same measure of bytes as node groups.
 
 May import: waterwave.graph, waterwave.planner (lifetimes).
 """

@@ -42,7 +42,8 @@ from .. import _C
 from ..alloc import POLICIES, Allocator, AllocatorConfig
 from .gpus import GPU
 from .gpus import gpu as named_gpu
-from .schedules import Schedule, Segment
+from ..pipeline.pass_profile import GPU_MARGIN
+from .schedules import GatedSegment, Schedule, Segment
 from .schedules import schedule as named_schedule
 from .trace import Op, Trace
 
@@ -81,6 +82,9 @@ class SimResult:
     concurrent_kernels: bool = False  # kernels of different jobs ran at once where they fit
     order: str | None = None  # a node-group schedule's operator order (bfs, program), if it chose
     config: str = ""  # the allocator settings it ran under, as given
+    # The sharing schedule's budget figures: the most its members held at
+    # once as counted, gate waits, ties broken (csrc/runtime/shared_budget.cpp).
+    sharing: dict | None = None
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)
@@ -136,7 +140,8 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, settings)
     segments = sched(jobs, steps)
     _check_order(jobs, segments)
-    run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth)
+    run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth,
+               budget=memory_limit or spec.memory)
     result = SimResult(True, policy, getattr(sched, "__name__", str(schedule)), spec.name,
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
@@ -184,7 +189,7 @@ def _shared_rounds(segments: list[list[Segment]]) -> float:
 
 class _Run:
     def __init__(self, jobs, segments, alloc, device, policy, sync_at_barrier, record,
-                 queue_depth):
+                 queue_depth, budget: int = 0):
         self.jobs, self.alloc, self.device, self.policy = jobs, alloc, device, policy
         self.sync_at_barrier, self.record, self.queue_depth = sync_at_barrier, record, queue_depth
         self.threads = [_Thread(j, j, segs) for j, segs in enumerate(segments)]
@@ -210,6 +215,16 @@ class _Run:
         self.round = min((s.round for t in self.threads for s in t.segments), default=0)
         self.current = None
         self.time, self.reserved, self.per_job = [], [], [[] for _ in jobs]
+        # Gated segments (the sharing schedule): each job a member of a
+        # shared budget of its own, whose gates admit its segments.
+        self.ledger = None
+        if any(isinstance(s, GatedSegment) for t in self.threads for s in t.segments):
+            self.ledger = _C.ThreadAccounts()
+            self.ledger.set_budget(int(budget * (1 - GPU_MARGIN)))
+            self.accounts = [self.ledger.open() for _ in jobs]
+            for account in self.accounts:
+                self.ledger.join(account, 0)
+            self.admitted = [-1] * len(jobs)  # each thread's segment its gate admitted
 
     # The event loop --------------------------------------------------------
     def go(self) -> None:
@@ -220,6 +235,15 @@ class _Run:
         self._open_round()
         while True:
             pick = self._next()
+            if pick is None and self.ledger is not None and not all(t.done for t in self.threads):
+                # Every job waits at a gate: asked again, the budget breaks
+                # the tie (one goes on), as it does for threads.
+                for _ in range(len(self.threads) + 1):
+                    pick = self._next()
+                    if pick is not None:
+                        break
+                if pick is None:
+                    raise RuntimeError("every sharing job waits at a gate and none is admitted")
             if pick is None:
                 if all(t.done for t in self.threads):
                     return
@@ -245,11 +269,29 @@ class _Run:
         while seg is not None and t.op >= seg.last - seg.first:
             t.seg, t.op = t.seg + 1, 0
             seg = t.segment()
+        if seg is None and not t.done and self.ledger is not None:
+            self.ledger.leave(self.accounts[t.job])
         t.done = seg is None
 
     def _runnable(self, t: _Thread) -> bool:
         seg = t.segment()
-        return seg is not None and seg.round <= self.round
+        if seg is None or seg.round > self.round:
+            return False
+        if self.ledger is None or t.op or self.admitted[t.job] == t.seg or not seg.gate:
+            return True
+        return self._gate(t, seg)
+
+    def _gate(self, t: _Thread, seg: GatedSegment) -> bool:
+        """A sharing job at a gate: admitted now, or waiting (asked again
+        as the others run)."""
+        account = self.accounts[t.job]
+        live = self.ledger.usage(account)[0]
+        if self.ledger.gate(account, seg.rise, max(0, seg.rest), max(0, live + seg.net),
+                            seg.boundary, 0) != 0:
+            return False
+        self.admitted[t.job] = t.seg
+        t.ready = max(t.ready, self.device.now())  # it waited until now
+        return True
 
     def _resource(self, t: _Thread) -> int:
         seg = t.segment()
@@ -357,6 +399,8 @@ class _Run:
         n = self.alloc.allocation_size(p)
         self.sizes[p] = n
         self.job_bytes[j] += n
+        if self.ledger is not None:
+            self.ledger.count(self.accounts[j], p, n)
         return p
 
     def _free(self, j: int, p: int, stream: int) -> None:
@@ -365,6 +409,8 @@ class _Run:
             return
         self.job_bytes[j] -= self.sizes.pop(p)
         self.alloc.free(p)
+        if self.ledger is not None:
+            self.ledger.free(p)
 
     def _release_due(self) -> None:
         now = self.device.now()
@@ -372,6 +418,8 @@ class _Run:
             _, j, p = heapq.heappop(self.deferred)
             self.job_bytes[j] -= self.sizes.pop(p)
             self.alloc.free(p)
+            if self.ledger is not None:
+                self.ledger.free(p)
 
     # Results -------------------------------------------------------------------
     def report(self, r: SimResult) -> None:
@@ -389,6 +437,9 @@ class _Run:
         if r.ok and all(x is not None for x in r.step_time_us):
             r.throughput, r.gpu_busy = self._steady_rates(r.batch_sizes)
         r.time_us, r.reserved, r.per_job = self.time, self.reserved, self.per_job
+        if self.ledger is not None:
+            share = self.ledger.share_stats()
+            r.sharing = {k: share[k] for k in ("budget", "peak", "gate_waits", "forced")}
 
     def _steady_rates(self, batch_sizes: list[int | None]) -> tuple[float | None, float | None]:
         """Samples per second of all jobs together in steady steps, and the

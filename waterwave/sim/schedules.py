@@ -22,6 +22,11 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   defines it for the trainer too: each job's step cut into node groups and
   paired over rounds. Their traces must be built with their ``partition``,
   which records the groups in them.
+- ``sharing``: eager jobs as ``waterwave.sharing`` members
+  (``SharingSchedule``): no rounds; each job's step cut at its gates by the
+  members' rule (``pipeline.pass_profile``), each segment starting when the
+  shared budget (csrc/runtime/shared_budget.cpp, the same code) admits it, a
+  job's first step alone and measured, its later ones predicted from it.
 - any callable ``schedule(jobs, steps) -> list[list[Segment]]``.
 
 May import: waterwave.pipeline, this package.
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import JobGroups, JobPlan, footprint, whole_run
+from ..pipeline.pass_profile import START, Region, coarsen, gate_keys, split_for
 from .trace import Trace
 
 
@@ -139,6 +145,68 @@ class NodeGroupSchedule:
         return out
 
 
+@dataclass
+class GatedSegment(Segment):
+    """A segment that starts at a gate: what the member asks there, in bytes
+    above its level. A job's first step runs alone, as a member's first
+    pass does: measured, with no gate inside."""
+    rise: int | None = 0    # None: the step runs alone
+    rest: int = 0           # the most the step rises from here to its end
+    net: int = 0            # its change from here to its end
+    boundary: bool = False  # the step's first segment
+    gate: bool = True       # False: inside a step measured alone, no gate
+
+
+@dataclass
+class SharingSchedule:
+    """``sharing`` (see the module's opening): segments in round 0 that
+    the simulator runs as their gates admit them, under ``memory_limit``."""
+    memory_limit: int | None = None
+    name: str = "sharing"
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+    def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
+        out = []
+        for t in jobs:
+            regions = op_regions(t)
+            gates = gate_keys(regions, split_for(regions, self.memory_limit or 0))
+            coarse = coarsen(regions, gates)
+            starts = [r.key[1] for r in coarse]
+            spans = list(zip(starts, [*starts[1:], len(t.ops)]))
+            asks = []
+            for i, r in enumerate(coarse):
+                level, rest = 0, 0
+                for later in coarse[i:]:
+                    rest = max(rest, level + later.rise)
+                    level += later.net
+                asks.append((r.rise, rest, level))
+            segments = []
+            for step in range(steps):
+                for i, (first, last) in enumerate(spans):
+                    if step == 0:  # measured alone: one gate, at the step's start
+                        segments.append(GatedSegment(0, step, first, last, None, 0, 0, i == 0,
+                                                     gate=i == 0))
+                    else:
+                        segments.append(GatedSegment(0, step, first, last, *asks[i], i == 0))
+            out.append(segments)
+        return out
+
+
+def op_regions(t: Trace) -> list[Region]:
+    """A step's regions from one operator to the next (each at its blocks'
+    ``footprint``), keyed by the operator's index: what a member's points
+    measure, at every operator."""
+    size = {b: footprint(n) for op in t.ops for b, n in op.alloc}
+    out = []
+    for k, op in enumerate(t.ops):
+        up = sum(size[b] for b, _ in op.alloc)
+        out.append(Region(START if k == 0 else ("op", k), up, up - sum(size[b] for b in op.free)))
+    return out
+
+
 def group_rises(t: Trace) -> list[tuple[int, int]]:
     """Each node group's (net bytes, rise) in a steady step: the rise is the
     most bytes live above the group's start while it runs, workspaces
@@ -161,13 +229,14 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
 SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased,
                                   "sequential": sequential, "turns": turns}
 NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items() if s.pairing != pipeline.FREE)
-NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES)
+NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing")
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
 # the waterwave policy, blocks over 128 MiB never split (the paper's setting).
 ALLOCATORS: dict[str, tuple[str, str]] = {
     "phased": ("pytorch", ""), "sequential": ("pytorch", ""), "turns": ("pytorch", ""),
     **{n: (s.policy, s.config) for n, s in pipeline.SCHEDULES.items()},
+    "sharing": ("waterwave", "max_split_size_mb:128"),
 }
 
 
@@ -179,6 +248,8 @@ def schedule(name_or_fn: str | Schedule, memory_limit: int | None = None,
         return name_or_fn
     if name_or_fn in NODE_GROUP_SCHEDULES:
         return NodeGroupSchedule(name_or_fn, split_size, memory_limit)
+    if name_or_fn == "sharing":
+        return SharingSchedule(memory_limit)
     try:
         return SCHEDULES[name_or_fn]
     except KeyError:

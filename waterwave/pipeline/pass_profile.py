@@ -23,10 +23,11 @@ csrc/runtime/shared_budget.cpp). A signature never seen has no prediction:
 the member's pass runs alone and is measured at every module.
 
 ``gate_keys`` chooses where a member waits (its *gates*) from a measured
-pass, as node groups are cut (``pipeline/nodegroups.py``): a gate wherever
-the bytes risen or fallen since the last gate reach ``split``, so a large
+pass, as node groups are cut (``nodegroups.py``): a gate wherever the bytes
+risen or fallen since the last gate reach ``split_for`` the pass, so a large
 model has a gate every eighth of its pass's rise and a small one only at the
-pass's start.
+pass's start. The simulator cuts its sharing jobs' traces by the same rule
+(``sim/schedules.py``).
 
 May import: the standard library only.
 """
@@ -40,6 +41,14 @@ from typing import NamedTuple
 START = ("start", 0)  # the pass's first point: its model called
 MAX_BUCKETS = 64      # sizes kept per signature (oldest dropped past it)
 RECENT = 4            # passes a bucket predicts from
+GATES_PER_PASS = 8    # a gate every eighth of a pass's rise, as node groups are cut
+# Regions rising less than this share of the budget get no gate of their own:
+# a gate costs a hook and a lock, and small regions fit anyway.
+SMALLEST_GATE_SHARE = 1 / 256
+# Of a GPU's budget, what members leave for the caching allocator's
+# fragmentation: they count the bytes their tensors take, the allocator
+# reserves whole segments (the CPU's budget is exact: no margin there).
+GPU_MARGIN = 0.05
 
 
 class Region(NamedTuple):
@@ -238,15 +247,23 @@ def bucket_of(size: int) -> int:
     return int(math.floor(math.log2(max(1, size)) * 4))
 
 
+def split_for(regions: list[Region], budget: int) -> int:
+    """The bytes between gates for a pass measured as ``regions`` under
+    ``budget`` (0: none)."""
+    return max(rise_of(regions) // GATES_PER_PASS, int(budget * SMALLEST_GATE_SHARE), 1)
+
+
 def gate_keys(regions: list[Region], split: int) -> set[tuple]:
-    """The keys of the points where a member waits: the first point whose
-    region starts after the bytes risen or fallen since the last gate reach
-    ``split`` (the pass's start is always one)."""
+    """The keys of the points where a member waits: a point whose level has
+    moved ``split`` bytes or more from the level at the last gate (the
+    pass's start is always one). Temporaries that come and go within a
+    region move no level (they are its rise, wherever the gates are): a
+    forward has about eight gates rising, a backward about eight falling."""
     gates: set[tuple] = set()
-    moved = 0
+    level = base = 0
     for r in regions:
-        if r.key != START and moved >= split:
+        if r.key != START and abs(level - base) >= split:
             gates.add(r.key)
-            moved = 0
-        moved += max(r.rise, abs(r.net))
+            base = level
+        level += r.net
     return gates
