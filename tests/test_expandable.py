@@ -34,7 +34,7 @@ def test_device_maps_pages_into_reserved_addresses_against_its_capacity():
     (lambda d, va: d.map(va + MiB, 2 * MiB), "not whole 2 MiB pages"),
     (lambda d, va: d.map(va + 64 * MiB, 2 * MiB), "outside every reserved address range"),
     (lambda d, va: d.map(va, 2 * MiB), "already mapped"),
-    (lambda d, va: d.unmap(va, 4 * MiB), "not one whole mapping"),
+    (lambda d, va: d.unmap(va, 4 * MiB), "not whole mappings"),
     (lambda d, va: d.release_address(va, 64 * MiB), "still mapped"),
     (lambda d, va: d.remap(va, va, 2 * MiB), "already mapped"),
 ])

@@ -35,10 +35,14 @@ Allocator::~Allocator() {
       Block* n = b->next;
       if (seg->expandable && b->mapped && !run) run = b->addr;
       if (seg->expandable && run && (!n || !n->mapped)) {
-        for (Addr p = run; p < b->end(); p += seg->page) {
-          try {
-            device_.unmap(p, seg->page);
-          } catch (...) {
+        try {
+          device_.unmap_pages(run, seg->page, (b->end() - run) / seg->page);
+        } catch (...) {  // page by page, as much as the device takes back
+          for (Addr p = run; p < b->end(); p += seg->page) {
+            try {
+              device_.unmap(p, seg->page);
+            } catch (...) {
+            }
           }
         }
         run = 0;
@@ -428,10 +432,12 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
       const std::size_t take = std::min(b->size, (r.size - covered + page - 1) / page * page);
       if (take < b->size) next = split(b, take);  // the rest stays unmapped
       // One physical allocation per page: pages can be given back one by one.
-      // A device call that throws is handled as a refusal, then rethrown.
+      // Idle pages move first, one by one; the rest is mapped in one call
+      // (map_pages). A device call that throws is handled as a refusal, then
+      // rethrown.
       std::size_t mapped = 0;
       std::exception_ptr error;
-      for (; mapped < take; mapped += page) {
+      while (mapped < take) {
         try {
           if (!idle.empty()) {
             const Block* m = idle.back();
@@ -441,12 +447,17 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
               note("segment_map", b->addr + mapped, page, seg->stream);
             }
             idle.pop_back();
-          } else if (device_.map(b->addr + mapped, page)) {
-            account_mapped(seg, static_cast<std::int64_t>(page));
-            if (history_.on()) note("segment_map", b->addr + mapped, page, seg->stream);
-          } else {
-            break;
+            mapped += page;
+            continue;
           }
+          const std::size_t want = (take - mapped) / page;
+          const std::size_t got = device_.map_pages(b->addr + mapped, page, want);
+          if (got) account_mapped(seg, static_cast<std::int64_t>(got * page));
+          for (std::size_t i = 0; history_.on() && i < got; ++i) {
+            note("segment_map", b->addr + mapped + i * page, page, seg->stream);
+          }
+          mapped += got * page;
+          if (got < want) break;
         } catch (...) {
           error = std::current_exception();
           break;
@@ -592,7 +603,7 @@ std::size_t Allocator::unmap_free_pages_locked(Lock& lock, const std::vector<Blo
   lock.unlock();
   if (!idle) device_.synchronize_device();
   for (Block* b : going) {
-    for (Addr p = b->addr; p < b->end(); p += b->segment->page) device_.unmap(p, b->segment->page);
+    device_.unmap_pages(b->addr, b->segment->page, b->size / b->segment->page);
   }
   lock.lock();
   for (Block* b : going) {

@@ -5,7 +5,9 @@
 // May include: core/, alloc/, device/sim/.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,6 +25,13 @@ struct BenchCase {
   std::map<std::string, std::int64_t> served;  // how the allocator served them
 };
 
-std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed, int repeats);
+// Thrown by run_alloc_benchmarks when `stop` turned true (the caller's Ctrl-C).
+struct BenchStopped : std::exception {
+  const char* what() const noexcept override { return "allocator benchmark stopped"; }
+};
+
+// `stop`, when given, is read between runs and every 65,536 pairs inside one.
+std::vector<BenchCase> run_alloc_benchmarks(std::uint64_t pairs, std::uint64_t seed, int repeats,
+                                            const std::atomic<bool>* stop = nullptr);
 
 }  // namespace waterwave

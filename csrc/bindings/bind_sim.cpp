@@ -20,6 +20,7 @@ void bind_sim_device(py::module_& m) {
   py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
       .def(py::init<std::size_t, double, bool>(), py::arg("capacity"),
            py::arg("launch_overhead_us") = 2.0, py::arg("shared_compute") = false)
+      .def_readonly_static("max_capacity", &SimDevice::kMaxCapacity)
       .def_property_readonly("capacity", &SimDevice::total_memory)
       .def("free_memory", &SimDevice::free_memory)
       .def("reserved_bytes", &SimDevice::reserved_bytes)
@@ -46,7 +47,10 @@ void bind_sim_device(py::module_& m) {
       .def("reserve_address", &SimDevice::reserve_address, py::arg("nbytes"))
       .def("release_address", &SimDevice::release_address, py::arg("addr"), py::arg("nbytes"))
       .def("map", &SimDevice::map, py::arg("addr"), py::arg("nbytes"))
+      .def("map_pages", &SimDevice::map_pages, py::arg("addr"), py::arg("page"), py::arg("count"))
       .def("unmap", &SimDevice::unmap, py::arg("addr"), py::arg("nbytes"))
+      .def("unmap_pages", &SimDevice::unmap_pages, py::arg("addr"), py::arg("page"),
+           py::arg("count"))
       .def("remap", &SimDevice::remap, py::arg("src"), py::arg("dst"), py::arg("nbytes"))
       // Raw event API, for tests of the simulator itself.
       .def("create_event", &SimDevice::create_event)

@@ -87,9 +87,11 @@ bool parse_bool(const std::string& key, const std::string& value) {
 }
 
 std::size_t slot_of_mb(std::size_t mb) {
+  // Stops at the last slot, so the shift never reaches the word's width
+  // (a bound of 2**63 MiB looped forever: 1 << 64 wrapped to 1).
   std::size_t slot = 0;
-  while ((std::size_t{1} << (slot + 1)) <= mb) ++slot;
-  return slot < kRoundupSlots ? slot : kRoundupSlots - 1;
+  while (slot + 1 < static_cast<std::size_t>(kRoundupSlots) && (std::size_t{1} << (slot + 1)) <= mb) ++slot;
+  return slot;
 }
 
 std::size_t mib_to_bytes(const char* key, std::size_t mb) {

@@ -67,6 +67,21 @@ class Device {
   // writable (cuMemCreate, cuMemMap, cuMemSetAccess). False when the device
   // is out of memory: then nothing is left mapped.
   virtual bool map(Addr, std::size_t) { throw_no_vmm(); }
+  // Back `count` pages of `page` bytes from `addr` on, each its own physical
+  // allocation (unmapped or moved later one by one), in order; returns how
+  // many were mapped: all, or fewer when the device ran out of memory (the
+  // first ones stay mapped). A device that can map a run in one step (the
+  // simulator) overrides it, so a huge growth is not a loop of driver calls.
+  virtual std::size_t map_pages(Addr addr, std::size_t page, std::size_t count) {
+    std::size_t done = 0;
+    while (done < count && map(addr + done * page, page)) ++done;
+    return done;
+  }
+  // unmap() of `count` pages of `page` bytes from `addr` on, each mapped by
+  // one map() or map_pages().
+  virtual void unmap_pages(Addr addr, std::size_t page, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) unmap(addr + i * page, page);
+  }
   // Give back the physical allocation mapped at [addr, addr+bytes) by one
   // map() (cuMemUnmap, cuMemRelease). No kernel may still touch it: the
   // caller synchronizes first, or knows the pages idle.

@@ -33,6 +33,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"{text} is not a seed from 0 to 2**64-1")
+    return value
+
+
 def _bench_alloc(args) -> int:
     allocators = args.allocators.split(",")
     if args.gpu:  # a wrong name is refused before anything runs
@@ -227,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     alloc.add_argument("--json", action="store_true", help="print JSON")
     alloc.add_argument("--pairs", type=int, default=200_000, help="pairs per case and repetition")
     alloc.add_argument("--repeats", type=int, default=5, help="repetitions; the median is reported")
-    alloc.add_argument("--seed", type=int, default=1)
+    alloc.add_argument("--seed", type=_seed, default=1, help="0 to 2**64-1")
     alloc.add_argument("--out", help="also write the JSON here")
     alloc.add_argument("--gpu", action="store_true",
                        help="also time torch.empty+free and PyTorch's raw alloc+free on a GPU under "

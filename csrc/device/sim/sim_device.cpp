@@ -28,6 +28,11 @@ SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us, bool share
       shared_compute_(shared_compute),
       base_(0x7f0000000000ULL) {
   if (capacity == 0) throw std::invalid_argument("SimDevice capacity must be positive");
+  if (capacity > kMaxCapacity) {
+    throw std::invalid_argument("SimDevice capacity of " + std::to_string(capacity) +
+                                " bytes is more than the simulator's address space holds: give "
+                                "at most 2**56 bytes (64 PiB)");
+  }
   if (launch_overhead_us < 0) throw std::invalid_argument("launch_overhead_us must be >= 0");
   // Address space well beyond the capacity: a GPU maps physical pages into
   // its virtual addresses, so free memory is never too scattered to serve a
@@ -77,7 +82,7 @@ void give_range(std::map<Addr, std::size_t>& free, Addr addr, std::size_t bytes)
 std::optional<Addr> SimDevice::reserve(std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   if (bytes == 0) throw std::invalid_argument("SimDevice::reserve of 0 bytes");
-  if (used_ + bytes > capacity_) return std::nullopt;
+  if (bytes > capacity_ - used_) return std::nullopt;
   std::optional<Addr> addr = take_range(free_ranges_, bytes);
   if (addr) {
     reserved_[*addr] = bytes;
@@ -122,7 +127,7 @@ void SimDevice::release_address(Addr addr, std::size_t bytes) {
                                 ": no such reserved range");
   }
   auto h = handles_.lower_bound(addr);
-  if (h != handles_.end() && h->first < addr + bytes) {
+  if (h != handles_.end() && h->first - addr < bytes) {
     throw std::invalid_argument("SimDevice::release_address of " + format_addr(addr) +
                                 ": pages in it are still mapped");
   }
@@ -131,32 +136,68 @@ void SimDevice::release_address(Addr addr, std::size_t bytes) {
 }
 
 void SimDevice::check_unmapped_locked(Addr addr, std::size_t bytes, const char* what) const {
-  if (bytes == 0 || bytes % kPage || addr % kPage) {
+  if (bytes == 0 || bytes % kPage || addr % kPage || bytes > ~Addr{0} - addr) {
     throw std::invalid_argument(std::string("SimDevice::") + what + " to " + format_addr(addr) +
                                 ": not whole 2 MiB pages");
   }
   auto r = va_reserved_.upper_bound(addr);
-  if (r == va_reserved_.begin() || std::prev(r)->first + std::prev(r)->second < addr + bytes) {
+  if (r == va_reserved_.begin() || std::prev(r)->first + std::prev(r)->second - addr < bytes) {
     throw std::invalid_argument(std::string("SimDevice::") + what + " to " + format_addr(addr) +
                                 ": outside every reserved address range");
   }
   auto h = handles_.lower_bound(addr);
-  const bool overlaps_next = h != handles_.end() && h->first < addr + bytes;
-  const bool overlaps_prev = h != handles_.begin() && std::prev(h)->first + std::prev(h)->second > addr;
+  const bool overlaps_next = h != handles_.end() && h->first - addr < bytes;
+  const bool overlaps_prev =
+      h != handles_.begin() && std::prev(h)->first + std::prev(h)->second.bytes > addr;
   if (overlaps_next || overlaps_prev) {
     throw std::invalid_argument(std::string("SimDevice::") + what + " to " + format_addr(addr) +
                                 ": already mapped");
   }
 }
 
-std::map<Addr, std::size_t>::iterator SimDevice::mapping_locked(Addr addr, std::size_t bytes,
-                                                                const char* what) {
-  auto h = handles_.find(addr);
-  if (h == handles_.end() || h->second != bytes) {
-    throw std::invalid_argument(std::string("SimDevice::") + what + " of " + format_addr(addr) +
-                                ": not one whole mapping made by map()");
+void SimDevice::split_run_at(Addr x) {
+  auto it = handles_.upper_bound(x);
+  if (it == handles_.begin()) return;
+  --it;
+  const Addr start = it->first;
+  Run& run = it->second;
+  if (start < x && x - start < run.bytes && (x - start) % run.page == 0) {
+    const Run upper{run.bytes - (x - start), run.page};
+    run.bytes = x - start;
+    handles_.emplace(x, upper);
   }
-  return h;
+}
+
+std::map<Addr, SimDevice::Run>::iterator SimDevice::pages_locked(Addr addr, std::size_t page,
+                                                                 std::size_t count,
+                                                                 const char* what) {
+  auto refuse = [&] {
+    return std::invalid_argument(std::string("SimDevice::") + what + " of " + format_addr(addr) +
+                                 ": not whole mappings made by map()");
+  };
+  if (page == 0 || count == 0 || count > (~Addr{0} - addr) / page) throw refuse();
+  const Addr end = addr + count * page;
+  // Every byte of [addr, end) mapped in allocations of `page` bytes, aligned
+  // to addr: checked before anything is split.
+  auto it = handles_.upper_bound(addr);
+  if (it == handles_.begin()) throw refuse();
+  --it;
+  for (Addr cursor = addr; cursor < end; ++it) {
+    if (it == handles_.end() || it->first > cursor) throw refuse();
+    const Run& run = it->second;
+    if (run.page != page || (cursor - it->first) % page || it->first + run.bytes <= cursor) {
+      throw refuse();
+    }
+    cursor = it->first + run.bytes;
+    if (cursor > end && (cursor - end) % page) throw refuse();
+  }
+  split_run_at(addr);
+  split_run_at(end);
+  // Join the runs in between into one entry.
+  auto first = handles_.find(addr);
+  first->second.bytes = end - addr;
+  handles_.erase(std::next(first), handles_.lower_bound(end));
+  return first;
 }
 
 // Every kernel that touched the pages must be known finished by the host.
@@ -183,36 +224,58 @@ void SimDevice::check_idle_locked(Addr addr, std::size_t bytes) {
 bool SimDevice::map(Addr addr, std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   check_unmapped_locked(addr, bytes, "map");
-  if (used_ + bytes > capacity_) return false;
-  handles_[addr] = bytes;
+  if (bytes > capacity_ - used_) return false;
+  handles_[addr] = Run{bytes, bytes};
   used_ += bytes;
   now_ += kMapUs;
   return true;
 }
 
-void SimDevice::unmap(Addr addr, std::size_t bytes) {
+std::size_t SimDevice::map_pages(Addr addr, std::size_t page, std::size_t count) {
   std::lock_guard<std::mutex> g(mu_);
-  auto h = mapping_locked(addr, bytes, "unmap");
+  if (count == 0) return 0;
+  if (page == 0 || count > (~Addr{0} - addr) / page) {
+    throw std::invalid_argument("SimDevice::map_pages to " + format_addr(addr) + ": " +
+                                std::to_string(count) + " pages of " + std::to_string(page) +
+                                " bytes pass the end of the address space");
+  }
+  check_unmapped_locked(addr, count * page, "map_pages");
+  const std::size_t fits = std::min(count, (capacity_ - used_) / page);
+  if (fits) {
+    handles_[addr] = Run{fits * page, page};
+    used_ += fits * page;
+  }
+  // One call per page on a GPU; on a failing one too.
+  now_ += kMapUs * static_cast<double>(fits + (fits < count ? 1 : 0));
+  return fits;
+}
+
+void SimDevice::unmap(Addr addr, std::size_t bytes) { unmap_pages(addr, bytes, 1); }
+
+void SimDevice::unmap_pages(Addr addr, std::size_t page, std::size_t count) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto h = pages_locked(addr, page, count, "unmap");
+  const std::size_t bytes = h->second.bytes;
   check_idle_locked(addr, bytes);
   handles_.erase(h);
   used_ -= bytes;
-  now_ += kUnmapUs;
+  now_ += kUnmapUs * static_cast<double>(count);
 }
 
 void SimDevice::remap(Addr from, Addr to, std::size_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
-  auto h = mapping_locked(from, bytes, "remap");
   check_unmapped_locked(to, bytes, "remap");
+  auto h = pages_locked(from, bytes, 1, "remap");
   check_idle_locked(from, bytes);
   handles_.erase(h);
-  handles_[to] = bytes;
+  handles_[to] = Run{bytes, bytes};
   now_ += kUnmapUs + kMapUs;
 }
 
 std::size_t SimDevice::mapped_bytes() const {
   std::lock_guard<std::mutex> g(mu_);
   std::size_t total = 0;
-  for (const auto& [addr, bytes] : handles_) total += bytes;
+  for (const auto& [addr, run] : handles_) total += run.bytes;
   return total;
 }
 

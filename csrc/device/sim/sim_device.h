@@ -56,6 +56,10 @@ class SimDevice final : public Device {
   // stream runs as if it had the GPU to itself.
   explicit SimDevice(std::size_t capacity, double launch_overhead_us = 2.0,
                      bool shared_compute = false);
+  // The largest capacity simulated (64 PiB): its address arithmetic (a
+  // physical span of 4x the capacity, a virtual one of 64x, above the base)
+  // stays within 64 bits.
+  static constexpr std::size_t kMaxCapacity = std::size_t{1} << 56;
 
   // Device interface.
   std::optional<Addr> reserve(std::size_t bytes) override;
@@ -80,7 +84,9 @@ class SimDevice final : public Device {
   std::optional<Addr> reserve_address(std::size_t bytes) override;
   void release_address(Addr addr, std::size_t bytes) override;
   bool map(Addr addr, std::size_t bytes) override;
+  std::size_t map_pages(Addr addr, std::size_t page, std::size_t count) override;
   void unmap(Addr addr, std::size_t bytes) override;
+  void unmap_pages(Addr addr, std::size_t page, std::size_t count) override;
   void remap(Addr from, Addr to, std::size_t bytes) override;
   std::size_t mapped_bytes() const;
 
@@ -150,8 +156,19 @@ class SimDevice final : public Device {
   static constexpr std::size_t kPage = 2 * kMiB;
   static constexpr double kMapUs = 10.0;  // cuMemCreate + cuMemMap + cuMemSetAccess
   static constexpr double kUnmapUs = 10.0;  // cuMemUnmap + cuMemRelease
-  std::map<Addr, std::size_t>::iterator mapping_locked(Addr addr, std::size_t bytes,
-                                                       const char* what);
+  // Mapped memory in runs: `bytes` from the key on, physical allocations of
+  // `page` bytes each (a run made by map_pages is one entry, however many
+  // pages, and is split where a page of it is unmapped or moved).
+  struct Run {
+    std::size_t bytes;
+    std::size_t page;
+  };
+  // The entry for the `count` physical allocations of `page` bytes from
+  // `addr` on, split out of their runs; throws naming `what` unless they
+  // are mapped, of that size, contiguous.
+  std::map<Addr, Run>::iterator pages_locked(Addr addr, std::size_t page, std::size_t count,
+                                             const char* what);
+  void split_run_at(Addr x);
   void check_unmapped_locked(Addr addr, std::size_t bytes, const char* what) const;
   void check_idle_locked(Addr addr, std::size_t bytes);
 
@@ -179,7 +196,7 @@ class SimDevice final : public Device {
   std::map<Addr, std::size_t> reserved_;     // addr -> size
   std::map<Addr, std::size_t> va_free_;      // virtual addresses free to reserve, coalesced
   std::map<Addr, std::size_t> va_reserved_;  // reserved virtual ranges: addr -> size
-  std::map<Addr, std::size_t> handles_;      // physical allocations mapped: addr -> size
+  std::map<Addr, Run> handles_;              // physical allocations mapped, in runs
   std::size_t used_ = 0;
   std::vector<Stream> streams_;
   std::unordered_map<StreamId, std::size_t> stream_index_;
