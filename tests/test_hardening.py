@@ -126,3 +126,125 @@ def test_a_benchmark_seed_out_of_range_is_one_line(seed, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--seed" in err and "Traceback" not in err
+
+
+# 4. Input the user can fix is exit 2 and one line, never "internal error".
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "internal error" not in err, err
+    return code, err
+
+
+def _graph_and_trace(tmp_path) -> tuple[str, str]:
+    from test_planner import chain
+    from waterwave.sim.trace import Op, Trace
+
+    chain().save(tmp_path / "g.json")
+    t = Trace("t")
+    t.ops.append(Op("a", 0, "forward", gpu_us=5.0, alloc=[(0, 512)]))
+    t.ops.append(Op("f", 0, "forward", gpu_us=5.0, free=[0]))
+    t.save(str(tmp_path / "t.json"))
+    return (tmp_path / "g.json").read_text(), (tmp_path / "t.json").read_text()
+
+
+@pytest.mark.parametrize("number", ["Infinity", "-Infinity", "NaN", "1e400", "-1e400",
+                                    "1" + "0" * 400, "18446744073709551616"])
+def test_numbers_past_range_in_files_are_a_corrupt_file(number, tmp_path, capsys):
+    graph, trace = _graph_and_trace(tmp_path)
+    (tmp_path / "gb.json").write_text(graph.replace('"size": 1024', f'"size": {number}', 1))
+    (tmp_path / "tb.json").write_text(trace.replace('"gpu_us": 5.0', f'"gpu_us": {number}', 1))
+    plan_text = '{"format": "waterwave-plan", "version": 1, "graph": "g", "strategy": "greedy", '
+    plan_text += f'"order": [], "offsets": {{"0": {number}}}, "sizes": {{}}, "arena_size": 0, '
+    plan_text += '"lower_bound": 0}'
+    (tmp_path / "p.json").write_text(plan_text)
+    for argv in (["plan", str(tmp_path / "gb.json")], ["replay", str(tmp_path / "tb.json")]):
+        code, err = _cli(argv, capsys)
+        assert code == 2 and "past what a waterwave file holds" in err, err
+    with pytest.raises(ValueError, match="past what a waterwave file holds"):
+        ww.Plan.load(str(tmp_path / "p.json"))
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("nan"), 10**400])
+def test_numbers_past_range_in_dicts_and_snapshots_are_clear_errors(number, tmp_path, capsys):
+    import json
+    import pickle
+
+    from waterwave.sim.trace import Trace
+
+    graph, trace = _graph_and_trace(tmp_path)
+    g = json.loads(graph)
+    g["tensors"][0]["size"] = number
+    with pytest.raises(ValueError):
+        ww.Graph.from_dict(g)
+    t = json.loads(trace)
+    t["ops"][0]["gpu_us"] = number
+    with pytest.raises(ValueError):
+        Trace.from_dict(t)
+    for key in ("time_us", "size"):
+        event = {"action": "alloc", "addr": 512, "size": 512, "stream": 0}
+        event[key] = number
+        path = tmp_path / "s.pickle"
+        path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[event]]}))
+        code, err = _cli(["replay", str(path)], capsys)
+        assert code == 2, err
+
+
+USER_MODELS = """
+import sys
+import torch
+
+def not_a_tuple(batch_size):
+    return 42
+
+def two_things(batch_size):
+    return torch.nn.Linear(2, 2), torch.randn(batch_size, 2)
+
+def not_a_module(batch_size):
+    return 1, 2, len
+
+def exits(batch_size):
+    sys.exit(0)
+
+def too_big(batch_size):
+    return torch.nn.Linear(2, 2), torch.empty(batch_size, 1 << 40), len
+"""
+
+
+@pytest.mark.parametrize("builder, says", [
+    ("not_a_tuple", "it returned an int"),
+    ("two_things", "it returned a tuple of 2: (Linear, Tensor)"),
+    ("not_a_module", "its model is an int"),
+    ("exits", "called sys.exit(0) instead of returning"),
+    ("too_big", "needs more host memory than this machine has"),
+])
+def test_a_user_model_builder_that_returns_the_wrong_thing_is_one_line(builder, says, tmp_path,
+                                                                      capsys, monkeypatch):
+    (tmp_path / "hardening_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, err = _cli(["plan", f"hardening_models:{builder}", "--batch-size", "1024"], capsys)
+    assert code == 2 and says in err, err
+
+
+def test_a_batch_too_large_for_host_memory_is_one_line(capsys):
+    code, err = _cli(["plan", "resnet18", "--batch-size", "100000000"], capsys)
+    assert code == 2 and "give a smaller batch size" in err, err
+
+
+@pytest.mark.parametrize("text", ["100000000000000000000000", "4611686018427387905"])
+def test_a_file_limit_past_what_python_reads_is_refused(text, tmp_path, capsys, monkeypatch):
+    _graph_and_trace(tmp_path)
+    monkeypatch.setenv("WATERWAVE_MAX_FILE_BYTES", text)
+    code, err = _cli(["plan", str(tmp_path / "g.json")], capsys)
+    assert code == 2 and "WATERWAVE_MAX_FILE_BYTES must be at most 2**62" in err, err
+    with pytest.raises(ValueError, match="at most 2\\*\\*62"):
+        ww.set_input_limits(file_bytes=1 << 63)
+
+
+def test_a_closed_standard_output_is_said_not_ignored(tmp_path):
+    _graph_and_trace(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "waterwave.tools.cli", "plan", str(tmp_path / "g.json")],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    assert r.returncode == 2 and "standard output is closed" in r.stderr, r.stderr

@@ -451,13 +451,17 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
             continue;
           }
           const std::size_t want = (take - mapped) / page;
-          const std::size_t got = device_.map_pages(b->addr + mapped, page, want);
-          if (got) account_mapped(seg, static_cast<std::int64_t>(got * page));
-          for (std::size_t i = 0; history_.on() && i < got; ++i) {
+          const Device::MappedPages got = device_.map_pages(b->addr + mapped, page, want);
+          if (got.mapped) account_mapped(seg, static_cast<std::int64_t>(got.mapped * page));
+          for (std::size_t i = 0; history_.on() && i < got.mapped; ++i) {
             note("segment_map", b->addr + mapped + i * page, page, seg->stream);
           }
-          mapped += got * page;
-          if (got < want) break;
+          mapped += got.mapped * page;
+          if (got.error) {
+            error = got.error;
+            break;
+          }
+          if (got.mapped < want) break;  // out of memory
         } catch (...) {
           error = std::current_exception();
           break;

@@ -47,7 +47,12 @@ void bind_sim_device(py::module_& m) {
       .def("reserve_address", &SimDevice::reserve_address, py::arg("nbytes"))
       .def("release_address", &SimDevice::release_address, py::arg("addr"), py::arg("nbytes"))
       .def("map", &SimDevice::map, py::arg("addr"), py::arg("nbytes"))
-      .def("map_pages", &SimDevice::map_pages, py::arg("addr"), py::arg("page"), py::arg("count"))
+      .def("map_pages",
+           [](SimDevice& d, Addr addr, std::size_t page, std::size_t count) {
+             return d.map_pages(addr, page, count).mapped;
+           },
+           py::arg("addr"), py::arg("page"), py::arg("count"),
+           "Map `count` pages of `page` bytes from `addr` on; returns how many fit.")
       .def("unmap", &SimDevice::unmap, py::arg("addr"), py::arg("nbytes"))
       .def("unmap_pages", &SimDevice::unmap_pages, py::arg("addr"), py::arg("page"),
            py::arg("count"))

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <stdexcept>
 
@@ -68,14 +69,23 @@ class Device {
   // is out of memory: then nothing is left mapped.
   virtual bool map(Addr, std::size_t) { throw_no_vmm(); }
   // Back `count` pages of `page` bytes from `addr` on, each its own physical
-  // allocation (unmapped or moved later one by one), in order; returns how
-  // many were mapped: all, or fewer when the device ran out of memory (the
-  // first ones stay mapped). A device that can map a run in one step (the
-  // simulator) overrides it, so a huge growth is not a loop of driver calls.
-  virtual std::size_t map_pages(Addr addr, std::size_t page, std::size_t count) {
-    std::size_t done = 0;
-    while (done < count && map(addr + done * page, page)) ++done;
-    return done;
+  // allocation (unmapped or moved later one by one), in order. `mapped`:
+  // how many were, all unless the device ran out of memory or a call failed
+  // (`error`, the driver's exception); the first `mapped` stay mapped either
+  // way. A device that can map a run in one step (the simulator) overrides
+  // it, so a huge growth is not a loop of driver calls.
+  struct MappedPages {
+    std::size_t mapped = 0;
+    std::exception_ptr error;
+  };
+  virtual MappedPages map_pages(Addr addr, std::size_t page, std::size_t count) {
+    MappedPages out;
+    try {
+      while (out.mapped < count && map(addr + out.mapped * page, page)) ++out.mapped;
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+    return out;
   }
   // unmap() of `count` pages of `page` bytes from `addr` on, each mapped by
   // one map() or map_pages().

@@ -37,6 +37,7 @@ from the operator's tags): the MXNet and Paddle baselines may share those.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -52,13 +53,42 @@ class GraphError(ValueError):
     """A graph that is malformed or a graph file that cannot be read."""
 
 
+class _NumberOutOfRange(Exception):
+    """A number in a file that no waterwave file holds."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NumberOutOfRange(text)
+    return value
+
+
+def _int64(text: str) -> int:
+    # Checked on the digits first: a number of thousands of digits is not
+    # worth converting (Python refuses past 4,300 anyway).
+    if len(text.lstrip("-")) > 20 or not -(1 << 63) <= (value := int(text)) < 1 << 64:
+        raise _NumberOutOfRange(text)
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _NumberOutOfRange(text)  # NaN, Infinity, -Infinity: not JSON, but Python writes them
+
+
 def read_json(path: str, error: type[ValueError]) -> object:
     """Parse a JSON file of at most the file-size limit (input_limits.py); a
-    parse failure or nesting too deep for the parser raises ``error`` saying
-    the file is corrupt."""
+    parse failure, nesting too deep for the parser, or a number past what a
+    waterwave file holds (a float that is not finite, a whole number beyond
+    64 bits) raises ``error`` saying the file is corrupt."""
     raw = read_bytes(path, error)
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=_finite_float, parse_int=_int64,
+                          parse_constant=_no_constant)
+    except _NumberOutOfRange as e:
+        number = str(e) if len(str(e)) <= 24 else f"{str(e)[:20]}... ({len(str(e))} digits)"
+        raise error(f"{path}: holds the number {number}, past what a waterwave file holds "
+                    "(finite numbers, whole numbers within 64 bits); the file is corrupt") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e}); the file is corrupt") from None
     except RecursionError:
@@ -281,7 +311,7 @@ class Graph:
                                     [int(x) for x in n.get("deps", [])],
                                     [int(x) for x in n.get("inplace_ok", [])],
                                     int(n.get("flops", 0)), dict(n.get("attrs", {}))))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise GraphError(f"graph file is corrupt: {type(e).__name__}: {e}") from None
         for t in g.tensors:
             if t.kind not in KINDS:

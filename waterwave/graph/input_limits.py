@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 GZIP_MAGIC = b"\x1f\x8b"
 CHUNK = 1 << 20  # bytes decompressed per call
+MAX_LIMIT = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class InputLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"input limit {f.name} must be a positive whole number, got "
                                  f"{value!r}")
+            if value > MAX_LIMIT:  # a read of limit + 1 bytes must be a size Python can ask for
+                raise ValueError(f"input limit {f.name} must be at most 2**62, got {value:,}")
 
 
 _limits = InputLimits()
@@ -45,8 +48,10 @@ def input_limits() -> InputLimits:
     for name, var in _ENVIRONMENT.items():
         text = os.environ.get(var, "").strip()
         if text:
-            if not text.isdigit() or int(text) <= 0:
+            if not (text.isascii() and text.isdigit()) or int(text) <= 0:
                 raise ValueError(f"{var} must be a positive whole number, got {text!r}")
+            if len(text) > 19 or int(text) > MAX_LIMIT:
+                raise ValueError(f"{var} must be at most 2**62 ({MAX_LIMIT:,}), got {text[:30]}")
             changes[name] = int(text)
     return dataclasses.replace(_limits, **changes)
 

@@ -67,7 +67,7 @@ class Plan:
                        int(d["arena_size"]), int(d["lower_bound"]),
                        float(d.get("solve_seconds", 0.0)), str(d.get("status", "heuristic")),
                        [(int(a), int(b)) for a, b in d.get("inplace", [])], dict(d.get("stats", {})))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise PlanError(f"plan file is corrupt: {type(e).__name__}: {e}") from None
 
     def allocation_slots(self, graph) -> tuple[list[tuple[int, int]], int]:

@@ -45,6 +45,7 @@ May import: waterwave._C, waterwave.alloc, waterwave.graph, this package.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from dataclasses import dataclass, field
 
@@ -156,10 +157,13 @@ class Trace:
         for i, op in enumerate(self.ops):
             for b, _, _ in at.get(i, []):
                 seen[b] = True
-            if (op.phase not in PHASES or op.stream < 0 or not op.gpu_us >= 0 or not op.cpu_us >= 0
-                    or not op.first_us >= 0 or not (0 < op.sm <= 1 and 0 < op.bw <= 1)):
+            times = (op.gpu_us, op.cpu_us, op.first_us, 0.0 if op.time_us is None else op.time_us)
+            if (op.phase not in PHASES or op.stream < 0
+                    or not all(0 <= t < math.inf for t in times[:3])
+                    or not math.isfinite(times[3]) or not (0 < op.sm <= 1 and 0 < op.bw <= 1)):
                 raise TraceError(f"{where}: operator {i} ({op.name}) has a bad stream, phase, time "
-                                 "or share (sm and bw must be in (0, 1])")
+                                 "or share (times must be finite and not negative, sm and bw in "
+                                 "(0, 1])")
             for b, n in op.alloc:
                 if n <= 0 or b in seen:
                     raise TraceError(f"{where}: operator {i} ({op.name}) allocates block {b} "
@@ -202,7 +206,7 @@ class Trace:
                                 sm=float(o.get("sm", 1.0)), bw=float(o.get("bw", 1.0))))
         except TraceError as e:
             raise TraceError(f"{source}: {e}") from None
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise TraceError(f"{source}: the trace is corrupt ({type(e).__name__}: {e})") from None
         try:
             t.validate()
@@ -348,9 +352,11 @@ def from_snapshot(path: str, device: int = 0) -> Trace:
         try:
             addr, size, stream = int(e["addr"]), int(e["size"]), int(e["stream"])
             when = float(e.get("time_us", 0.0)) - float(events[0].get("time_us", 0.0))
-        except (KeyError, TypeError, ValueError):
-            raise TraceError(f"{path}: event {i} of device {device} lacks addr, size or "
-                             "stream: the snapshot is corrupt") from None
+            if not math.isfinite(when):
+                raise ValueError("time_us is not finite")
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise TraceError(f"{path}: event {i} of device {device} lacks addr, size, stream or a "
+                             "finite time_us: the snapshot is corrupt") from None
         if stream not in stream_index:
             if len(stream_ids) == most_streams:
                 raise TraceError(f"{path}: device {device}'s trace uses more than {most_streams} "

@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
 
     args = parser.parse_args(argv)
+    if sys.stdout is None:  # started with its standard output closed: print() would drop it all
+        print(f"waterwave {args.command}: standard output is closed; give the command somewhere "
+              "to write (a file, a pipe or /dev/null)", file=sys.stderr)
+        return BAD_INPUT
     if min(getattr(args, "pairs", 1), getattr(args, "repeats", 1), getattr(args, "gpu_pairs", 1)) <= 0:
         parser.error("--pairs, --gpu-pairs and --repeats must be positive")
     if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:

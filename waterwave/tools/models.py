@@ -34,7 +34,14 @@ def build(name: str, batch_size: int, device: str = "cpu", input_size: int | Non
     targets on ``device``. ``input_size``: an image classifier's input side
     in pixels (default 224; CIFAR's is 32)."""
     check_input_size(name, input_size)
-    model, inputs, loss = _build(name, batch_size, device, input_size or 224)
+    try:
+        model, inputs, loss = _build(name, batch_size, device, input_size or 224)
+    except RuntimeError as e:
+        # PyTorch's CPU allocator says so in a RuntimeError, not a MemoryError.
+        if "can't allocate memory" not in str(e):
+            raise
+        raise ValueError(f"model {name!r} at batch {batch_size}: its example inputs need more "
+                         "host memory than this machine has; give a smaller batch size") from None
     return model.to(device), inputs, loss
 
 
@@ -78,14 +85,44 @@ def _user_model(spec: str, batch_size: int):
         raise ValueError(f"model {spec!r}: {module_name} has no callable {attr!r}")
     try:
         built = fn(batch_size)
+    except SystemExit as e:  # not an answer: the command would end silently with its code
+        raise ValueError(f"model {spec!r}: {attr}({batch_size}) called sys.exit({e.code!r}) "
+                         "instead of returning (model, example_inputs, loss_fn)") from None
+    except RuntimeError as e:
+        if "can't allocate memory" in str(e):
+            raise ValueError(f"model {spec!r}: {attr}({batch_size}) needs more host memory than "
+                             "this machine has; give a smaller batch size") from None
+        raise ValueError(f"model {spec!r}: {attr}({batch_size}) raised "
+                         f"{type(e).__name__}: {e}") from None
     except Exception as e:  # the user's builder raised: say so in one line, with its error
         raise ValueError(f"model {spec!r}: {attr}({batch_size}) raised "
                          f"{type(e).__name__}: {e}") from None
-    if not (isinstance(built, (tuple, list)) and len(built) == 3 and callable(built[2])):
-        raise ValueError(f"model {spec!r}: {attr}(batch_size) must return (model, "
-                         "example_inputs, loss_fn), with loss_fn(model(*example_inputs)) the loss")
+    import torch
+
+    shape = ("must return (model, example_inputs, loss_fn): a torch.nn.Module, a tensor or a "
+             "tuple of tensors, and a function with loss_fn(model(*example_inputs)) the loss")
+    if not (isinstance(built, (tuple, list)) and len(built) == 3):
+        raise ValueError(f"model {spec!r}: {attr}(batch_size) {shape}; it returned "
+                         f"{_describe(built)}")
     model, inputs, loss = built
-    return model, (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), loss
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    for what, ok in (("model", isinstance(model, torch.nn.Module)),
+                     ("example_inputs", all(isinstance(x, torch.Tensor) for x in inputs)),
+                     ("loss_fn", callable(loss))):
+        if not ok:
+            got = _describe(model if what == "model" else built[1] if what == "example_inputs"
+                            else loss)
+            raise ValueError(f"model {spec!r}: {attr}(batch_size) {shape}; its {what} is {got}")
+    return model, inputs, loss
+
+
+def _describe(value) -> str:
+    """What a builder returned, by type: enough to see what to fix."""
+    if not isinstance(value, (tuple, list)):
+        name = type(value).__name__
+        return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+    names = [type(v).__name__ for v in value[:4]] + (["..."] if len(value) > 4 else [])
+    return f"a {type(value).__name__} of {len(value)}: ({', '.join(names)})"
 
 
 def _hf_config(spec: str):

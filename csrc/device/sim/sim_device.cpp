@@ -231,9 +231,9 @@ bool SimDevice::map(Addr addr, std::size_t bytes) {
   return true;
 }
 
-std::size_t SimDevice::map_pages(Addr addr, std::size_t page, std::size_t count) {
+Device::MappedPages SimDevice::map_pages(Addr addr, std::size_t page, std::size_t count) {
   std::lock_guard<std::mutex> g(mu_);
-  if (count == 0) return 0;
+  if (count == 0) return {};
   if (page == 0 || count > (~Addr{0} - addr) / page) {
     throw std::invalid_argument("SimDevice::map_pages to " + format_addr(addr) + ": " +
                                 std::to_string(count) + " pages of " + std::to_string(page) +
@@ -247,7 +247,7 @@ std::size_t SimDevice::map_pages(Addr addr, std::size_t page, std::size_t count)
   }
   // One call per page on a GPU; on a failing one too.
   now_ += kMapUs * static_cast<double>(fits + (fits < count ? 1 : 0));
-  return fits;
+  return MappedPages{fits, nullptr};
 }
 
 void SimDevice::unmap(Addr addr, std::size_t bytes) { unmap_pages(addr, bytes, 1); }

@@ -84,7 +84,7 @@ class SimDevice final : public Device {
   std::optional<Addr> reserve_address(std::size_t bytes) override;
   void release_address(Addr addr, std::size_t bytes) override;
   bool map(Addr addr, std::size_t bytes) override;
-  std::size_t map_pages(Addr addr, std::size_t page, std::size_t count) override;
+  MappedPages map_pages(Addr addr, std::size_t page, std::size_t count) override;
   void unmap(Addr addr, std::size_t bytes) override;
   void unmap_pages(Addr addr, std::size_t page, std::size_t count) override;
   void remap(Addr from, Addr to, std::size_t bytes) override;
