@@ -164,9 +164,11 @@ class WaterwavePolicy final : public Allocator {
 
   void describe_free(AllocatorStats& out) const override {
     out.synced_free_bytes = static_cast<std::int64_t>(synced_[0].bytes() + synced_[1].bytes());
+    // Streams holding unsynced free bytes: a stream the allocator has only
+    // seen (an allocation that failed, a stream since synced) is not news.
     for (const StreamState* s : stream_list_) {
-      out.unsynced_free_bytes[s->id] =
-          static_cast<std::int64_t>(s->unsynced[0].bytes() + s->unsynced[1].bytes());
+      const std::size_t bytes = s->unsynced[0].bytes() + s->unsynced[1].bytes();
+      if (bytes) out.unsynced_free_bytes[s->id] = static_cast<std::int64_t>(bytes);
     }
   }
 

@@ -16,10 +16,42 @@ py::dict hazard_dict(const Hazard& h) {
                   "host_time_us"_a = h.host_time_us, "message"_a = h.describe());
 }
 
+namespace {
+
+// The constructor's arguments checked here, so a wrong one is named with
+// what it takes, not answered with pybind's list of C++ signatures.
+std::size_t capacity_arg(const py::object& value) {
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
+    throw py::type_error("SimDevice capacity must be a whole number of bytes, got " +
+                         py::repr(value).cast<std::string>());
+  }
+  const py::int_ n(value);
+  if (n < py::int_(1) || n > py::int_(SimDevice::kMaxCapacity)) {
+    throw py::value_error("SimDevice capacity must be 1 to 2**56 bytes (64 PiB), got " +
+                          py::str(n).cast<std::string>());
+  }
+  return n.cast<std::size_t>();
+}
+
+double overhead_arg(const py::object& value) {
+  if (PyBool_Check(value.ptr()) || !(PyFloat_Check(value.ptr()) || PyIndex_Check(value.ptr()))) {
+    throw py::type_error("SimDevice launch_overhead_us must be a number of microseconds, got " +
+                         py::repr(value).cast<std::string>());
+  }
+  return value.cast<double>();  // finite and >= 0 is the device's own check
+}
+
+}  // namespace
+
 void bind_sim_device(py::module_& m) {
   py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
-      .def(py::init<std::size_t, double, bool>(), py::arg("capacity"),
-           py::arg("launch_overhead_us") = 2.0, py::arg("shared_compute") = false)
+      .def(py::init([](const py::object& capacity, const py::object& launch_overhead_us,
+                       bool shared_compute) {
+             return std::make_shared<SimDevice>(capacity_arg(capacity),
+                                                overhead_arg(launch_overhead_us), shared_compute);
+           }),
+           py::arg("capacity"), py::arg("launch_overhead_us") = 2.0,
+           py::arg("shared_compute") = false)
       .def_readonly_static("max_capacity", &SimDevice::kMaxCapacity)
       .def_property_readonly("capacity", &SimDevice::total_memory)
       .def("free_memory", &SimDevice::free_memory)

@@ -42,6 +42,10 @@ class Allocator(_C.AllocatorStack):
         policy, settings = resolve_settings(policy, config, self._policy_role, **kwargs)
         if device is None:
             device = _C.SimDevice(DEFAULT_SIM_CAPACITY)
+        elif not isinstance(device, _C.SimDevice):
+            raise TypeError(f"device must be a waterwave.SimDevice, got {device!r}; for a GPU, "
+                            "waterwave.install_allocator() makes Waterwave PyTorch's CUDA "
+                            "allocator, and Allocator.for_cuda(index) is its stack")
         super().__init__(device, policy, settings)
 
     @classmethod
@@ -58,6 +62,8 @@ class Allocator(_C.AllocatorStack):
     # instead; the checks run only then, never on the allocation path.
     def alloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate ``nbytes`` for use on ``stream``; returns the address (0 for 0 bytes)."""
+        if nbytes.__class__ is bool:  # pybind takes True as 1: a byte nobody asked for
+            raise TypeError(f"the size must be a whole number of bytes, got {nbytes!r}")
         try:
             return super().alloc(nbytes, stream)
         except TypeError as e:
@@ -178,14 +184,15 @@ def _explain(error: TypeError, **values) -> None:
     """Raise what is wrong with the first of ``values`` (by name) that is not
     an unsigned 64-bit whole number; else ``error`` itself."""
     for what, value in values.items():
-        if value is not None:
-            _unsigned(value, what.replace("_", " "))
+        _unsigned(value, what.replace("_", " "))
     raise error
 
 
 def _unsigned(value: int, what: str) -> int:
     """``value`` as an unsigned 64-bit argument, or a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):
+        raise TypeError(f"the {what} must be a whole number, got {value!r}")
+    if not isinstance(value, int):
         try:
             value = value.__index__()
         except AttributeError:

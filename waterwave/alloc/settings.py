@@ -62,8 +62,14 @@ def resolve_settings(policy: str | None, config: str | AllocatorConfig | None,
     a string's ``policy:`` entry picks the policy unless the argument does;
     the default is ``waterwave``. Keyword settings apply on top."""
     named = None
+    if policy is not None and not isinstance(policy, str):
+        raise TypeError(f"the {role} must be a name ({', '.join(POLICIES)}), got {policy!r}")
     if isinstance(config, AllocatorConfig):
         parsed = config
+    elif config is not None and not isinstance(config, str):
+        raise TypeError("config must be a PYTORCH_CUDA_ALLOC_CONF-style string (e.g. "
+                        "'max_split_size_mb:128') or a waterwave.AllocatorConfig, got "
+                        f"{config!r}")
     else:
         named, parsed = _C.parse_settings(os.environ.get(ENV_VAR, "") if config is None else config)
     policy = policy or named or POLICIES[0]

@@ -6,6 +6,7 @@ May import: waterwave._C, waterwave.graph and this package's modules.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -71,6 +72,16 @@ def _layout(g: Graph, order: list[int]):
     return {b.id: offs[i] for i, b in enumerate(bufs)}, arena, how
 
 
+def check_time_limit(time_limit: float) -> None:
+    """A time limit is a positive, finite number of seconds (a NaN or a
+    negative one would be ignored by every deadline test)."""
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)):
+        raise TypeError(f"time_limit must be a number of seconds, got {time_limit!r}")
+    if not (math.isfinite(time_limit) and time_limit > 0):
+        raise ValueError(f"time_limit must be a positive, finite number of seconds, got "
+                         f"{time_limit!r}")
+
+
 def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: int | None = None,
          gap_limit: float = 1e-3) -> Plan:
     """Plan one training step. ``model`` skips CP-SAT when the greedy order
@@ -78,6 +89,7 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
     otherwise searches up to ``time_limit`` seconds with ``workers`` CP-SAT
     workers (default: ``WATERWAVE_CPSAT_WORKERS``, else 2); status
     ``optimal`` means the gap is zero."""
+    check_time_limit(time_limit)
     workers = default_workers() if workers is None else workers
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
@@ -268,6 +280,7 @@ def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True):
 
     Returns (offsets by buffer id, arena size, lower bound, status): the
     bound is proven; status is ``optimal`` when the arena meets it."""
+    check_time_limit(time_limit)
     validate_buffers(buffers)
     if exact:
         offs, arena, lb, status = exact_pack(buffers, time_limit=time_limit)

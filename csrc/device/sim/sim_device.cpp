@@ -1,6 +1,7 @@
 #include "sim_device.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
@@ -33,7 +34,10 @@ SimDevice::SimDevice(std::size_t capacity, double launch_overhead_us, bool share
                                 " bytes is more than the simulator's address space holds: give "
                                 "at most 2**56 bytes (64 PiB)");
   }
-  if (launch_overhead_us < 0) throw std::invalid_argument("launch_overhead_us must be >= 0");
+  if (!(launch_overhead_us >= 0 && std::isfinite(launch_overhead_us))) {
+    throw std::invalid_argument("launch_overhead_us must be finite and >= 0, got " +
+                                std::to_string(launch_overhead_us));
+  }
   // Address space well beyond the capacity: a GPU maps physical pages into
   // its virtual addresses, so free memory is never too scattered to serve a
   // reservation; only the total is bounded.
@@ -430,7 +434,10 @@ void SimDevice::synchronize_device() {
 
 std::uint64_t SimDevice::launch(StreamId sid, double duration_us, const std::vector<Range>& uses,
                                 double sm_share, double bw_share) {
-  if (!(duration_us >= 0)) throw std::invalid_argument("kernel duration must be >= 0");
+  if (!(duration_us >= 0 && std::isfinite(duration_us))) {
+    throw std::invalid_argument("a kernel's duration must be finite and >= 0 microseconds, got " +
+                                std::to_string(duration_us));
+  }
   if (!(sm_share > 0 && sm_share <= 1 && bw_share > 0 && bw_share <= 1))
     throw std::invalid_argument("a kernel's SM and bandwidth shares must be in (0, 1]");
   std::lock_guard<std::mutex> g(mu_);
@@ -549,7 +556,10 @@ void SimDevice::note_handout(Addr addr, std::size_t size, StreamId sid) {
 }
 
 void SimDevice::advance_host(double us) {
-  if (us < 0) throw std::invalid_argument("advance_host needs a non-negative time");
+  if (!(us >= 0 && std::isfinite(us))) {
+    throw std::invalid_argument("advance_host needs a finite, non-negative time, got " +
+                                std::to_string(us));
+  }
   std::lock_guard<std::mutex> g(mu_);
   now_ += us;
 }
