@@ -17,7 +17,8 @@ FUZZ = Path(__file__).resolve().parent / "fuzz" / "fuzz_inputs.py"
 SECONDS = int(os.environ.get("WATERWAVE_FUZZ_SECONDS", "6"))
 
 
-@pytest.mark.parametrize("target", ["config", "slots", "snapshot", "graph", "csv", "program"])
+@pytest.mark.parametrize("target", ["config", "slots", "snapshot", "trace", "graph", "plan", "csv",
+                                    "program"])
 def test_the_fuzzer_finds_nothing_in_a_bounded_run(target, tmp_path):
     pytest.importorskip("atheris")
     corpus = tmp_path / "corpus"

@@ -290,3 +290,158 @@ def test_a_failed_allocation_changes_nothing_but_the_out_of_memory_counts(policy
                        "num_sync_and_coalesce", "num_sync_all_streams"}, changed
     assert after["unsynced_free_bytes_by_stream"] == {}
     a.check_invariants()
+
+
+# 6. Messages that mislead.
+
+def test_a_plot_path_is_the_file_written(tmp_path, capsys):
+    code, _ = _cli(["simulate", "resnet18", "--steps", "1", "--plot", str(tmp_path / "memory")],
+                   capsys)
+    assert code == 0 and (tmp_path / "memory.png").stat().st_size > 1000
+    with pytest.raises(SystemExit) as e:
+        cli.main(["simulate", "resnet18", "--steps", "1", "--plot", str(tmp_path)])
+    assert e.value.code == 2 and "is a directory" in capsys.readouterr().err
+
+
+def test_a_simulation_out_of_memory_says_so_on_stderr(capsys):
+    code, err = _cli(["simulate", "resnet18", "--steps", "1", "--memory-limit", "1"], capsys)
+    assert code == 1 and "out of memory in resnet18-bs32" in err and "1 bytes" in err
+
+
+def test_a_wrong_example_shape_is_one_line_without_the_fake_tensor_log(capfd):
+    import torch
+
+    model = torch.nn.Linear(4, 3)
+    from waterwave.capturing import CaptureError
+
+    with pytest.raises(CaptureError, match="same reduction dim"):
+        ww.capture(model, (torch.randn(2, 5),), lambda out: out.sum(),
+                   torch.optim.SGD(model.parameters(), lr=0.1))
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_empty_tensor_takes_no_plan_slot():
+    from test_planner import chain
+    from waterwave.planner import plan_slots
+
+    g = chain()
+    empty = next(t for t in g.tensors if t.kind == "activation" and not t.persistent)
+    sizes = {t.id: t.size for t in g.tensors}
+    empty.size = 0
+    p = ww.plan(g, "greedy", time_limit=5)
+    slots, arena = plan_slots(g, p)
+    allocated = [t for t in g.tensors if not t.persistent and t.size and t.kind != "input"]
+    assert all(size > 0 for size, _ in slots) and len(slots) <= len(allocated)
+    assert sizes[empty.id] > 0  # the graph did have it, at its size
+    a = ww.Allocator("waterwave", ww.SimDevice(64 * MiB, 0.0))
+    a.set_plan(0, slots, arena)  # accepted: no empty slot
+    with pytest.raises(ValueError, match="plan slot 1 \\(offset 512\\) is empty"):
+        a.set_plan(1, [(512, 0), (0, 512)], 1024)
+
+
+# 7. Training.
+
+def _mlp_job(seed: int, data, **kwargs):
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return ww.Job(model, loss_fn=torch.nn.functional.cross_entropy, optimizer=opt, data=data,
+                  **kwargs)
+
+
+class FlakyLoader:
+    """A loader whose first pass fails at its third batch (a file that was
+    not there yet), as a DataLoader worker's error reaches the loop."""
+
+    def __init__(self, batches):
+        self.batches, self.passes = batches, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for i, b in enumerate(self.batches):
+            if self.passes == 1 and i == 2:
+                raise OSError("batch 2: file not found")
+            yield b
+
+
+def test_a_loader_failing_before_a_step_began_lets_the_next_call_go_on():
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+               for _ in range(4)]
+    job = _mlp_job(0, FlakyLoader(batches))
+    session = ww.TrainingSession("cpu")
+    with pytest.raises(OSError, match="file not found"):
+        job.train(5, session=session)
+    assert len(job.losses) == 2  # the two steps before the loader failed
+    assert len(job.train(3, session=session)) == 3  # the job goes on, the loader's next pass
+    # An error inside a step still stops the job for good.
+    bad = _mlp_job(0, [batches[0], (torch.randn(8, 5), torch.randint(0, 4, (8,)))])
+    with pytest.raises(RuntimeError):
+        bad.train(2, session=session)
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        bad.train(1, session=session)
+
+
+def test_a_limit_below_one_step_alone_is_refused():
+    import torch
+
+    data = [(torch.randn(8, 16), torch.randint(0, 4, (8,)))]
+    job = _mlp_job(0, data)
+    with pytest.raises(ValueError, match="below one step of job"):
+        job.train(1, session=ww.TrainingSession("cpu", memory_limit=1))
+    assert job.losses == [] and not job.failed
+    job = _mlp_job(0, data)
+    with pytest.raises(ValueError, match="below one step of job"):
+        ww.ConcurrentTrainer([job], memory_limit=job.persistent_bytes() + 1).run(1)
+    assert job.losses == []
+
+
+def test_a_replaced_parameter_names_the_fix_that_fits():
+    import torch
+
+    job = _mlp_job(0, [(torch.randn(8, 16), torch.randint(0, 4, (8,)))])
+    job.train(1, session=ww.TrainingSession("cpu"))
+    job.model[0].weight = torch.nn.Parameter(torch.randn(32, 16))
+    from waterwave.capturing import CaptureError
+
+    with pytest.raises(CaptureError, match="Copy the new values in place"):
+        job.train(1, session=ww.TrainingSession("cpu"))
+
+
+def test_a_layer_appended_between_calls_trains_as_eager():
+    import copy
+
+    import torch
+
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            for _ in range(3)]
+    job = _mlp_job(0, data)
+    ref = copy.deepcopy(job.model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    session = ww.TrainingSession("cpu")
+    losses = job.train(2, session=session)
+    torch.manual_seed(7)
+    job.model.append(torch.nn.Tanh())
+    job.model.append(torch.nn.Linear(4, 4))
+    losses += job.train(3, session=session)
+    expected, i = [], 0
+    for step in range(5):
+        if step == 2:
+            torch.manual_seed(7)
+            ref.append(torch.nn.Tanh())
+            ref.append(torch.nn.Linear(4, 4))
+        x, y = data[i % 3]
+        i += 1
+        ref_opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        expected.append(loss.item())
+    assert losses == expected
+    for a, b in zip(job.model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)

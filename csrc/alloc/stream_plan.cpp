@@ -12,7 +12,12 @@ const std::vector<PlanSlot>& checked(const std::vector<PlanSlot>& slots, std::si
     const PlanSlot& s = slots[i];
     // offset + size could wrap past 2^64 and pass a plain sum's check, putting
     // the slot before the arena, over other memory: compare without the sum.
-    if (s.size == 0 || s.offset > arena_bytes || s.size > arena_bytes - s.offset) {
+    if (s.size == 0) {
+      throw ConfigError("plan slot " + std::to_string(i) + " (offset " + std::to_string(s.offset) +
+                        ") is empty: an allocation of 0 bytes takes no slot, so every slot "
+                        "holds at least one byte; the plan is corrupt");
+    }
+    if (s.offset > arena_bytes || s.size > arena_bytes - s.offset) {
       throw ConfigError("plan slot " + std::to_string(i) + " (offset " + std::to_string(s.offset) +
                         ", size " + std::to_string(s.size) + ") does not lie inside the " +
                         std::to_string(arena_bytes) + "-byte arena: the plan is corrupt");

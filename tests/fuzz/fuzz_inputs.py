@@ -3,8 +3,8 @@ input from elsewhere, and of the allocator driven by random programs.
 
     python tests/fuzz/fuzz_inputs.py TARGET [libFuzzer options] [corpus dirs]
 
-TARGET is one of ``config``, ``slots``, ``snapshot``, ``graph``, ``csv``,
-``program``. Each turns the fuzzer's bytes into one input and feeds it where
+TARGET is one of ``config``, ``slots``, ``snapshot``, ``trace``, ``graph``,
+``plan``, ``csv``, ``program``. Each turns the fuzzer's bytes into one input and feeds it where
 users' input enters. What the input may do: be refused with the error its
 reader documents (a ValueError or one of its subclasses, or out of memory
 on the simulated GPU). What it must never do: raise anything else, crash
@@ -29,7 +29,7 @@ import atheris
 with atheris.instrument_imports():
     import waterwave as ww
     from waterwave.graph import Graph
-    from waterwave.planner import check_plan, pack, plan
+    from waterwave.planner import Plan, check_plan, pack, plan, plan_slots
     from waterwave.planner.buffer_csv import read_buffer_csv
     from waterwave.sim import trace
 
@@ -152,6 +152,47 @@ def fuzz_graph(data: bytes) -> None:
         pass
 
 
+def _seed_graph() -> Graph:
+    g = Graph("seed")
+    x = g.add_tensor("x", 1024, "input")
+    w = g.add_tensor("w", 2048, "param", True)
+    h = g.add_tensor("h", 4096)
+    y = g.add_tensor("y", 512)
+    g.add_node("mm", "aten.mm", [x, w], [h])
+    g.add_node("relu", "aten.relu", [h], [y], inplace_ok=[h])
+    g.meta["outputs"] = [y]
+    return g
+
+
+def fuzz_plan(data: bytes) -> None:
+    """A plan file for the seed graph: checked, turned into slots and served
+    on the simulated GPU; a plan the checker passes must never put two live
+    tensors over each other (the allocator's own checks run too)."""
+    path = _as_file(data, "plan.json")
+    g = _seed_graph()
+    try:
+        p = Plan.load(path)
+        slots, arena = plan_slots(g, p)
+        a = ww.Allocator("waterwave", ww.SimDevice(CAPACITY, 0.0))
+        a.set_plan(0, slots, arena)
+        live = Live()
+        for size, _ in slots:
+            live.add(a.alloc(size, 0), size)
+        a.check_invariants()
+    except REFUSED:
+        pass
+
+
+def fuzz_trace(data: bytes) -> None:
+    """A trace file, replayed when it reads."""
+    path = _as_file(data, "trace.json")
+    try:
+        t = trace.Trace.load(path)
+        t.replay("waterwave", capacity=CAPACITY)
+    except REFUSED:
+        pass
+
+
 def fuzz_csv(data: bytes) -> None:
     """A buffer CSV, packed (briefly) when it reads; the packing must not overlap."""
     path = _as_file(data, "buffers.csv")
@@ -180,7 +221,8 @@ def fuzz_program(data: bytes) -> None:
 
 
 TARGETS = {"config": fuzz_config, "slots": fuzz_slots, "snapshot": fuzz_snapshot,
-           "graph": fuzz_graph, "csv": fuzz_csv, "program": fuzz_program}
+           "trace": fuzz_trace, "graph": fuzz_graph, "plan": fuzz_plan, "csv": fuzz_csv,
+           "program": fuzz_program}
 
 
 def seeds(target: str) -> list[bytes]:
@@ -194,15 +236,17 @@ def seeds(target: str) -> list[bytes]:
                                          "stream": 0}]
         return [pickle.dumps({"segments": [], "device_traces": [events]})]
     if target == "graph":
-        g = Graph("seed")
-        x = g.add_tensor("x", 1024, "input")
-        w = g.add_tensor("w", 2048, "param", True)
-        h = g.add_tensor("h", 4096)
-        y = g.add_tensor("y", 512)
-        g.add_node("mm", "aten.mm", [x, w], [h])
-        g.add_node("relu", "aten.relu", [h], [y], inplace_ok=[h])
-        g.meta["outputs"] = [y]
-        return [json.dumps(g.to_dict()).encode()]
+        return [json.dumps(_seed_graph().to_dict()).encode()]
+    if target == "plan":
+        g = _seed_graph()
+        return [json.dumps(plan(g, strategy).to_dict()).encode()
+                for strategy in ("greedy", "pytorch")]
+    if target == "trace":
+        t = trace.Trace("seed")
+        t.ops.append(trace.Op("a", 0, "forward", gpu_us=5.0, alloc=[(0, 512), (1, 4096)]))
+        t.ops.append(trace.Op("b", 1, "backward", gpu_us=3.0, alloc=[(2, 1024)], use=[1]))
+        t.ops.append(trace.Op("c", 0, "optimizer", gpu_us=1.0, free=[0, 1, 2]))
+        return [json.dumps(t.to_dict()).encode()]
     if target == "csv":
         return [b"id,lower,upper,size\na,0,5,512\nb,2,7,1024\nc,5,9,512\n",
                 b"buffer,start,end,size\nx,0,4,4\ny,5,9,4\n"]

@@ -27,6 +27,7 @@ The FX graph becomes a ``waterwave.graph.Graph``:
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -318,6 +319,19 @@ def _refuse_parameters_outside(model, optimizer, loss_fn) -> None:
     named = {}
     if isinstance(loss_fn, torch.nn.Module):
         named = {id(p): "loss_fn." + n for n, p in loss_fn.named_parameters()}
+    trained = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    shapes = {tuple(p.shape) for p in outside}
+    replaced = [n for n, p in model.named_parameters()
+                if id(p) not in trained and tuple(p.shape) in shapes]
+    if replaced:  # a parameter assigned anew after the optimizer was made
+        raise CaptureError(
+            f"the model's parameter {replaced[0]!r} is not the tensor the optimizer trains, and "
+            f"the optimizer trains {len(outside)} tensor(s) of its shape outside the model: a "
+            "parameter replaced after the optimizer was made (module.weight = "
+            "nn.Parameter(...)) leaves the optimizer training the old one, eagerly too. Copy "
+            "the new values in place instead (with torch.no_grad(): "
+            f"model.get_parameter({replaced[0]!r}).copy_(new)), or make a new optimizer and a "
+            "new Job")
     shown = ", ".join(named.get(id(p), f"a tensor of shape {list(p.shape)}") for p in outside[:3])
     raise CaptureError(
         f"the optimizer trains {len(outside)} parameter(s) that are not the model's ({shown}); "
@@ -419,7 +433,8 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
             step = _step_function(model, loss_fn or default_loss, optimizer, layout, grads_seen,
                                   clip, shapes, traced_with, autocast, scaling, no_gradient)
             flat = _example_flat(model, optimizer, layout, example_inputs, example_targets)
-            gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
+            with _quiet_fake_tensor_log():
+                gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
             if not no_gradient - layout.untrained:
                 break
             layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
@@ -467,6 +482,21 @@ def model_device(model, example_inputs) -> str:
         if isinstance(t, torch.Tensor):
             return t.device.type
     return "cpu"
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensor logs an operator that fails (a model whose example input
+    has the wrong shape) with its whole traceback, before raising the error
+    that the capture turns into one CaptureError line; the log says nothing
+    more, so it is held back while tracing."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    before = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
 
 
 def capture(model, example_inputs: Sequence[Any], loss_fn: Callable | None = None,

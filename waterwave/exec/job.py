@@ -107,6 +107,9 @@ class Job:
         self._by_variant: dict = {}
         self.losses: list[float] = []
         self.error: BaseException | None = None
+        # The error came while fetching a batch, before its step began: the
+        # model, optimizer and data are whole, and the next train() goes on.
+        self.error_between_steps = False
         self.runner: GroupRunner | None = None
         self.partition: Partition | None = None
         self.plan: JobPlan | None = None  # its groups' bytes from the graph, for the pairing
@@ -126,8 +129,11 @@ class Job:
         The job's error, if it failed, is raised here."""
         steps = whole_steps(steps)
         if self.error is not None:
-            raise RuntimeError(f"job {self.name!r} failed earlier ({self.error!r}); its model may "
-                               "hold half a step: make a new Job from a checkpoint") from self.error
+            if not self.error_between_steps:
+                raise RuntimeError(f"job {self.name!r} failed earlier ({self.error!r}); its model "
+                                   "may hold half a step: make a new Job from a checkpoint"
+                                   ) from self.error
+            self.error, self.error_between_steps = None, False  # raised once, by its own call
         session = session if session is not None else training_session(self.device)
         self._follow_model()
         before = len(self.losses)

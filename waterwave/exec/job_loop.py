@@ -51,6 +51,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
     stream = job.stream()
     last_group = len(job.partition.groups) - 1
     measuring_step = None
+    fetching = False
     try:
         if stream is not None:  # the model and batch were made on the default stream
             stream.wait_stream(torch.cuda.default_stream(stream.device))
@@ -58,8 +59,13 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
                            else contextlib.nullcontext()):
             for round_, step, group in feed.entries(k):
                 if step != step_no:
+                    # Fetching the batch (the user's data loader) and finding
+                    # its capture touch no model state: an error here leaves
+                    # the job between steps, and its next call may go on.
+                    fetching = True
                     inputs, targets = job.next_batch()
                     found = job.step_for(inputs, targets)
+                    fetching = False
                     step_no = step
                     if found is None:  # no capture trains this batch: the step runs eagerly
                         eager, env = (inputs, targets), None
@@ -111,6 +117,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
         # The traceback stays, its frames' tensors go back to the allocator.
         traceback.clear_frames(e.__traceback__)
         job.error = e
+        job.error_between_steps = fetching and env is None and eager_loss is None
     finally:
         env = None  # its tensors go back to the allocator
         try:

@@ -137,6 +137,7 @@ class TrainingSession:
             job.between.end(measure_between)
             if job.session != (self, self._generation):
                 self._prepare(job)
+            self._check_fits_alone(job)
             self._known.add(job)
             feed = self._feed
             if feed is None:
@@ -182,6 +183,19 @@ class TrainingSession:
         if len(job.losses) - before < steps and feed.barrier.closed:
             raise KeyboardInterrupt(f"job {job.name!r} stopped after {len(job.losses) - before} "
                                     f"of {steps} steps: training was interrupted")
+
+    def _check_fits_alone(self, job) -> None:
+        """A job whose one step, alone, needs more than ``memory_limit`` would
+        train past it (a job alone is never held back): refused, naming the
+        bytes, before it joins."""
+        if self.memory_limit is None or self.plan_schedule.pairing != MEMORY:
+            return
+        need = step_peak(job.plan) + job.between.kept
+        if need > self.memory_limit:
+            raise ValueError(f"memory_limit={self.memory_limit:,} bytes is below one step of job "
+                             f"{job.name!r} alone ({need:,} bytes at its peak as planned: "
+                             "parameters, optimizer state, the batch and its activations): raise "
+                             "memory_limit, or train a smaller batch or model")
 
     def _prepare(self, job) -> None:
         """Cut the job's step into this session's node groups."""

@@ -21,7 +21,11 @@ def plan_slots(graph: Graph, plan) -> tuple[list[tuple[int, int]], int]:
     check_plan(graph, plan)
     base = min((plan.offsets[t.id] for t in graph.tensors if not t.persistent and t.size),
                default=0)
+    # An empty tensor never reaches the allocator (an allocation of 0 bytes
+    # returns at once and takes no slot), so it has no slot here either:
+    # slot k is the k-th allocation the step makes.
     slots = [(graph.tensors[t].size, plan.offsets[t] - base)
-             for kind, t in allocation_events(graph, plan.order, plan.inplace) if kind == "alloc"]
+             for kind, t in allocation_events(graph, plan.order, plan.inplace)
+             if kind == "alloc" and graph.tensors[t].size]
     arena = max((o + s for s, o in slots), default=0)
     return slots, arena

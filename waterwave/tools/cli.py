@@ -16,7 +16,7 @@ from ..planner.baseline import replay
 from ..planner.buffer_csv import read_buffer_csv, write_buffer_csv
 from . import demo, gpu_alloc_bench, models, sim_commands
 from .gpu_alloc_bench import PATHS
-from .plots import plan_memory
+from .plots import plan_memory, png_path
 from .sim_commands import parse_size
 
 
@@ -293,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
 
     args = parser.parse_args(argv)
+    if getattr(args, "plot", None):
+        try:
+            args.plot = png_path(args.plot)
+        except ValueError as e:
+            parser.error(str(e))
     if sys.stdout is None:  # started with its standard output closed: print() would drop it all
         print(f"waterwave {args.command}: standard output is closed; give the command somewhere "
               "to write (a file, a pipe or /dev/null)", file=sys.stderr)

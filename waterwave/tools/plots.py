@@ -17,6 +17,18 @@ def _axes():
     return plt.subplots(figsize=(10, 4))
 
 
+def png_path(path: str) -> str:
+    """Where a plot asked for at ``path`` is written: ``path`` itself, with
+    ``.png`` added when it has no extension (as matplotlib would add it, so
+    the name said is the name written). A directory is refused."""
+    import os
+
+    if os.path.isdir(path):
+        raise ValueError(f"--plot {path} is a directory; give a file name, e.g. "
+                         f"{os.path.join(path, 'memory.png')}")
+    return path if os.path.splitext(path)[1] else path + ".png"
+
+
 def _finish(fig, ax, xlabel: str, title: str, path: str) -> str:
     """Label, save and close a memory-over-time figure."""
     import matplotlib.pyplot as plt

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 from ..alloc.settings import parse_config
 from ..sim.gpus import GPUS
@@ -91,7 +92,16 @@ def simulate_command(args) -> int:
         print(json.dumps(result, indent=2))
     else:
         _print_simulation(result, args)
-    return 0 if result.get("ok", True) else 1
+    if result.get("ok", True):
+        return 0
+    # Exit 1: the simulation ran, and the jobs did not fit; said on stderr too,
+    # so a script reading only the exit code and stderr knows why.
+    oom = result.get("oom") or {}
+    print(f"waterwave simulate: out of memory in {oom.get('name', 'a job')} under the "
+          f"{result.get('schedule', 'first')} schedule"
+          + (f" within {_mib(limit) if limit >= 2**20 else f'{limit:,} bytes'}" if limit else "")
+          + ": raise --memory-limit or lower --batch-size", file=sys.stderr)
+    return 1
 
 
 def allocator_for(args, schedule: str) -> tuple[str, str]:
