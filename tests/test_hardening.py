@@ -445,3 +445,52 @@ def test_a_layer_appended_between_calls_trains_as_eager():
     assert losses == expected
     for a, b in zip(job.model.parameters(), ref.parameters()):
         assert torch.equal(a, b)
+
+
+# 3. Time limits on large inputs: every phase watches the deadline. The
+# bounds below are many times what these take (2-5 s on 2 cores) and far
+# below what they took before (minutes): they catch a phase that ignores the
+# deadline again, not a slow machine.
+
+def _long_graph(n: int, seed: int = 0):
+    import random
+
+    from waterwave.graph import Graph
+
+    rng = random.Random(seed)
+    g = Graph("long")
+    w = g.add_tensor("w", 2048, "param", True)
+    made = [g.add_tensor("x", 1024, "input")]
+    for i in range(n):
+        out = g.add_tensor(f"t{i}", rng.randint(1, 64) * 512)
+        ins = {made[-1], rng.choice(made[-50:]), w}
+        g.add_node(f"n{i}", "aten.op", sorted(ins), [out])
+        made.append(out)
+    g.meta["outputs"] = [made[-1]]
+    return g
+
+
+@pytest.mark.parametrize("strategy, nodes, limit", [("greedy", 20000, 1.0), ("model", 8000, 1.0)])
+def test_a_plan_of_a_large_graph_ends_near_its_time_limit(strategy, nodes, limit):
+    g = _long_graph(nodes)
+    start = time.perf_counter()
+    p = ww.plan(g, strategy, time_limit=limit)
+    took = time.perf_counter() - start
+    ww.planner.check_plan(g, p)
+    assert took < limit + 20, f"{strategy} on {nodes} nodes took {took:.1f} s with {limit} s"
+
+
+def test_packing_many_buffers_ends_near_its_time_limit():
+    import random
+
+    from waterwave.planner.offsets import Buffer
+
+    rng = random.Random(0)
+    buffers = [Buffer(i, 0, 10**6, rng.randint(1, 64) * 512) for i in range(200)]
+    for i in range(30000):
+        lo = rng.randint(0, 2000)
+        buffers.append(Buffer(200 + i, lo, lo + rng.randint(1, 50), rng.randint(1, 64) * 512))
+    start = time.perf_counter()
+    offsets, arena, bound, _ = ww.pack(buffers, time_limit=1.0)
+    assert time.perf_counter() - start < 21
+    assert bound <= arena and len(offsets) == len(buffers)

@@ -28,17 +28,26 @@ bound for every order, layout and sharing.
 """
 from __future__ import annotations
 
+import math
 import time
 
 from ..graph import Graph
 from .inplace import inplace_pairs
-from .lifetimes import REACHABILITY_MAX_NODES, live_profile, must_live_bound, reachability, related
+from .lifetimes import (
+    REACHABILITY_MAX_NODES,
+    live_profile,
+    must_live_bound,
+    node_lower_bound,
+    reachability,
+    reachability_affordable,
+    related,
+)
 
 
 class _CutNetwork:
     """The arcs shared by every node's cut; ``least_live(v)`` adds v's."""
 
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, matrices=None):
         import numpy as np
 
         n = len(g.nodes)
@@ -80,9 +89,9 @@ class _CutNetwork:
         self.heads = np.asarray(heads, dtype=np.int32)
         self.caps = np.asarray(caps, dtype=np.int64)
         self.g = g
-        self.reach = self.ancestors = None
-        if n <= REACHABILITY_MAX_NODES:
-            self.reach, self.ancestors = reachability(g)
+        # Without the matrices (too many nodes, or no time to build them),
+        # each cut finds its node's ancestors and descendants itself.
+        self.reach, self.ancestors = matrices if matrices is not None else (None, None)
 
     def least_live(self, v: int) -> int:
         """The fewest non-persistent bytes live while v runs, over all orders."""
@@ -127,28 +136,45 @@ def _most_shared_at(g: Graph, v: int, keep: set[int]) -> int:
 def least_live(g: Graph, v: int) -> int:
     """The fewest bytes (persistent ones included) that any topological order
     has live while node v runs."""
-    return g.persistent_bytes() + _CutNetwork(g).least_live(v)
+    matrices = reachability(g) if len(g.nodes) <= REACHABILITY_MAX_NODES else None
+    return g.persistent_bytes() + _CutNetwork(g, matrices).least_live(v)
 
 
 class CutBounds:
     """One graph's bounds, with and without in-place sharing: they share the
-    network, and each node's least is cut once."""
+    network and the reachability matrices, and each node's least is cut
+    once. ``deadline`` (``time.time()``): the matrices and the must-live
+    bound are built only when they fit before it (each bound still holds
+    without them, weaker: ``node_lower_bound``, one node's relatives at a
+    time)."""
 
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, deadline: float = math.inf):
         self.g = g
+        self.deadline = deadline
         self._network: _CutNetwork | None = None
         self._least: dict[int, int] = {}
         self._must_live: int | None = None
+        self._matrices = None
+        self._matrices_tried = False
+
+    def _reachability(self):
+        if not self._matrices_tried:
+            self._matrices_tried = True
+            if reachability_affordable(self.g, self.deadline - time.time()):
+                self._matrices = reachability(self.g)
+        return self._matrices
 
     def must_live(self) -> int:
         if self._must_live is None:
-            self._must_live = must_live_bound(self.g)
+            matrices = self._reachability()
+            self._must_live = (node_lower_bound(self.g) if matrices is None
+                               else must_live_bound(self.g, matrices))
         return self._must_live
 
     def _least_live(self, v: int) -> int:
         if v not in self._least:
             if self._network is None:
-                self._network = _CutNetwork(self.g)
+                self._network = _CutNetwork(self.g, self._reachability())
             self._least[v] = self._network.least_live(v)
         return self._least[v]
 

@@ -73,6 +73,17 @@ def node_lower_bound(g: Graph) -> int:
 # to what a node's own tensors prove (must_live_bound) or to one node's
 # ancestors and descendants at a time (cut_bound.py).
 REACHABILITY_MAX_NODES = 16384
+# What building the two matrices costs per cell (measured: 16,384 nodes, 5 s
+# on this project's CPU): a caller with a deadline builds them only when
+# they fit in the time left.
+REACHABILITY_SECONDS_PER_CELL = 2e-8
+
+
+def reachability_affordable(g: Graph, seconds_left: float) -> bool:
+    """Whether the reachability matrices of ``g`` may be built: few enough
+    nodes, and time for them."""
+    n = len(g.nodes)
+    return n <= REACHABILITY_MAX_NODES and n * n * REACHABILITY_SECONDS_PER_CELL <= seconds_left
 
 
 def related(g: Graph, v: int, forward: bool):
@@ -106,13 +117,14 @@ def reachability(g: Graph):
     return reach, np.ascontiguousarray(reach.T)
 
 
-def must_live_bound(g: Graph) -> int:
+def must_live_bound(g: Graph, matrices=None) -> int:
     """A bound no order can beat, often tight for training graphs: while a
     node v runs, every tensor made by v or an ancestor of v and used by v or
     a descendant of v is live in *every* topological order (at the loss,
     that is all the activations saved for backward). Persistent memory plus
     the largest such sum over nodes; never below ``node_lower_bound``, which
-    it is on graphs of more than ``REACHABILITY_MAX_NODES`` nodes."""
+    it is on graphs of more than ``REACHABILITY_MAX_NODES`` nodes.
+    ``matrices``: ``reachability(g)``, when the caller has them already."""
     import numpy as np
 
     n = len(g.nodes)
@@ -120,7 +132,7 @@ def must_live_bound(g: Graph) -> int:
         return g.persistent_bytes()
     if n > REACHABILITY_MAX_NODES:
         return node_lower_bound(g)
-    reach, ancestors = reachability(g)
+    reach, ancestors = reachability(g) if matrices is None else matrices
     keep = set(g.meta.get("outputs", []))
     live = np.zeros(n, dtype=np.int64)
     for t in g.tensors:

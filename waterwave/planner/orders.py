@@ -7,6 +7,9 @@ Inductor's reorder_for_peak_memory do.
 from __future__ import annotations
 
 import heapq
+import math
+import time
+from typing import Iterator
 
 from ..graph import Graph
 from .lifetimes import order_peak
@@ -97,19 +100,24 @@ HEURISTICS = {
 }
 
 
-def candidate_orders(g: Graph) -> dict[str, list[int]]:
-    out = {}
+def candidate_orders(g: Graph, deadline: float = math.inf) -> Iterator[tuple[str, list[int]]]:
+    """Each heuristic's order that is topological (program order may not be,
+    for hand-made graphs), in turn; once ``deadline`` (``time.time()``) has
+    passed, no more after the first."""
+    found = False
     for name, fn in HEURISTICS.items():
+        if found and time.time() >= deadline:
+            return
         order = fn(g)
-        if g.is_topological(order):  # program order may not be, for hand-made graphs
-            out[name] = order
-    return out
+        if g.is_topological(order):
+            found = True
+            yield name, order
 
 
 def best_order(g: Graph) -> tuple[str, list[int], int]:
     """The heuristic order with the lowest no-fragmentation peak."""
     best = None
-    for name, order in candidate_orders(g).items():
+    for name, order in candidate_orders(g):
         peak = order_peak(g, order)
         if best is None or peak < best[2]:
             best = (name, order, peak)

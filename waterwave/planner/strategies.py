@@ -112,26 +112,32 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         sizes = {t.id: t.size for t in g.tensors if t.size}
         return Plan(g.name, strategy, order, offsets, sizes, arena, order_peak(g, order, inplace),
                     round(time.time() - t0, 4), "heuristic", inplace, {})
+    # Every phase watches the deadline: the first candidate order and its
+    # layout always run (a plan is owed), the rest only while time is left.
+    deadline = t0 + time_limit
     best = None
-    for name, order in candidate_orders(g).items():
+    for name, order in candidate_orders(g, deadline):
         arena_offsets, arena, how = _layout(g, order)
         if best is None or arena < best[2]:
             best = (order, arena_offsets, arena, f"{name}+{how}")
     order, arena_offsets, arena, how = best
     if strategy == "greedy":
         p = _assemble(g, strategy, order, arena_offsets, t0, "heuristic", stats={"heuristic": how})
+        if time.time() < deadline:
+            p = _share_in_place(g, p, t0)
+        if time.time() < deadline:
+            p = _best_with_inplace(g, p, t0, deadline)
+        return p
+    bounds = CutBounds(g, deadline)
+    p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0, gap_limit, bounds)
+    # Sharing may favour another order than the one without it: the greedy
+    # order with sharing is a candidate too, so model never loses to greedy.
+    if time.time() < deadline:
         p = _share_in_place(g, p, t0)
-    else:
-        bounds = CutBounds(g)
-        p = _model(g, order, arena_offsets, arena, how, time_limit, workers, t0, gap_limit, bounds)
-        # Sharing may favour another order than the one without it: the
-        # greedy order with sharing is a candidate too, so model never
-        # loses to greedy.
-        p = _share_in_place(g, p, t0)
-        if p.order != order:
-            p = _share_in_place(g, p, t0, order)
-    p = _best_with_inplace(g, p, t0)
-    return _bound_with_sharing(p, bounds, time_limit, t0) if strategy == "model" else p
+    if p.order != order and time.time() < deadline:
+        p = _share_in_place(g, p, t0, order)
+    p = _best_with_inplace(g, p, t0, deadline)
+    return _bound_with_sharing(p, bounds, time_limit, t0)
 
 
 def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None) -> Plan:
@@ -151,16 +157,18 @@ def _share_in_place(g: Graph, p: Plan, t0: float, order: list[int] | None = None
                      "heuristic" if p.strategy == "greedy" else "feasible", pairs, stats)
 
 
-def _bound_seconds(time_limit: float) -> float:
-    """What each cut bound may spend of a plan's time limit."""
-    return max(0.5, 0.1 * time_limit)
+def _bound_seconds(time_limit: float, t0: float) -> float:
+    """What each cut bound may spend: a tenth of the plan's time limit, at
+    least half a second, and no more than the time left (so a plan ends
+    within its limit and a second or so, whatever the graph's size)."""
+    return min(max(0.5, 0.1 * time_limit), max(0.1, t0 + time_limit - time.time()))
 
 
 def _bound_with_sharing(p: Plan, bounds: CutBounds, time_limit: float, t0: float) -> Plan:
     """Records the cut bound with in-place sharing (``inplace_bound``), which
     holds for every order, layout and sharing; a plan that shares storage
     takes it as its proven bound, with its gap and status."""
-    bound = bounds.bound(p.order, _bound_seconds(time_limit), inplace=True)
+    bound = bounds.bound(p.order, _bound_seconds(time_limit, t0), inplace=True)
     p.stats["inplace_bound"] = bound
     if p.inplace:
         p.stats["proven_lower_bound"] = bound
@@ -184,7 +192,7 @@ def _sharing_stats(p: Plan, **extra) -> dict:
     return stats
 
 
-def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
+def _best_with_inplace(g: Graph, p: Plan, t0: float, deadline: float = math.inf) -> Plan:
     """The order x offset models cannot share an input's memory with an
     operator's output (in-place). When a classic planner that can does
     better, keep its order and sharing, laid out afresh (the classic planners
@@ -192,6 +200,8 @@ def _best_with_inplace(g: Graph, p: Plan, t0: float) -> Plan:
     baseline."""
 
     for name, fn in (("mxnet", mxnet_plan), ("paddle", paddle_plan)):
+        if time.time() >= deadline:
+            break
         order, offsets, arena, inplace = fn(g)
         if arena >= p.arena_size:
             continue
@@ -226,7 +236,7 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
     # Bounds for every order (must_live_bound, and the tighter cut bound
     # that starts from it); on training graphs they often prove the best
     # heuristic order optimal at once.
-    cut = bounds.bound(order, _bound_seconds(time_limit))
+    cut = bounds.bound(order, _bound_seconds(time_limit, t0))
     bound = cut - persistent
     stats = {"warm_start": how, "warm_start_arena": arena + persistent,
              "must_live_bound": bounds.must_live(), "cut_bound": cut}
