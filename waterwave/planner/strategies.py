@@ -113,10 +113,12 @@ def plan(g: Graph, strategy: str = "greedy", time_limit: float = 10.0, workers: 
         return Plan(g.name, strategy, order, offsets, sizes, arena, order_peak(g, order, inplace),
                     round(time.time() - t0, 4), "heuristic", inplace, {})
     # Every phase watches the deadline: the first candidate order and its
-    # layout always run (a plan is owed), the rest only while time is left.
+    # layout always run (a plan is owed), the rest only while time is left;
+    # for model, while a quarter of it is, the rest being the search's.
     deadline = t0 + time_limit
     best = None
-    for name, order in candidate_orders(g, deadline):
+    orders_until = deadline if strategy == "greedy" else t0 + 0.25 * time_limit
+    for name, order in candidate_orders(g, orders_until):
         arena_offsets, arena, how = _layout(g, order)
         if best is None or arena < best[2]:
             best = (order, arena_offsets, arena, f"{name}+{how}")
@@ -270,7 +272,7 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
     # Offsets for the chosen order: exact packing if the layout wastes any
     # (briefly when the plan is already within the gap limit).
     if arena > ideal:
-        left = max(0.5, time_limit - (time.time() - t0))
+        left = max(0.2, time_limit - (time.time() - t0))
         if close_enough(arena):
             left = min(left, PACK_SECONDS_WITHIN_GAP)
         bufs = _buffers(g, order)
