@@ -41,15 +41,17 @@ TRAIN = textwrap.dedent("""
         x = torch.randn(8, 3, 64, 64, device="cuda")
         y = torch.randint(0, 1000, (8,), device="cuda")
         return net, opt, x, y
-    def train(steps=4):
-        net, opt, x, y = setup()
-        losses = []
+    def loop(net, opt, x, y, steps, losses):
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(net(x), y)
             loss.backward()
             opt.step()
             losses.append(loss.item())
+    def train(steps=4):
+        net, opt, x, y = setup()
+        losses = []
+        loop(net, opt, x, y, steps, losses)
         return losses
 """)
 
@@ -635,13 +637,6 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
     import threading, time
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)
-    def loop(net, opt, x, y, steps, losses):
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(net(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
     session = ww.training_session("cuda:0", memory_limit=None)
     alone = setup()
     with ww.sharing(alone[0]) as member:

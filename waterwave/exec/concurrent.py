@@ -163,10 +163,11 @@ class ConcurrentTrainer:
                              f"state and batches of {names}): raise it, or train fewer jobs "
                              "together")
         for j in jobs:  # a job alone is never held back: one past the limit would train past it
-            if step_peak(j.plan) > self.memory_limit:
+            need = step_peak(j.plan)
+            if need > self.memory_limit:
                 raise ValueError(f"memory_limit {self.memory_limit:,} bytes is below one step of "
-                                 f"job {j.name!r} alone ({step_peak(j.plan):,} bytes at its peak "
-                                 "as planned): raise it, or train a smaller batch or model")
+                                 f"job {j.name!r} alone ({need:,} bytes at its peak as planned): "
+                                 "raise it, or train a smaller batch or model")
 
     def _budget(self, jobs: list[Job]) -> int | None:
         """The bytes the jobs may hold together: ``memory_limit``; else, on a

@@ -117,7 +117,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
         # The traceback stays, its frames' tensors go back to the allocator.
         traceback.clear_frames(e.__traceback__)
         job.error = e
-        job.error_between_steps = fetching and env is None and eager_loss is None
+        job.error_between_steps = fetching
     finally:
         env = None  # its tensors go back to the allocator
         try:

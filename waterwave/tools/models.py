@@ -37,8 +37,7 @@ def build(name: str, batch_size: int, device: str = "cpu", input_size: int | Non
     try:
         model, inputs, loss = _build(name, batch_size, device, input_size or 224)
     except RuntimeError as e:
-        # PyTorch's CPU allocator says so in a RuntimeError, not a MemoryError.
-        if "can't allocate memory" not in str(e):
+        if not _out_of_host_memory(e):
             raise
         raise ValueError(f"model {name!r} at batch {batch_size}: its example inputs need more "
                          "host memory than this machine has; give a smaller batch size") from None
@@ -89,7 +88,7 @@ def _user_model(spec: str, batch_size: int):
         raise ValueError(f"model {spec!r}: {attr}({batch_size}) called sys.exit({e.code!r}) "
                          "instead of returning (model, example_inputs, loss_fn)") from None
     except RuntimeError as e:
-        if "can't allocate memory" in str(e):
+        if _out_of_host_memory(e):
             raise ValueError(f"model {spec!r}: {attr}({batch_size}) needs more host memory than "
                              "this machine has; give a smaller batch size") from None
         raise ValueError(f"model {spec!r}: {attr}({batch_size}) raised "
@@ -114,6 +113,11 @@ def _user_model(spec: str, batch_size: int):
                             else loss)
             raise ValueError(f"model {spec!r}: {attr}(batch_size) {shape}; its {what} is {got}")
     return model, inputs, loss
+
+
+def _out_of_host_memory(error: RuntimeError) -> bool:
+    """PyTorch's CPU allocator says it ran out in a RuntimeError, not a MemoryError."""
+    return "can't allocate memory" in str(error)
 
 
 def _describe(value) -> str:
