@@ -233,7 +233,7 @@ def test_data_that_runs_out_says_to_pass_a_re_iterable():
 
 @pytest.mark.parametrize("args, message", [
     (dict(), "needs data .* or example_inputs"),
-    (dict(data=[{"x": 1}]), "tuple"),
+    (dict(data=["text"]), "a tuple .* or a dict"),
     (dict(data=[]), "yields no batch"),
     (dict(data=5), "iterable of batches"),
 ])

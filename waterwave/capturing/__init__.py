@@ -17,3 +17,4 @@ from .fake_step import (  # noqa: F401
     trace_step,
     trained_parameters,
 )
+from .keywords import Keywords, call_model, input_names  # noqa: F401

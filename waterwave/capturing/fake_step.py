@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 from ..graph import Graph, round_size
 from . import data_dependence, optimizers
 from .cuda_kernels import cuda_kernels, emulating, own_kernels
+from .keywords import Keywords, call_model, input_names
 
 SUPPORTED_OPTIMIZERS = optimizers.SUPPORTED
 
@@ -51,9 +52,15 @@ def _torch():
 
 
 def default_loss(output):
+    """The loss of a step without a ``loss_fn``: the loss a model computed
+    itself (a Hugging Face model given ``labels``: ``output.loss``), else
+    the sum of its output (a benchmark's stand-in for a loss)."""
     torch = _torch()
     if isinstance(output, torch.Tensor):
         return output.float().sum()
+    own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(own, torch.Tensor):
+        return own
     if hasattr(output, "logits"):
         return output.logits.float().sum()
     if hasattr(output, "last_hidden_state"):
@@ -94,6 +101,7 @@ class StepLayout:
     untrained: frozenset = frozenset()  # parameters no gradient reaches: not updated
     cohorts: list[int] = field(default_factory=list)  # each parameter's step cohort
     cohort_groups: list[int] = field(default_factory=list)  # each cohort's group
+    input_names: tuple[str, ...] = ()  # keyword inputs' names (one batch's); () positional
 
     @property
     def scalar_names(self) -> tuple[str, ...]:
@@ -108,7 +116,8 @@ class StepLayout:
     @classmethod
     def of(cls, model, optimizer, n_inputs: int, n_targets: int,
            micro_batches: int = 1, scaler: bool = False,
-           untrained: frozenset[str] = frozenset()) -> "StepLayout":
+           untrained: frozenset[str] = frozenset(),
+           input_names: tuple[str, ...] = ()) -> "StepLayout":
         named_params = trained_parameters(model, optimizer, untrained)
         if not named_params:
             raise CaptureError("the optimizer updates none of the model's parameters"
@@ -126,7 +135,7 @@ class StepLayout:
                    [n for n, _ in model.named_buffers()],
                    len(scalars) * len(cohort_groups), n_inputs, n_targets,
                    type(optimizer).__name__, micro_batches, scaler, frozenset(untrained),
-                   cohorts, cohort_groups)
+                   cohorts, cohort_groups, tuple(input_names))
 
     def split(self, flat):
         """(params, buffers, state, scalars, scaler, inputs, targets) of the flat inputs."""
@@ -180,7 +189,7 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     # the step's during both: a loss that reads the model's parameters (an
     # L2 penalty over model.parameters()) reads the traced ones and
     # backpropagates into them, as eager's does.
-    model_and_loss = _model_and_loss(model, loss_fn)
+    model_and_loss = _model_and_loss(model, loss_fn, layout.input_names)
 
     def step(*flat):
         params, buffers, state_flat, scalars, scaler, inputs, targets = layout.split(flat)
@@ -249,9 +258,10 @@ def _step_function(model, loss_fn, optimizer, layout: StepLayout, grads_seen: li
     return step
 
 
-def _model_and_loss(model, loss_fn):
-    """A module whose call is ``loss_fn(model(*inputs), *targets)``, holding
-    the model as its child ``model`` (the model itself is unchanged)."""
+def _model_and_loss(model, loss_fn, names: tuple[str, ...] = ()):
+    """A module whose call is ``loss_fn(model(*inputs), *targets)`` (the
+    inputs by ``names`` where they are keyword inputs), holding the model as
+    its child ``model`` (the model itself is unchanged)."""
     torch = _torch()
 
     class ModelAndLoss(torch.nn.Module):
@@ -261,7 +271,7 @@ def _model_and_loss(model, loss_fn):
             self.__dict__["loss_fn"] = loss_fn  # not a child: its parameters are not the step's
 
         def forward(self, inputs, targets):
-            return self.loss_fn(self.model(*inputs), *targets)
+            return self.loss_fn(call_model(self.model, inputs, names), *targets)
 
     return ModelAndLoss()
 
@@ -408,7 +418,8 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                 "gradients (torch raises 'Attempting to unscale FP16 gradients'): keep the "
                 "parameters in float32 and train in float16 with autocast_dtype=torch.float16")
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
-                           micro_batches, scaling is not None)
+                           micro_batches, scaling is not None,
+                           input_names=input_names(example_inputs))
     grads_seen: list = []
     clip = clip or optimizers.GradClip()
     try:
@@ -439,7 +450,7 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
                 break
             layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
                                    micro_batches, scaling is not None,
-                                   frozenset(no_gradient | layout.untrained))
+                                   frozenset(no_gradient | layout.untrained), layout.input_names)
         sites = optimizers.ConstantSites(gm.graph, traced_with)
     except CaptureError:
         raise
@@ -465,10 +476,15 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
 
 
 def as_tuple(xs) -> tuple:
-    """One tensor, or a sequence of them, as a tuple."""
+    """One tensor, or a sequence of them, as a tuple; a dict (or
+    ``Keywords``) as keyword inputs."""
     torch = _torch()
     if xs is None:
         return ()
+    if isinstance(xs, Keywords):
+        return xs
+    if isinstance(xs, dict):
+        return Keywords.of(xs)
     return (xs,) if isinstance(xs, torch.Tensor) else tuple(xs)
 
 

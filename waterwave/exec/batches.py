@@ -1,7 +1,9 @@
 """A job's batches, drawn from its data as an eager training loop draws them:
-any re-iterable of ``(inputs..., targets...)`` (a ``DataLoader``, a list of
-tuples), iterated again for each epoch; each batch moved to the model's
-device as ``x.to(device)`` would.
+any re-iterable of ``(inputs..., targets...)`` or of dicts (a ``DataLoader``,
+a list), iterated again for each epoch; each batch moved to the model's
+device as ``x.to(device)`` would. A dict batch's items go to the model by
+name (``model(**batch)``, as Hugging Face models take theirs), except
+those the job names as targets, which go to its loss.
 
 Drawing a batch can draw random numbers: a shuffling ``DataLoader`` draws
 its epoch's order from torch's generator when it is iterated. A Job looks
@@ -11,19 +13,32 @@ with nothing drawn in between, the two draw alike. (Putting the global
 generator back after the look was tried: with trials on several threads,
 that rewinds what the others drew meanwhile.)
 
-May import: nothing of waterwave; torch lazily.
+May import: waterwave.capturing; torch lazily.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..capturing.keywords import Keywords, input_names
 
-def split(batch: Any, n_inputs: int) -> tuple[tuple, tuple]:
+
+def split(batch: Any, n_inputs: int, target_keys: Sequence[str] = ()) -> tuple[tuple, tuple]:
     """(inputs, targets) of one batch: a tensor is one input; a tuple or list
-    holds ``n_inputs`` inputs, then the targets."""
+    holds ``n_inputs`` inputs, then the targets; a dict's items are keyword
+    inputs (``Keywords``), but for ``target_keys``, the targets in that order."""
     import torch
 
+    if isinstance(batch, Mapping):
+        missing = [k for k in target_keys if k not in batch]
+        if missing:
+            raise ValueError(f"a dict batch has no {', '.join(map(repr, missing))} (the job's "
+                             f"target_keys); its keys: {', '.join(map(repr, batch))}")
+        inputs = {k: v for k, v in batch.items() if k not in target_keys}
+        return Keywords.of(inputs), tuple(batch[k] for k in target_keys)
+    if target_keys:
+        raise ValueError(f"target_keys name items of dict batches, and this batch is a "
+                         f"{type(batch).__name__}: yield dicts, or leave target_keys out")
     if isinstance(batch, torch.Tensor):
         return (batch,), ()
     if isinstance(batch, (tuple, list)):
@@ -31,19 +46,24 @@ def split(batch: Any, n_inputs: int) -> tuple[tuple, tuple]:
             raise ValueError(f"a batch of {len(batch)} items cannot hold the step's {n_inputs} "
                              "inputs: yield (inputs..., targets...)")
         return tuple(batch[:n_inputs]), tuple(batch[n_inputs:])
-    raise ValueError(f"a batch must be a tensor or a tuple (inputs..., targets...), got a "
-                     f"{type(batch).__name__}: map the data to tuples")
+    raise ValueError(f"a batch must be a tensor, a tuple (inputs..., targets...) or a dict of "
+                     f"keyword inputs, got a {type(batch).__name__}: map the data to one of them")
 
 
 class BatchFeed:
     """The next batch of ``data``, epoch after epoch; ``per_step`` batches a
     step (gradient accumulation), their inputs joined, then their targets."""
 
-    def __init__(self, data: Iterable, n_inputs: int = 1, device=None, per_step: int = 1):
+    def __init__(self, data: Iterable, n_inputs: int = 1, device=None, per_step: int = 1,
+                 target_keys: Sequence[str] = ()):
         if not isinstance(data, Iterable):
             raise ValueError(f"data must be an iterable of batches (a DataLoader, a list), got a "
                              f"{type(data).__name__}")
+        if isinstance(target_keys, str) or not all(isinstance(k, str) for k in target_keys):
+            raise ValueError(f"target_keys must be a list of a dict batch's keys, got "
+                             f"{target_keys!r}")
         self.data, self.n_inputs, self.device, self.per_step = data, n_inputs, device, per_step
+        self.target_keys = tuple(target_keys)
         self.epoch = 0  # epochs begun
         self._batches: Iterator | None = None
         self._held: tuple | None = None  # a step's batches looked at and not yet trained on
@@ -65,15 +85,19 @@ class BatchFeed:
         if self.per_step == 1:
             return self._draw()
         batches = [self._draw() for _ in range(self.per_step)]
-        if len({(len(i), len(t)) for i, t in batches}) > 1:
+        if len({(len(i), len(t), input_names(i)) for i, t in batches}) > 1:
             raise ValueError("the batches of one accumulated step hold different numbers of "
-                             "inputs and targets: yield the same (inputs..., targets...) each time")
-        return (tuple(x for i, _ in batches for x in i), tuple(x for _, t in batches for x in t))
+                             "inputs and targets, or other keys: yield the same (inputs..., "
+                             "targets...) or keys each time")
+        inputs = tuple(x for i, _ in batches for x in i)
+        first = batches[0][0]
+        return (first.with_values(inputs) if isinstance(first, Keywords) else inputs,
+                tuple(x for _, t in batches for x in t))
 
     def _draw(self) -> tuple[tuple, tuple]:
         if self._batches is not None:
             try:
-                return split(next(self._batches), self.n_inputs)
+                return split(next(self._batches), self.n_inputs, self.target_keys)
             except StopIteration:
                 # Not iter(data) is data: a DataLoader's iter() draws from its
                 # generator, and the next epoch's order would not be eager's.
@@ -84,7 +108,7 @@ class BatchFeed:
         self._batches = iter(self.data)
         self.epoch += 1
         try:
-            return split(next(self._batches), self.n_inputs)
+            return split(next(self._batches), self.n_inputs, self.target_keys)
         except StopIteration:
             raise ValueError("the job's data yields no batch") from None
 
@@ -93,5 +117,6 @@ class BatchFeed:
 
         if self.device is None:
             return xs
-        return tuple(x.to(self.device, non_blocking=True)
-                     if isinstance(x, torch.Tensor) and x.device != self.device else x for x in xs)
+        moved = tuple(x.to(self.device, non_blocking=True)
+                      if isinstance(x, torch.Tensor) and x.device != self.device else x for x in xs)
+        return xs.with_values(moved) if isinstance(xs, Keywords) else moved

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..capturing.fake_step import CaptureError, default_loss
+from ..capturing.keywords import call_model, input_names
 from ..capturing.optimizers import GradClip
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import JobPlan
@@ -27,9 +28,13 @@ class Job:
     trains on: ``data``, any re-iterable of ``(inputs..., targets...)``
     batches (a ``DataLoader``, a list), drawn a batch a step and iterated
     again each epoch, the first ``n_inputs`` items of a batch being the
-    model's inputs; or, without data, ``example_inputs`` (and ``targets``),
-    the batch every step trains on. The loss is
-    ``loss_fn(model(*inputs), *targets)``. The step is captured on
+    model's inputs; or of dicts, whose items go to the model by name
+    (``model(**batch)``) but for ``target_keys``, which go to the loss in
+    that order; or, without data, ``example_inputs`` (a tuple, or a dict of
+    keyword inputs) and ``targets``, the batch every step trains on. The
+    loss is ``loss_fn(model(*inputs), *targets)``; without ``loss_fn``, the
+    loss the model computed (``output.loss``, as a Hugging Face model given
+    ``labels`` returns it), else the sum of its output. The step is captured on
     ``example_inputs``, else on the data's first batch (which is then trained
     on first); every batch must have its shapes. ``clip_grad_norm`` and
     ``clip_grad_value`` clip the gradients before each update, as
@@ -66,7 +71,7 @@ class Job:
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  accumulate_grad_batches: int = 1, autocast_dtype=None, grad_scaler=None,
                  evaluation_memory: int | None = None, step_schedulers: Sequence = (),
-                 clip_grad_norm_type: float = 2.0):
+                 clip_grad_norm_type: float = 2.0, target_keys: Sequence[str] = ()):
         if optimizer is None:
             raise ValueError("a Job needs the optimizer that trains the model")
         self.step_schedulers = _checked_schedulers(step_schedulers, optimizer)
@@ -84,7 +89,11 @@ class Job:
                     "which eager loops do not do alike; drop or add batches (drop_last=True, "
                     "another batch size)")
         device = next((p.device for p in model.parameters()), None)
-        self.batches = None if data is None else BatchFeed(data, n_inputs, device, per_step=k)
+        if target_keys and data is None:
+            raise ValueError("target_keys name items of the data's dict batches, and the job "
+                             "has no data: give data=, or pass targets= with example_inputs")
+        self.batches = None if data is None else BatchFeed(data, n_inputs, device, per_step=k,
+                                                           target_keys=target_keys)
         if example_inputs is None:
             if self.batches is None:
                 raise ValueError("a Job needs data (batches to train on) or example_inputs")
@@ -97,7 +106,7 @@ class Job:
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
                                     clip, k, autocast_dtype, grad_scaler)
         # The example batch's key, which step_for matches (every capture has that batch)
-        self._example_key = _batch_key(self.step_fn.example)
+        self._example_key = (self.step_fn.input_names, _batch_key(self.step_fn.example))
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch) or non-tensor values:
         # _batch_key -> [capture, runner, partition]
@@ -172,7 +181,8 @@ class Job:
         other shapes take the model's buffers as they are now too."""
         self.step_fn.check_context()
         for found in self._other_shapes.values():
-            found[0].buffers = self.step_fn.buffers
+            if found[0] is not None:  # None: batches of that key train eagerly
+                found[0].buffers = self.step_fn.buffers
 
     @property
     def device(self):
@@ -217,7 +227,7 @@ class Job:
         (``eager_step``), as the same loop would run it."""
 
         try:
-            key = _batch_key((*inputs, *(targets or ())))
+            key = (input_names(inputs), _batch_key((*inputs, *(targets or ()))))
         except ValueError:
             return None
         if not inputs or key == self._example_key:
@@ -262,13 +272,14 @@ class Job:
         scaler = scaler if scaler is not None and scaler.is_enabled() else None
         model, opt = self.model, self.step_fn.optimizer
         targets = tuple(targets or ())
+        names = input_names(inputs)
         n_in, n_t = len(inputs) // k, len(targets) // k
         opt.zero_grad(set_to_none=True)
         losses = []
         for i in range(k):
             with (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
                   else contextlib.nullcontext()):
-                loss = loss_fn(model(*inputs[i * n_in:(i + 1) * n_in]),
+                loss = loss_fn(call_model(model, inputs[i * n_in:(i + 1) * n_in], names),
                                *targets[i * n_t:(i + 1) * n_t])
             losses.append(loss.detach())
             scaled = loss / k if k > 1 else loss

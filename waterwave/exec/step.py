@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..capturing import fake_step, guards, optimizers
+from ..capturing.keywords import input_names
 from ..planner.plan import PlanError
 
 # Captures run one at a time: tracing swaps torch's dispatch modes and
@@ -57,6 +58,7 @@ class CapturedStep:
         example_targets = fake_step.as_tuple(example_targets)
         self.model, self.optimizer = model, optimizer
         self.takes_targets = bool(example_targets)
+        self.input_names = input_names(example_inputs)  # () where the model takes them in order
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
         modules = guards.guarded_modules(model, loss_fn)
@@ -180,6 +182,10 @@ class CapturedStep:
                              + " example targets: pass targets exactly when it was")
         data = (*inputs, *targets) if inputs else self.example
         if inputs:
+            if input_names(inputs) != self.input_names:
+                raise ValueError(f"a batch whose inputs are named {input_names(inputs)}; the "
+                                 f"step was captured with {self.input_names}: give every batch "
+                                 "the same keys, or make a Job for each")
             self._check_batch(data)
         opt = self.optimizer
         optimizers.begin_step(opt, self.shapes)
