@@ -95,11 +95,11 @@ def pairs():
             Pair(mlp(2, 48), torch.randn(8, 32, generator=g), "adamw", "mlp-adamw")]
 
 
-def budget(jobs):
+def budget(trainer):
     """A limit that fits one job's step beside the others' persistent memory,
     so the pairing must take turns."""
-    return sum(j.persistent_bytes() for j in jobs) + max(
-        max(0, j.partition.peak) if j.partition else 0 for j in jobs) + 4096
+    return sum(m.job.persistent_bytes() for m in trainer.members) + max(
+        max(0, m.partition.peak) for m in trainer.members) + 4096
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -115,7 +115,7 @@ def test_three_jobs_train_as_each_trains_alone(schedule, window, monkeypatch):
     ps = pairs()
     jobs = [p.job for p in ps]
     trainer = ww.ConcurrentTrainer(jobs, split_size=4096, schedule=schedule)
-    trainer.memory_limit = budget(jobs)
+    trainer.memory_limit = budget(trainer)
     losses = trainer.run(steps)
     for p, got in zip(ps, losses):
         p.check(got, steps)
@@ -173,23 +173,23 @@ def test_a_job_failing_in_any_group_stops_alone(schedule):
     """A job raises in group k, for every k: it stops with its error, its
     tensors are dropped, the barrier never waits on it, the others finish."""
     probe = ww.ConcurrentTrainer([pairs()[0].job], split_size=4096)
-    groups = len(probe.jobs[0].partition.groups)
+    groups = len(probe.members[0].partition.groups)
     assert groups >= 4
     checked = 0  # tensors a failed job held when it raised
     for k in range(groups):
         bad, good, other = pairs()
         trainer = ww.ConcurrentTrainer([bad.job, good.job, other.job], split_size=4096,
                                        schedule=schedule)
-        trainer.memory_limit = budget(trainer.jobs)
-        run_group = bad.job.runner.run_group
+        trainer.memory_limit = budget(trainer)
+        run_group = trainer.member(bad.job).runner.run_group
         held = []
 
-        inputs = bad.job.runner.placeholders
+        inputs = trainer.member(bad.job).runner.placeholders
 
         def failing(group, env, k=k, run_group=run_group):
             run_group(group, env)
             if group == k:
-                runner = bad.job.runner
+                runner = trainer.member(bad.job).runner
                 made = [runner.value(env, n) for n in runner.stages[group].nodes
                         if isinstance(runner.value(env, n), torch.Tensor)]
                 theirs = {runner.value(env, n).untyped_storage().data_ptr() for n in inputs}
@@ -197,7 +197,7 @@ def test_a_job_failing_in_any_group_stops_alone(schedule):
                             if t.untyped_storage().data_ptr() not in theirs)
                 raise RuntimeError(f"boom in group {group}")
 
-        bad.job.runner.run_group = failing
+        trainer.member(bad.job).runner.run_group = failing
         done = threading.Event()
         result = []
         worker = threading.Thread(target=lambda: (result.append(trainer.run(2)), done.set()))
@@ -254,9 +254,9 @@ def test_on_a_gpu_the_first_step_alone_measures_the_groups_the_pairing_plans_fro
     losses = trainer.run(3)
     for p, got in zip(measured, losses):
         p.check(got, 3)
-        assert p.job.measured == [(0, rise)] * len(p.job.partition.groups)
-    assert probe.groups == sum(len(p.job.partition.groups) for p in measured)  # one step each
-    groups = [len(p.job.partition.groups) for p in measured]
+        assert trainer.member(p.job).measured == [(0, rise)] * len(trainer.member(p.job).partition.groups)
+    assert probe.groups == sum(len(trainer.member(p.job).partition.groups) for p in measured)  # one step each
+    groups = [len(trainer.member(p.job).partition.groups) for p in measured]
     assert trainer.rounds_run == 2 * sum(groups)  # two steps, one group at a time
     assert all(j["measured"] for j in trainer.stats()["jobs"])
     trainer.run(1)  # measured once
@@ -279,7 +279,7 @@ def test_without_a_limit_a_gpu_budget_is_what_the_allocator_can_still_give(room)
     losses = trainer.run(3)
     for p, got in zip(jobs, losses):
         p.check(got, 3)
-    groups = sum(len(p.job.partition.groups) for p in jobs)
+    groups = sum(len(trainer.member(p.job).partition.groups) for p in jobs)
     assert trainer.rounds_run == (2 * groups if room == "little" else 1)
     assert trainer.stats()["budget"] == available + persistent
 
@@ -292,9 +292,9 @@ def test_a_job_failing_in_its_measured_step_stops_alone():
     def failing(group, env):
         raise RuntimeError("out of memory in the measured step")
 
-    bad.job.runner.run_group = failing
+    trainer.member(bad.job).runner.run_group = failing
     losses = trainer.run(3)
-    assert "measured step" in str(bad.job.error) and bad.job.measured is None
+    assert "measured step" in str(bad.job.error) and trainer.member(bad.job).measured is None
     good.check(losses[1], 3)
 
 
@@ -302,14 +302,14 @@ def test_bad_arguments_are_clear_errors():
     job = pairs()[0].job
     with pytest.raises(ValueError, match="unknown schedule"):
         ww.ConcurrentTrainer([job], schedule="sideways")
-    with pytest.raises(ValueError, match="split_size must be positive"):
+    with pytest.raises(ValueError, match="split_size must be a positive number of bytes"):
         ww.ConcurrentTrainer([job], split_size=0)
     for steps in (0, 2.5, "3", True, torch.tensor(2.0)):
         with pytest.raises(ValueError, match="steps must be a whole number of steps, at least 1"):
             ww.ConcurrentTrainer([job]).run(steps)
     with pytest.raises(ValueError, match="memory_limit must be a positive number of bytes"):
         ww.ConcurrentTrainer([job], memory_limit=0)
-    small = ww.ConcurrentTrainer([job], memory_limit=1024)
+    small = ww.ConcurrentTrainer([job, pairs()[1].job], memory_limit=1024)
     with pytest.raises(ValueError, match="does not even hold the jobs' persistent tensors"):
         small.run(1)
     assert job.losses == [] and job.error is None  # nothing ran
@@ -332,7 +332,7 @@ def test_the_trainer_and_the_simulator_run_one_table_of_schedules():
     for name, spec in TABLE.items():
         trainer = ww.ConcurrentTrainer([job], schedule=name)
         assert trainer.plan_schedule is spec
-        ours = [g.nodes for g in job.partition.groups]
+        ours = [g.nodes for g in trainer.member(job).partition.groups]
         assert ours == [g.nodes for g in spec.partition(job.graph).groups]
         if name != "lockstep":  # the simulator runs lockstep on whole traces
             sim = NodeGroupSchedule(name)

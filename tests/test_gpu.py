@@ -240,7 +240,7 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
                            name=f"job{k}"))
     trainer = ww.ConcurrentTrainer(jobs)
     trainer.memory_limit = (sum(j.persistent_bytes() for j in jobs)
-                            + int(1.5 * max(j.partition.peak for j in jobs)))
+                            + int(1.5 * max(trainer.member(j).partition.peak for j in jobs)))
     losses = trainer.run(4)
     torch.cuda.synchronize()
     s, stats = wc.memory_stats(0), trainer.stats()
@@ -274,8 +274,8 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
         jobs.append(ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
                            name=f"job{k}"))
     session = ww.TrainingSession("cuda:0")
-    session._prepare(jobs[0])
-    one_step = jobs[0].partition.peak
+    from waterwave.exec.pipelined_job import PipelinedJob
+    one_step = PipelinedJob(jobs[0], session.settings).partition.peak
     session.configure(memory_limit=sum(j.persistent_bytes() for j in jobs) + int(1.5 * one_step))
     losses = [[], []]
     def trial(k):
@@ -290,11 +290,11 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     [t.start() for t in threads]; [t.join() for t in threads]
     torch.cuda.synchronize()
     wc.check_invariants(0)
-    print(json.dumps({'losses': losses, 'measured': [j.measured is not None for j in jobs],
+    print(json.dumps({'losses': losses, 'measured': [session.member(j).measured is not None for j in jobs],
                       'errors': [repr(j.error) for j in jobs if j.failed],
                       'most': session.stats()['most_training'],
                       'between': [j.between.rise for j in jobs], 'one_step': one_step,
-                      'kept': [j.between.reserve(j.measured or j.plan.groups) for j in jobs],
+                      'kept': [session.member(j).reserve() for j in jobs],
                       'bad_frees': wc.free_errors()[0]}))
     """))
     assert out["errors"] == [] and out["measured"] == [True, True]

@@ -221,7 +221,7 @@ def test_the_device_session_is_one_per_device_and_settings_wait_for_no_one_train
     with pytest.raises(ValueError, match="not a device"):
         ww.training_session("gpu:banana")
     job = mlp_job(7)
-    assert len(job.train(2)) == 2 and job.session[0] is a  # the job's own device's session
+    assert len(job.train(2)) == 2 and a.member(job).job is job  # the job's own device's session
     assert ww.training_session("cpu", memory_limit=1 << 30).memory_limit == 1 << 30
     ww.training_session("cpu", memory_limit=None)
 

@@ -60,15 +60,13 @@ from ..pipeline.pairing import (
     JobGroups,
     MemoryPairing,
     PeriodicRounds,
-    graph_plan,
-    step_peak,
 )
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import ALGORITHM1, MEMORY
-from ..pipeline.schedules import schedule as named_schedule
-from .group_runner import GroupRunner
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
+from .pipeline_settings import PipelineSettings
+from .pipelined_job import PipelinedJob, refuse_past_limit
 from .session import whole_steps
 from .workers import POOL
 
@@ -82,41 +80,60 @@ class ConcurrentTrainer:
     def __init__(self, jobs: Sequence[Job], split_size: int | None = None,
                  memory_limit: int | None = None, schedule: str = "waterwave",
                  sync_at_barrier: bool = False, order: str = "bfs"):
-        self.plan_schedule = named_schedule(schedule)  # the pipeline's table: a cut and a pairing
-        if split_size is not None and split_size <= 0:
-            raise ValueError(f"split_size must be positive, got {split_size}")
-        if memory_limit is not None and not memory_limit > 0:
-            raise ValueError(f"memory_limit must be a positive number of bytes, got "
-                             f"{memory_limit!r}; leave it out to plan for the device's free memory")
-        self.schedule, self.split_size, self.memory_limit = schedule, split_size, memory_limit
-        self.sync_at_barrier, self.order = sync_at_barrier, order
-        self.jobs: list[Job] = []
+        self.settings = PipelineSettings(schedule, memory_limit, split_size, order)
+        self.sync_at_barrier = sync_at_barrier
+        self.members: list[PipelinedJob] = []  # each job cut into this trainer's groups
         self.rounds_run = 0
         self.syncs = 0
         self.budget: int | None = None  # bytes the last run planned for (None: no limit)
         for job in jobs:
             self.add(job)
 
-    # Jobs come and go between steps --------------------------------------
-    def add(self, job: Job) -> None:
-        if job in self.jobs:
-            raise ValueError(f"{job!r} is already training here")
-        job.partition = self.plan_schedule.partition(job.graph, self.split_size, self.order)
-        job.runner = GroupRunner(job.step_fn, job.partition)
-        job.plan = graph_plan(0, job.graph, job.partition)
-        job.measured = None  # its groups are this trainer's: measure them again
-        job.session = None
-        self.jobs.append(job)
+    @property
+    def memory_limit(self) -> int | None:
+        return self.settings.memory_limit
 
-    def remove(self, job: Job) -> None:
-        if job not in self.jobs:
-            raise ValueError(f"{job!r} is not training here: this trainer has "
-                             f"{', '.join(j.name for j in self.jobs) or 'no jobs'}")
-        self.jobs.remove(job)
+    @memory_limit.setter
+    def memory_limit(self, value: int | None) -> None:
+        """A new limit, for the next run."""
+        self.settings = replace(self.settings, memory_limit=value)
 
     @property
-    def active(self) -> list[Job]:
-        return [j for j in self.jobs if not j.failed]
+    def schedule(self) -> str:
+        return self.settings.schedule
+
+    @property
+    def split_size(self) -> int | None:
+        return self.settings.split_size
+
+    @property
+    def plan_schedule(self):
+        return self.settings.plan_schedule
+
+    # Jobs come and go between steps --------------------------------------
+    @property
+    def jobs(self) -> list[Job]:
+        return [m.job for m in self.members]
+
+    def member(self, job: Job) -> PipelinedJob:
+        """How this trainer runs ``job``: its groups, runners and measurements."""
+        found = next((m for m in self.members if m.job is job), None)
+        if found is None:
+            raise ValueError(f"{job!r} is not training here: this trainer has "
+                             f"{', '.join(m.name for m in self.members) or 'no jobs'}")
+        return found
+
+    def add(self, job: Job) -> None:
+        if any(m.job is job for m in self.members):
+            raise ValueError(f"{job!r} is already training here")
+        self.members.append(PipelinedJob(job, self.settings))
+
+    def remove(self, job: Job) -> None:
+        self.members.remove(self.member(job))
+
+    @property
+    def active(self) -> list[PipelinedJob]:
+        return [m for m in self.members if not m.job.failed]
 
     # Training -------------------------------------------------------------
     def step(self) -> list[float | None]:
@@ -133,72 +150,62 @@ class ConcurrentTrainer:
         self._run(whole_steps(steps))
         return [list(j.losses) for j in self.jobs]
 
-    def _planner(self, jobs: list[Job], steps: int) -> PeriodicRounds | MemoryPairing:
+    def _planner(self, members: list[PipelinedJob], steps: int
+                 ) -> PeriodicRounds | MemoryPairing:
         """The run's rounds, planned a window at a time as the jobs need them
-        (``pipeline.round_feed``); job k is ``jobs[k]``."""
+        (``pipeline.round_feed``); job k is ``members[k]``."""
         sched = self.plan_schedule
         if sched.pairing == MEMORY:
-            limit = self.budget = self._budget(jobs)
-            plans = [replace(j.plan, job=k, groups=list(j.measured or j.plan.groups))
-                     for k, j in enumerate(jobs)]
+            limit = self.budget = self._budget(members)
+            plans = [replace(m.plan, job=k, groups=list(m.measured or m.plan.groups))
+                     for k, m in enumerate(members)]
             return sched.round_planner(steps, limit, plans=plans)
         if sched.pairing == ALGORITHM1:
-            limit = self.budget = self._budget(jobs)
-            groups = [JobGroups(k, j.partition.num_angs, len(j.partition.groups),
-                                j.persistent_bytes() + j.partition.peak, j.partition.split_size)
-                      for k, j in enumerate(jobs)]
+            limit = self.budget = self._budget(members)
+            groups = [JobGroups(k, m.partition.num_angs, len(m.partition.groups),
+                                m.job.persistent_bytes() + m.partition.peak,
+                                m.partition.split_size)
+                      for k, m in enumerate(members)]
             return sched.round_planner(steps, limit, groups=groups)
         return sched.round_planner(steps, None,
-                                   group_counts=[len(j.partition.groups) for j in jobs])
+                                   group_counts=[len(m.partition.groups) for m in members])
 
-    def _check_budget(self, jobs: list[Job]) -> None:
-        """A limit below what the jobs hold between steps can never be met."""
-        if self.memory_limit is None or self.plan_schedule.pairing not in (MEMORY, ALGORITHM1):
-            return
-        held = sum(j.plan.persistent for j in jobs)
-        if held >= self.memory_limit:
-            names = ", ".join(j.name for j in jobs)
-            raise ValueError(f"memory_limit {self.memory_limit} bytes does not even hold the jobs' "
-                             f"persistent tensors ({held} bytes: parameters, buffers, optimizer "
-                             f"state and batches of {names}): raise it, or train fewer jobs "
-                             "together")
-        for j in jobs:  # a job alone is never held back: one past the limit would train past it
-            need = step_peak(j.plan)
-            if need > self.memory_limit:
-                raise ValueError(f"memory_limit {self.memory_limit:,} bytes is below one step of "
-                                 f"job {j.name!r} alone ({need:,} bytes at its peak as planned): "
-                                 "raise it, or train a smaller batch or model")
-
-    def _budget(self, jobs: list[Job]) -> int | None:
+    def _budget(self, members: list[PipelinedJob]) -> int | None:
         """The bytes the jobs may hold together: ``memory_limit``; else, on a
         GPU, what the allocator can still give (``MemoryProbe.available``)
         plus what the jobs hold already; else (the CPU) no limit."""
         if self.memory_limit is not None:
             return self.memory_limit
-        probe = self._memory_probe(jobs)
+        probe = self._memory_probe(members)
         if probe is None:
             return None
-        return probe.available() + sum(j.plan.persistent for j in jobs)
+        return probe.available() + sum(m.plan.persistent for m in members)
 
     def _run(self, steps: int) -> None:
-        jobs = self.active
-        if not jobs:
+        members = self.active
+        if not members:
             return
-        for job in jobs:  # on the caller's thread: its train/eval mode, autocast, hooks
-            job.check_context()
-        for job in jobs:  # every check passed: nothing is touched by a refused run
-            job.step_fn.clear_step_outputs()
-        self._check_budget(jobs)
-        probe = self._memory_probe(jobs) if self.plan_schedule.pairing == MEMORY else None
-        if probe is not None and any(j.measured is None for j in jobs):
+        for m in members:  # on the caller's thread: its train/eval mode, autocast, hooks
+            m.job.check_context()
+        for i, m in enumerate(self.members):  # a job trained elsewhere since: cut again
+            if not m.current:
+                self.members[i] = PipelinedJob(m.job, self.settings)
+        members = self.active
+        if self.plan_schedule.pairing in (MEMORY, ALGORITHM1):
+            refuse_past_limit(self.memory_limit, members)
+        for m in members:  # every check passed: nothing is touched by a refused run
+            m.step_fn.clear_step_outputs()
+        probe = self._memory_probe(members) if self.plan_schedule.pairing == MEMORY else None
+        if probe is not None and any(m.measured is None for m in members):
             # Every job's next step alone, so that all keep the same count.
-            for job in jobs:
-                self._solo_step(job, probe)
+            for m in members:
+                self._solo_step(m, probe)
             steps -= 1
-            jobs = self.active
-            if not steps or not jobs:
+            members = self.active
+            if not steps or not members:
                 return
-        feed = RoundFeed(self._planner(jobs, steps), jobs, CounterBarrier())
+        feed = RoundFeed(self._planner(members, steps), [m.job for m in members],
+                         CounterBarrier())
         boundary = threading.Lock()
         opened = [0]  # the highest round SyncAndCoalesce has run before
 
@@ -206,11 +213,11 @@ class ConcurrentTrainer:
             if self.sync_at_barrier and round_ > opened[0]:
                 with boundary:
                     if round_ > opened[0]:
-                        self._sync_and_coalesce(jobs)
+                        self._sync_and_coalesce(members)
                         opened[0] = round_
 
-        tasks = [POOL.submit(lambda job=job, k=k: run_job(job, feed, k, enter),
-                             f"waterwave job {job.name}") for k, job in enumerate(jobs)]
+        tasks = [POOL.submit(lambda m=m, k=k: run_job(m, feed, k, enter),
+                             f"waterwave job {m.name}") for k, m in enumerate(members)]
         try:
             wait_tasks(tasks)
         except BaseException:  # Ctrl-C (or another signal's error) in the caller
@@ -222,27 +229,27 @@ class ConcurrentTrainer:
             raise
         self.rounds_run += 1 + feed.last_round
 
-    def _solo_step(self, job: Job, probe: MemoryProbe) -> None:
-        """One step of ``job`` alone, measuring each group's net bytes and
-        rise in the allocator (see the module's opening)."""
-        groups = len(job.partition.groups)
-        feed = RoundFeed(PeriodicRounds({0: [(0, g) for g in range(groups)]}, 0, 1), [job],
-                         CounterBarrier())
+    def _solo_step(self, member: PipelinedJob, probe: MemoryProbe) -> None:
+        """One step of a job alone, measuring each group's net bytes and rise
+        in the allocator (see the module's opening)."""
+        groups = len(member.partition.groups)
+        feed = RoundFeed(PeriodicRounds({0: [(0, g) for g in range(groups)]}, 0, 1),
+                         [member.job], CounterBarrier())
 
         def report(readings):
             if readings is not None and len(readings) == groups:
-                job.measured = readings
+                member.measured = readings
 
-        run_job(job, feed, 0, measure=Measure(probe, report))
+        run_job(member, feed, 0, measure=Measure(probe, report))
 
-    def _memory_probe(self, jobs: list[Job]) -> MemoryProbe | None:
+    def _memory_probe(self, members: list[PipelinedJob]) -> MemoryProbe | None:
         """What measures the jobs' groups: the allocator serving their GPU;
         None on the CPU, where the graph's bytes are what is allocated."""
-        cuda_jobs = [j for j in jobs if j.step_fn.device == "cuda"]
-        return MemoryProbe(cuda_jobs[0].step_fn.params[0].device) if cuda_jobs else None
+        on_cuda = [m for m in members if m.step_fn.device == "cuda"]
+        return MemoryProbe(on_cuda[0].step_fn.params[0].device) if on_cuda else None
 
-    def _sync_and_coalesce(self, jobs: list[Job]) -> None:
-        if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in jobs):
+    def _sync_and_coalesce(self, members: list[PipelinedJob]) -> None:
+        if cuda.is_installed() and any(m.step_fn.device == "cuda" for m in members):
             cuda.sync_and_coalesce()
             self.syncs += 1
 
@@ -256,12 +263,12 @@ class ConcurrentTrainer:
                "split_size": self.split_size, "split_size_chosen": self.split_size is None,
                "sync_at_barrier": self.sync_at_barrier, "syncs": self.syncs,
                "rounds_run": self.rounds_run, "jobs": []}
-        for j in self.jobs:
-            p = j.partition
+        for m in self.members:
+            j, p = m.job, m.partition
             out["jobs"].append({"name": j.name, "steps": len(j.losses), "groups": len(p.groups),
                                 "allocation_groups": sum(g.kind == "ANG" for g in p.groups),
                                 "split_size": p.split_size, "partition": p.how,
-                                "measured": j.measured is not None,
+                                "measured": m.measured is not None,
                                 "error": None if j.error is None else repr(j.error)})
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()

@@ -13,11 +13,8 @@ from typing import Any
 from ..capturing.fake_step import CaptureError, default_loss
 from ..capturing.keywords import call_model, input_names
 from ..capturing.optimizers import GradClip
-from ..pipeline.nodegroups import Partition
-from ..pipeline.pairing import JobPlan
 from .batches import BatchFeed
 from .between_calls import BetweenCalls
-from .group_runner import GroupRunner
 from .session import TrainingSession, training_session, whole_steps
 from .sharing import sharing
 from .step import CapturedStep, batches_per_step
@@ -105,25 +102,18 @@ class Job:
         self._example = (example_inputs, targets)
         self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
                                     clip, k, autocast_dtype, grad_scaler)
-        # The example batch's key, which step_for matches (every capture has that batch)
+        # The example batch's key, which capture_for matches (every capture has that batch)
         self._example_key = (self.step_fn.input_names, _batch_key(self.step_fn.example))
         self.graph = self.step_fn.graph
         # Batches of other shapes (a short last batch) or non-tensor values:
-        # _batch_key -> [capture, runner, partition]
+        # _batch_key -> their capture (None: they train eagerly)
         self._other_shapes: dict = {}
-        # Captures in other settings (train/eval modes, frozen parameters...):
-        # variant -> (capture, its other shapes)
         self._by_variant: dict = {}
         self.losses: list[float] = []
         self.error: BaseException | None = None
         # The error came while fetching a batch, before its step began: the
         # model, optimizer and data are whole, and the next train() goes on.
         self.error_between_steps = False
-        self.runner: GroupRunner | None = None
-        self.partition: Partition | None = None
-        self.plan: JobPlan | None = None  # its groups' bytes from the graph, for the pairing
-        self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
-        self.session = None  # the training session its partition and runner were made for
         self.between = between  # what it holds between train() calls
         self.eager_steps = 0  # steps run eagerly: batches no capture of it could train
         self._stream = None
@@ -172,17 +162,16 @@ class Job:
         if found is None:
             found = (self._new_capture(*self._example), {})
         self.step_fn, self._other_shapes = found
-        self.graph = self.step_fn.graph
-        self.session = self.partition = self.runner = self.plan = self.measured = None
+        self.graph = self.step_fn.graph  # sessions and trainers cut it into groups again
 
     def check_context(self) -> None:
         """Before a call's steps, on the caller's thread: the model is as its
         step was captured (``CapturedStep.check_context``); the captures at
         other shapes take the model's buffers as they are now too."""
         self.step_fn.check_context()
-        for found in self._other_shapes.values():
-            if found[0] is not None:  # None: batches of that key train eagerly
-                found[0].buffers = self.step_fn.buffers
+        for capture in self._other_shapes.values():
+            if capture is not None:  # None: batches of that key train eagerly
+                capture.buffers = self.step_fn.buffers
 
     @property
     def device(self):
@@ -215,48 +204,41 @@ class Job:
         inputs, targets = self.batches.next()
         return inputs, targets or None
 
-    def step_for(self, inputs: tuple, targets) -> tuple[CapturedStep, GroupRunner] | None:
-        """The capture and group runner for a batch: the job's own, or, for a
-        batch of other shapes (a DataLoader's short last batch) or other
-        non-tensor values, a capture of the step for it, made once and cut
-        into the same node groups. It must run the same operators, each
-        tensor no larger than at the job's shapes (so the memory planned for
-        a step bounds it). None where no capture can train the batch (a
-        larger batch, one that runs other operators or cannot be captured,
-        shapes past ``MAX_OTHER_CAPTURES``): the step then runs eagerly
-        (``eager_step``), as the same loop would run it."""
+    def capture_for(self, inputs: tuple, targets) -> CapturedStep | None:
+        """The capture that trains a batch: the job's own, or, for a batch of
+        other shapes (a DataLoader's short last batch) or other non-tensor
+        values, a capture of the step for it, made once (and cut into the
+        same node groups by whichever run trains it). It must run the same
+        operators, each tensor no larger than at the job's shapes (so the
+        memory planned for a step bounds it). None where no capture can
+        train the batch (a larger batch, one that runs other operators or
+        cannot be captured, shapes past ``MAX_OTHER_CAPTURES``): the step
+        then runs eagerly (``eager_step``), as the same loop would run it."""
 
         try:
             key = (input_names(inputs), _batch_key((*inputs, *(targets or ()))))
         except ValueError:
             return None
         if not inputs or key == self._example_key:
-            return self.step_fn, self.runner
-        found = self._other_shapes.get(key)
-        if found is None:
+            return self.step_fn
+        if key not in self._other_shapes:
             if len(self._other_shapes) >= MAX_OTHER_CAPTURES:
                 return None
             try:
                 capture = self._capture_at(inputs, targets)
             except ValueError:
                 capture = None
-            found = self._other_shapes[key] = [capture, None, None]
-        if found[0] is None:
-            return None
-        if found[2] is not self.partition:  # cut into this trainer's or session's groups
-            found[1], found[2] = GroupRunner(found[0], self.partition), self.partition
-        return found[0], found[1]
+            self._other_shapes[key] = capture
+        return self._other_shapes[key]
 
-    def eager_step(self, inputs: tuple, targets):
+    def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None):
         """One step on a batch that no capture can train, run eagerly as the
         same loop would run it (its settings: accumulation, autocast, the
         GradScaler, clipping), the gradients left None as a captured step
-        leaves them; inside a training session, as a ``waterwave.sharing``
+        leaves them; inside a training ``session``, as a ``waterwave.sharing``
         member, so its memory is counted and gated with the others'. Returns
         the step's loss (the batches' mean with accumulation)."""
-        session = self.session[0] if self.session is not None else None
-        block = sharing(self.model, session, name=self.name) \
-            if isinstance(session, TrainingSession) else None
+        block = sharing(self.model, session, name=self.name) if session is not None else None
         if block is None:
             return self._eager_step(inputs, targets)
         with block:
@@ -305,7 +287,7 @@ class Job:
         and captures made (shapes, and variants the model went through)."""
         return {"steps": len(self.losses), "eager_steps": self.eager_steps,
                 "captures": 1 + len(self._by_variant)
-                + sum(found[0] is not None for found in self._other_shapes.values())}
+                + sum(capture is not None for capture in self._other_shapes.values())}
 
     def _new_capture(self, inputs, targets) -> CapturedStep:
         """The job's step captured anew on ``inputs`` and ``targets``, with

@@ -35,21 +35,23 @@ class Measure:
     readings: list = field(default_factory=list)
 
 
-def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = None,
+def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = None,
             measure: Measure | None = None) -> None:
-    """Job k's entries of ``feed``, run in order; ``enter(round)`` before each
-    group (SyncAndCoalesce between rounds). Returns when its entries end,
-    the barrier closes, or the job fails (``job.error``); Ctrl-C on this
-    thread is raised. The job leaves the feed on the way out."""
+    """Job k's entries of ``feed``, run in order from ``member`` (a
+    ``PipelinedJob``); ``enter(round)`` before each group (SyncAndCoalesce
+    between rounds). Returns when its entries end, the barrier closes, or
+    the job fails (``job.error``); Ctrl-C on this thread is raised. The job
+    leaves the feed on the way out."""
     import torch
 
+    job = member.job
     env, step_no, eager, eager_loss = None, -1, None, None
     # Each step's loss, read a few steps later: reading a GPU tensor
     # waits for its stream, and the host should stay ahead of the GPU
     # (its queue holds about one step), as the simulator's host does.
     pending: list = []
     stream = job.stream()
-    last_group = len(job.partition.groups) - 1
+    last_group = len(member.partition.groups) - 1
     measuring_step = None
     fetching = False
     try:
@@ -64,7 +66,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
                     # the job between steps, and its next call may go on.
                     fetching = True
                     inputs, targets = job.next_batch()
-                    found = job.step_for(inputs, targets)
+                    found = member.step_for(inputs, targets)
                     fetching = False
                     step_no = step
                     if found is None:  # no capture trains this batch: the step runs eagerly
@@ -84,7 +86,7 @@ def run_job(job, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = 
                         measure.report(None)
                         measure = None
                     if group == 0:
-                        eager_loss = job.eager_step(*eager)
+                        eager_loss = member.eager_step(*eager)
                     if group == last_group:
                         pending.append(eager_loss)
                         eager = eager_loss = None

@@ -43,14 +43,14 @@ from .. import _C
 from ..alloc import cpu_allocator
 from ..alloc.torch_bridge import BridgeUnavailable
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import MemoryPairing, graph_plan, step_peak
+from ..pipeline.pairing import MemoryPairing
 from ..pipeline.pass_profile import GPU_MARGIN
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
-from ..pipeline.schedules import schedule as named_schedule
 from .between_calls import BetweenCalls
-from .group_runner import GroupRunner
 from .job_loop import Measure, MemoryProbe, run_job
+from .pipeline_settings import PipelineSettings
+from .pipelined_job import PipelinedJob, refuse_past_limit
 
 _UNSET = object()
 
@@ -78,15 +78,18 @@ class TrainingSession:
         self.device = device
         self._lock = threading.Lock()
         self._feed: RoundFeed | None = None
-        self._members: dict[int, tuple[object, RoundFeed]] = {}
-        self._known: weakref.WeakSet = weakref.WeakSet()  # jobs that trained here
+        self._members: dict[int, tuple[PipelinedJob, RoundFeed]] = {}  # k -> training now
+        # Each job that trained here, cut into this session's groups (until
+        # the settings change), for its next call; and what it holds
+        # between calls is counted against the budget.
+        self._pipelined: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._sharing: dict[int, object] = {}  # id -> waterwave.sharing members in blocks now
         self._next_k = 0
-        self._generation = 0  # settings changed: jobs are cut again
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
         self.steps_run = 0
         self.most_training = 0  # the most jobs that trained here at once
-        self._set(memory_limit, schedule, split_size, order)
+        self.settings = _session_settings(PipelineSettings(schedule, memory_limit, split_size,
+                                                           order))
 
     def configure(self, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
                   order=_UNSET) -> TrainingSession:
@@ -96,30 +99,37 @@ class TrainingSession:
                 raise RuntimeError(f"{len(self._members) + len(self._sharing)} job(s) train in "
                                    f"the session of {self.device} now: change its settings "
                                    "between trainings")
-            self._set(self.memory_limit if memory_limit is _UNSET else memory_limit,
-                      self.schedule if schedule is _UNSET else schedule,
-                      self.split_size if split_size is _UNSET else split_size,
-                      self.order if order is _UNSET else order)
-            self._generation += 1
+            now = self.settings
+            self.settings = _session_settings(PipelineSettings(
+                now.schedule if schedule is _UNSET else schedule,
+                now.memory_limit if memory_limit is _UNSET else memory_limit,
+                now.split_size if split_size is _UNSET else split_size,
+                now.order if order is _UNSET else order))
+            # Jobs are cut again, by the new settings, at their next call;
+            # what they hold between calls stays counted until then.
+            for member in self._pipelined.values():
+                member.stale = True
         return self
 
-    def _set(self, memory_limit, schedule, split_size, order) -> None:
-        plan_schedule = named_schedule(schedule)
-        if plan_schedule.pairing not in (MEMORY, FREE):
-            raise ValueError(f"a training session runs the waterwave or lockstep schedule, not "
-                             f"{schedule!r} (a fixed pairing of a fixed set of jobs): use "
-                             "ConcurrentTrainer for it")
-        if split_size is not None and (isinstance(split_size, bool) or not isinstance(split_size, int)
-                                       or split_size <= 0):
-            raise ValueError(f"split_size must be a positive number of bytes, got {split_size!r}")
-        if memory_limit is not None and (isinstance(memory_limit, bool)
-                                         or not isinstance(memory_limit, (int, float))
-                                         or not 0 < memory_limit < float("inf")):
-            raise ValueError(f"memory_limit must be a positive number of bytes, got "
-                             f"{memory_limit!r}; None plans for the device's free memory")
-        self.memory_limit = None if memory_limit is None else int(memory_limit)
-        self.schedule, self.plan_schedule = schedule, plan_schedule
-        self.split_size, self.order = split_size, order
+    @property
+    def memory_limit(self) -> int | None:
+        return self.settings.memory_limit
+
+    @property
+    def schedule(self) -> str:
+        return self.settings.schedule
+
+    @property
+    def split_size(self) -> int | None:
+        return self.settings.split_size
+
+    @property
+    def order(self) -> str:
+        return self.settings.order
+
+    @property
+    def plan_schedule(self):
+        return self.settings.plan_schedule
 
     # One job's call ---------------------------------------------------------
     def train(self, job, steps: int) -> None:
@@ -131,42 +141,44 @@ class TrainingSession:
         probe = MemoryProbe(job.device) if on_cuda else None
         measure_between = BetweenCalls.measurable(on_cuda)
         with self._lock:
-            if any(member is job for member, _ in self._members.values()):
+            if any(member.job is job for member, _ in self._members.values()):
                 raise RuntimeError(f"{job!r} is already training: call train() on a job from "
                                    "one thread at a time")
             job.between.end(measure_between)
-            if job.session != (self, self._generation):
-                self._prepare(job)
-            self._check_fits_alone(job)
-            self._known.add(job)
+            member = self._pipelined.get(job)
+            if member is None or not member.current:
+                member = self._pipelined[job] = PipelinedJob(job, self.settings, self)
+            if self.plan_schedule.pairing == MEMORY:
+                refuse_past_limit(self.memory_limit, [member])
             feed = self._feed
             if feed is None:
                 feed = self._feed = RoundFeed(MemoryPairing([], None, 0), [], CounterBarrier())
                 self._capacity = self._probe_capacity(probe)
             k = self._next_k
             self._next_k += 1
-            self._members[k] = (job, feed)
+            self._members[k] = (member, feed)
             self.most_training = max(self.most_training, len(self._members) + len(self._sharing))
-            solo = probe is not None and job.measured is None and self.plan_schedule.pairing == MEMORY
-            groups = list(job.measured or job.plan.groups)
-            plan = replace(job.plan, job=k, groups=groups,
-                           persistent=job.plan.persistent + job.between.kept,
+            solo = (probe is not None and member.measured is None
+                    and self.plan_schedule.pairing == MEMORY)
+            groups = list(member.measured or member.plan.groups)
+            plan = replace(member.plan, job=k, groups=groups,
+                           persistent=member.plan.persistent + job.between.kept,
                            after=job.between.reserve(groups))
             feed.join(k, job, plan, steps, solo_first=solo)
             feed.set_limit(*self._budget(feed))
             self._share_budget_locked()
         measure = None
         if solo:
-            def report(readings, job=job, feed=feed, k=k):
-                if readings is not None and len(readings) == len(job.partition.groups):
-                    job.measured = readings
+            def report(readings, member=member, feed=feed, k=k):
+                if readings is not None and len(readings) == len(member.partition.groups):
+                    member.measured = readings
                     feed.measured(k, readings)
                 else:
                     feed.measured(k, None)
             measure = Measure(probe, report)
         before = len(job.losses)
         try:
-            run_job(job, feed, k, measure=measure)
+            run_job(member, feed, k, measure=measure)
         finally:
             with self._lock:
                 del self._members[k]
@@ -184,27 +196,6 @@ class TrainingSession:
             raise KeyboardInterrupt(f"job {job.name!r} stopped after {len(job.losses) - before} "
                                     f"of {steps} steps: training was interrupted")
 
-    def _check_fits_alone(self, job) -> None:
-        """A job whose one step, alone, needs more than ``memory_limit`` would
-        train past it (a job alone is never held back): refused, naming the
-        bytes, before it joins."""
-        if self.memory_limit is None or self.plan_schedule.pairing != MEMORY:
-            return
-        need = step_peak(job.plan) + job.between.kept
-        if need > self.memory_limit:
-            raise ValueError(f"memory_limit={self.memory_limit:,} bytes is below one step of job "
-                             f"{job.name!r} alone ({need:,} bytes at its peak as planned: "
-                             "parameters, optimizer state, the batch and its activations): raise "
-                             "memory_limit, or train a smaller batch or model")
-
-    def _prepare(self, job) -> None:
-        """Cut the job's step into this session's node groups."""
-        job.partition = self.plan_schedule.partition(job.graph, self.split_size, self.order)
-        job.runner = GroupRunner(job.step_fn, job.partition)
-        job.plan = graph_plan(0, job.graph, job.partition)
-        job.measured = None
-        job.session = (self, self._generation)
-
     def _probe_capacity(self, probe: MemoryProbe | None) -> int | None:
         """On a GPU without a limit: what the allocator can still give plus
         what the session's jobs hold (they are all between steps now) and
@@ -215,7 +206,7 @@ class TrainingSession:
         # first optimizer a process makes is held by torch's import frames):
         # give their tensors back before measuring what is free.
         gc.collect()
-        return (probe.available() + sum(_held(j) for j in list(self._known))
+        return (probe.available() + sum(m.held() for m in list(self._pipelined.values()))
                 + self.ledger().share_stats()["members_live"])
 
     def _limit(self) -> int | None:
@@ -239,8 +230,7 @@ class TrainingSession:
 
     def _feed_peaks(self, feed: RoundFeed | None) -> int:
         """The most the jobs training in ``feed`` hold at once side by side."""
-        return sum(step_peak(job.plan) + job.between.kept for job, f in self._members.values()
-                   if f is feed and job.plan is not None)
+        return sum(member.step_peak() for member, f in self._members.values() if f is feed)
 
     # waterwave.sharing's members (sharing.py) ------------------------------
     def ledger(self) -> _C.ThreadAccounts:
@@ -298,8 +288,18 @@ class TrainingSession:
         return limit
 
     def _between_calls(self, feed: RoundFeed | None) -> int:
-        inside = {id(j) for j, f in self._members.values() if f is feed}
-        return sum(_held(j) + _reserve(j) for j in list(self._known) if id(j) not in inside)
+        inside = {id(m) for m, f in self._members.values() if f is feed}
+        return sum(m.held() + m.reserve() for m in list(self._pipelined.values())
+                   if id(m) not in inside)
+
+    def member(self, job) -> PipelinedJob:
+        """How this session runs ``job``: its groups, runners and
+        measurements, kept from its last call here."""
+        with self._lock:
+            found = self._pipelined.get(job)
+        if found is None:
+            raise ValueError(f"{job!r} has not trained in {self!r}")
+        return found
 
     # The whole session ------------------------------------------------------
     def interrupt(self) -> None:
@@ -317,7 +317,7 @@ class TrainingSession:
         """The jobs training here now (``Job`` objects, and the names of
         sharing members)."""
         with self._lock:
-            return [job for job, _ in self._members.values()] + [
+            return [member.job for member, _ in self._members.values()] + [
                 m.name for m in self._sharing.values()]
 
     def reset_peak(self) -> None:
@@ -331,12 +331,12 @@ class TrainingSession:
             return {"device": str(self.device), "schedule": self.schedule,
                     "memory_limit": self.memory_limit, "budget": self._capacity
                     if self.memory_limit is None else self.memory_limit,
-                    "training": [job.name for job, _ in self._members.values()],
+                    "training": [member.name for member, _ in self._members.values()],
                     "sharing": [m.name for m in self._sharing.values()],
                     "peak_bytes": share["peak"], "members_bytes": share["members_live"],
                     "waits": {k: share[k] for k in ("gate_waits", "allocation_waits",
                                                     "overshoots", "forced", "failed")},
-                    "jobs_known": len(self._known), "steps_run": self.steps_run,
+                    "jobs_known": len(self._pipelined), "steps_run": self.steps_run,
                     "held_between_calls": self._between_calls(feed),
                     "most_training": self.most_training,
                     "rounds_planned": None if feed is None else feed.last_round + 1}
@@ -346,15 +346,14 @@ class TrainingSession:
                 f"memory_limit={self.memory_limit!r}, training={len(self._members)})")
 
 
-def _held(job) -> int:
-    """What a job holds between steps: its persistent bytes, and what its
-    thread kept from evaluating (0 while it is cut again for new modes)."""
-    return 0 if job.plan is None else job.plan.persistent + job.between.kept
-
-
-def _reserve(job) -> int:
-    """What the session keeps for a job's evaluation between its calls."""
-    return 0 if job.plan is None else job.between.reserve(job.measured or job.plan.groups)
+def _session_settings(settings: PipelineSettings) -> PipelineSettings:
+    """A session pairs whichever jobs train at the time: the schedules that
+    pair a fixed set are the trainer's."""
+    if settings.plan_schedule.pairing not in (MEMORY, FREE):
+        raise ValueError(f"a training session runs the waterwave or lockstep schedule, not "
+                         f"{settings.schedule!r} (a fixed pairing of a fixed set of jobs): use "
+                         "ConcurrentTrainer for it")
+    return settings
 
 
 _SESSIONS: dict[str, TrainingSession] = {}
