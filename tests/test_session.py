@@ -359,3 +359,20 @@ def test_recurrent_layers_train_as_eager(layer):
     assert [trainer.step(x, targets=(y,)).item() for x, y in data * 2] == losses
     for m in (by_job, by_optimize):
         assert all(torch.equal(a, b) for a, b in zip(eager.parameters(), m.parameters()))
+
+
+def test_sharing_on_a_second_cuda_device_at_once_is_refused_and_the_first_keeps_the_budget():
+    """The CUDA runtime's thread accounts are one ledger, one budget, for
+    every device: while trials share cuda:0, a sharing block on cuda:1 is
+    refused with the fix, and cuda:1's captured jobs leave the ledger's
+    budget to cuda:0's members."""
+    first = ww.TrainingSession("cuda:0", memory_limit=1 << 30)
+    second = ww.TrainingSession("cuda:1", memory_limit=1 << 29)
+    first._sharing[1] = object()  # a member of cuda:0 in its block now
+    try:
+        with pytest.raises(RuntimeError, match="one CUDA device of a process at a time"):
+            second.join_sharing(object(), 0)
+        assert second._sharing == {}
+        assert second._share_budget_locked() == 0  # cuda:0's budget stays in the ledger
+    finally:
+        first._sharing.clear()

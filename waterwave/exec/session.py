@@ -90,6 +90,8 @@ class TrainingSession:
         self.most_training = 0  # the most jobs that trained here at once
         self.settings = _session_settings(PipelineSettings(schedule, memory_limit, split_size,
                                                            order))
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def configure(self, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
                   order=_UNSET) -> TrainingSession:
@@ -246,13 +248,33 @@ class TrainingSession:
             elif self.memory_limit is None and not self._sharing and self._feed is None:
                 # On a GPU with no limit: the free memory now, as a feed's start probes it.
                 self._capacity = self._probe_capacity(MemoryProbe(self.device))
-            self._sharing[id(member)] = member
+            if self.device == "cpu":
+                self._sharing[id(member)] = member
+            else:
+                self._claim_cuda_ledger(member)
             self.ledger().join(member.account.id, base)
             self.most_training = max(self.most_training, len(self._members) + len(self._sharing))
             budget = self._share_budget_locked()
             if self._feed is not None:
                 self._feed.set_limit(*self._budget(self._feed))
             return budget
+
+    def _claim_cuda_ledger(self, member) -> None:
+        """``member`` joins, unless another CUDA device's members share now:
+        the CUDA runtime keeps one ledger of thread accounts for every
+        device, with one budget, so they would be gated by each other's
+        budget. Refused, naming the fix."""
+        with _LIVE_LOCK:
+            other = next((s for s in list(_LIVE) if s is not self and s.device != "cpu"
+                          and s.device != self.device and s._sharing), None)
+            if other is not None:
+                raise RuntimeError(
+                    f"waterwave.sharing on {self.device} while trials share {other.device}: "
+                    "Waterwave's thread accounts keep one budget for every CUDA device, so "
+                    "sharing runs on one CUDA device of a process at a time; run a process "
+                    "per GPU (CUDA_VISIBLE_DEVICES), or train the other device's trials with "
+                    "job.train")
+            self._sharing[id(member)] = member
 
     def leave_sharing(self, member) -> None:
         with self._lock:
@@ -279,6 +301,8 @@ class TrainingSession:
         between calls). 0: none."""
         limit = self._limit()
         ledger = self.ledger()
+        if self.device != "cpu" and not self._sharing and _another_device_shares(self):
+            return 0  # the ledger's budget is that device's (_claim_cuda_ledger)
         if limit is None:
             ledger.set_budget(0, 0)
             return 0
@@ -354,6 +378,18 @@ def _session_settings(settings: PipelineSettings) -> PipelineSettings:
                          f"{settings.schedule!r} (a fixed pairing of a fixed set of jobs): use "
                          "ConcurrentTrainer for it")
     return settings
+
+
+# Every session alive, whoever made it: sharing's CUDA ledger is one for all
+# devices (TrainingSession._claim_cuda_ledger).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def _another_device_shares(session: TrainingSession) -> bool:
+    with _LIVE_LOCK:
+        return any(s is not session and s.device not in ("cpu", session.device) and s._sharing
+                   for s in list(_LIVE))
 
 
 _SESSIONS: dict[str, TrainingSession] = {}
