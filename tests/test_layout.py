@@ -159,3 +159,14 @@ def test_the_readme_tree_is_the_repository():
            and p.name not in ("build", "out") and not p.name.endswith(".egg-info")}
     unlisted = sorted((packages | folders | top) - named)
     assert not unlisted, f"the README's Layout leaves out: {unlisted}"
+
+
+def test_the_architecture_page_shows_this_layer_table():
+    """The layer map is kept once, here; the architecture notes render it."""
+    order = ["_C", *ALLOWED]
+    rows = ["| layer | may import (of waterwave) |", "|---|---|"]
+    for name, allowed in ALLOWED.items():
+        names = ", ".join(f"`{a}`" for a in order if a in allowed) or "nothing"
+        rows.append(f"| `{name}` | {names} |")
+    page = (PACKAGE.parent / "docs" / "design" / "architecture.md").read_text()
+    assert "\n".join(rows) in page, "render ALLOWED into docs/design/architecture.md's table"
