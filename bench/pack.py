@@ -47,7 +47,8 @@ def family_row(label, instances, limit):
         lb = max_live(bufs)
         greedy_ok += greedy_pack(bufs)[1] == lb
         t = time.time()
-        _, arena, _, status = pack(bufs, time_limit=limit)
+        packed = pack(bufs, time_limit=limit)
+        arena, status = packed.arena_size, packed.status
         took = time.time() - t
         spot += settles_alone(bufs, "spot", limit)
         buffer += settles_alone(bufs, "buffer", limit)
@@ -112,7 +113,8 @@ def main():
         for path in args.csv:
             bufs = read_buffer_csv(path).buffers
             t = time.time()
-            _, arena, bound, status = pack(bufs, time_limit=limit)
+            packed = pack(bufs, time_limit=limit)
+            arena, bound, status = packed.arena_size, packed.lower_bound, packed.status
             took = time.time() - t
             row = (f"| {os.path.basename(path)} | {len(bufs)} | {max_live(bufs):,} | "
                    f"{arena:,} | {bound:,} | {status} | {took:.2f} |")

@@ -358,11 +358,13 @@ def overlaps(bufs, offs):
 @given(buffer_sets())
 @FAST
 def test_pack_is_valid_and_bounded(bufs):
-    offs, arena, lb, status = pack(bufs, time_limit=2.0)
+    packed = pack(bufs, time_limit=2.0)
+    offs, arena, lb, status = packed.offsets, packed.arena_size, packed.lower_bound, packed.status
     assert not overlaps(bufs, offs)
     assert arena == max(offs[b.id] + b.size for b in bufs)
     assert max_live(bufs) <= lb <= arena
-    greedy_offs, greedy_arena, _, _ = pack(bufs, exact=False)
+    packed = pack(bufs, exact=False)
+    greedy_offs, greedy_arena = packed.offsets, packed.arena_size
     assert not overlaps(bufs, greedy_offs)
     assert arena <= greedy_arena
     if status == "optimal":
@@ -397,9 +399,11 @@ def test_pack_solves_zero_slack_instances_that_greedy_cannot(seed):
     bufs = zero_slack(seed, 60)
     lb = max_live(bufs)
     assert lb == 64 * 512
-    _, greedy_arena, _, _ = pack(bufs, exact=False)
+    packed = pack(bufs, exact=False)
+    greedy_arena = packed.arena_size
     assert greedy_arena > lb  # the instance is hard for best fit
-    offs, arena, bound, status = pack(bufs, time_limit=20)
+    packed = pack(bufs, time_limit=20)
+    offs, arena, bound, status = packed.offsets, packed.arena_size, packed.lower_bound, packed.status
     assert not overlaps(bufs, offs)
     assert arena == lb and status == "optimal"
 
@@ -458,7 +462,8 @@ def test_time_limits_hold_on_large_inputs():
         lo = rng.randrange(20_000)
         bufs.append(Buffer(i, lo, lo + rng.randrange(1, 2000), rng.randrange(1, 1 << 20)))
     t0 = time.monotonic()
-    offs, arena, bound, _ = pack(bufs, time_limit=1.0)
+    packed = pack(bufs, time_limit=1.0)
+    offs, arena, bound = packed.offsets, packed.arena_size, packed.lower_bound
     assert time.monotonic() - t0 < 15
     assert bound <= arena == max(offs[b.id] + b.size for b in bufs)
     g = Graph("chain")
@@ -657,7 +662,8 @@ def test_offset_search_rejects_bad_input():
 @pytest.mark.parametrize("seed,pieces", [(1, 150), (3, 150), (5, 150), (3, 450)])
 def test_pack_solves_large_zero_slack_instances(seed, pieces):
     bufs = zero_slack(seed, pieces)
-    offs, arena, bound, status = pack(bufs, time_limit=30)
+    packed = pack(bufs, time_limit=30)
+    offs, arena, bound, status = packed.offsets, packed.arena_size, packed.lower_bound, packed.status
     assert status == "optimal" and arena == bound == max_live(bufs)
     assert not overlaps(bufs, offs)
 

@@ -198,7 +198,8 @@ def fuzz_csv(data: bytes) -> None:
     path = _as_file(data, "buffers.csv")
     try:
         table = read_buffer_csv(path)
-        offsets, arena, bound, _ = pack(table.buffers, time_limit=0.05)
+        packed = pack(table.buffers, time_limit=0.05)
+        offsets, arena, bound = packed.offsets, packed.arena_size, packed.lower_bound
     except REFUSED:
         return
     bufs = table.buffers

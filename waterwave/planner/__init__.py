@@ -19,7 +19,7 @@ a classic planner's plan where that is smaller still. A ``model`` plan that
 shares is held to the cut bound with sharing (``stats["inplace_bound"]``,
 recorded for every ``model`` plan).
 
-``pack(buffers)`` solves offsets alone for fixed lifetimes.
+``pack(buffers)`` solves offsets alone for fixed lifetimes (a ``Packing``).
 
 This file is the package's face. ``strategies.py`` holds ``plan`` and
 ``pack``; the baseline every saving is measured against is ``baseline.py``
@@ -36,7 +36,7 @@ from .lifetimes import lifetimes, order_peak  # noqa: F401
 from .offsets import Buffer  # noqa: F401
 from .plan import Plan, PlanError  # noqa: F401
 from .slots import plan_slots  # noqa: F401
-from .strategies import STRATEGIES, default_workers, pack, plan  # noqa: F401
+from .strategies import STRATEGIES, Packing, default_workers, pack, plan  # noqa: F401
 from .trace_plan import plan_from_trace  # noqa: F401
 
 __all__ = [

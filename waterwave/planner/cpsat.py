@@ -11,9 +11,23 @@ warm-started from the best heuristic plan, so it never returns worse.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..graph import Graph
 from . import cpsat_child
+
+
+@dataclass
+class Solved:
+    """What CP-SAT found: an operator order, the peak bytes of the
+    non-persistent tensors in it, the proven lower bound on that peak,
+    ``optimal`` or ``feasible``; and, from the joint model, each
+    non-persistent tensor's offset."""
+    order: list[int]
+    peak: int
+    lower_bound: int
+    status: str
+    offsets: dict[int, int] | None = None
 from .lifetimes import lifetimes, live_profile
 
 
@@ -109,8 +123,9 @@ def _ordering_model(m, g: Graph, hint_order: list[int], tensors):
 
 def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
                 time_limit: float = 10.0, workers: int = 2):
-    """Returns (order, offsets by tensor id (non-persistent), peak bytes of the
-    non-persistent arena, proven lower bound of that arena, status)."""
+    """A ``Solved`` (``offsets`` by tensor id, of the non-persistent ones;
+    ``peak``: the bytes of their arena), or None when nothing was found in
+    time."""
     cp_model = _cp()
     tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
     unit = _gcd(t.size for t in tensors)
@@ -134,16 +149,17 @@ def solve_joint(g: Graph, hint_order: list[int], hint_offsets: dict[int, int],
     result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
     if result is None:
         return None
-    value_of, order, arena, bound, status = result
-    offsets = {t.id: value_of(off[t.id]) * unit for t in tensors}
-    return order, offsets, arena, bound, status
+    value_of, solved = result
+    solved.offsets = {t.id: value_of(off[t.id]) * unit for t in tensors}
+    return solved
 
 
 def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, workers: int = 2):
     """The ordering half of MODeL alone: minimize the exact sequential peak of
     live bytes (AddCumulative) over topological orders, without offsets.
     Much lighter than the joint model; offsets are packed afterwards.
-    Returns (order, peak of non-persistent bytes, proven bound, status)."""
+    Returns a ``Solved`` (``peak``: of the non-persistent bytes; no
+    offsets), or None when nothing was found in time."""
     cp_model = _cp()
     tensors = [t for t in g.tensors if not t.persistent and t.size > 0]
     unit = _gcd(t.size for t in tensors)
@@ -157,15 +173,13 @@ def solve_order(g: Graph, hint_order: list[int], time_limit: float = 10.0, worke
     result = _minimize_peak(m, peak, pos, unit, time_limit, workers)
     if result is None:
         return None
-    _, order, value, bound, status = result
-    return order, value, bound, status
+    return result[1]
 
 
 def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int):
     """Solve (in the child process, ``cpsat_child.py``); returns (the value
-    of a variable, order by position, peak bytes, proven bound bytes,
-    status), or None when no solution was found in time or the solver
-    crashed."""
+    of a variable, the ``Solved``), or None when no solution was found in
+    time or the solver crashed."""
     m.Minimize(peak)
     answer = cpsat_child.solve(m, max(0.05, float(time_limit)), workers)
     if answer is None or answer.status not in ("OPTIMAL", "FEASIBLE"):
@@ -176,5 +190,5 @@ def _minimize_peak(m, peak, pos, unit: int, time_limit: float, workers: int):
 
     order = sorted(range(len(pos)), key=lambda v: value(pos[v]))
     bound = int(math.ceil(answer.bound)) * unit
-    return (value, order, value(peak) * unit, bound,
-            "optimal" if answer.status == "OPTIMAL" else "feasible")
+    return value, Solved(order, value(peak) * unit, bound,
+                         "optimal" if answer.status == "OPTIMAL" else "feasible")

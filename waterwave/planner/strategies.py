@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 
 from ..graph import Graph
 from .classic import mxnet_plan, paddle_plan
@@ -251,23 +252,21 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
         left = time_limit - (time.time() - t0)
         if len(g.nodes) <= JOINT_MAX_NODES:
             stats["formulation"] = "joint"
-            result = solve_joint(g, order, arena_offsets, time_limit=left * 0.8, workers=workers)
-            if result is not None:
-                j_order, j_offsets, j_arena, j_bound, _ = result
-                bound = max(bound, j_bound)
-                if j_arena <= arena:
-                    order, arena_offsets, arena = j_order, j_offsets, j_arena
+            joint = solve_joint(g, order, arena_offsets, time_limit=left * 0.8, workers=workers)
+            if joint is not None:
+                bound = max(bound, joint.lower_bound)
+                if joint.peak <= arena:
+                    order, arena_offsets, arena = joint.order, joint.offsets, joint.peak
                     ideal = order_peak(g, order) - persistent
         else:
             stats["formulation"] = "order+pack"
-            result = solve_order(g, order, time_limit=left * 0.6, workers=workers)
-            if result is not None:
-                o_order, o_peak, o_bound, _ = result
-                bound = max(bound, o_bound)
-                if o_peak < ideal:
-                    o_offsets, o_arena, _ = _layout(g, o_order)
+            ordered = solve_order(g, order, time_limit=left * 0.6, workers=workers)
+            if ordered is not None:
+                bound = max(bound, ordered.lower_bound)
+                if ordered.peak < ideal:
+                    o_offsets, o_arena, _ = _layout(g, ordered.order)
                     if o_arena < arena:
-                        order, arena_offsets, arena = o_order, o_offsets, o_arena
+                        order, arena_offsets, arena = ordered.order, o_offsets, o_arena
                         ideal = order_peak(g, order) - persistent
     # Offsets for the chosen order: exact packing if the layout wastes any
     # (briefly when the plan is already within the gap limit).
@@ -287,11 +286,20 @@ def _model(g: Graph, order, arena_offsets, arena, how, time_limit, workers, t0,
     return p
 
 
-def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True):
-    """Offsets for buffers with fixed half-open lifetimes [lower, upper).
+@dataclass(frozen=True)
+class Packing:
+    """``pack``'s answer: each buffer's offset by its id, the arena's bytes,
+    a proven lower bound on them, and ``optimal`` when the arena meets it
+    (else ``feasible``, or ``heuristic`` from the greedy packer)."""
+    offsets: dict[int, int]
+    arena_size: int
+    lower_bound: int
+    status: str
 
-    Returns (offsets by buffer id, arena size, lower bound, status): the
-    bound is proven; status is ``optimal`` when the arena meets it."""
+
+def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True) -> Packing:
+    """Offsets for buffers with fixed half-open lifetimes [lower, upper)
+    (a ``Packing``)."""
     check_time_limit(time_limit)
     validate_buffers(buffers)
     if exact:
@@ -301,4 +309,4 @@ def pack(buffers: list[Buffer], time_limit: float = 10.0, exact: bool = True):
         lb, status = max_live(buffers), "heuristic"
         if arena == lb:
             status = "optimal"
-    return {b.id: offs[i] for i, b in enumerate(buffers)}, arena, lb, status
+    return Packing({b.id: offs[i] for i, b in enumerate(buffers)}, arena, lb, status)

@@ -17,6 +17,6 @@ def plan_from_trace(trace: list[tuple[int, int, int]], time_limit: float = 5.0
     (size, offset), arena bytes, {"bound", "status"})."""
     end = 1 + max((max(a, f) for _, a, f in trace), default=0)
     buffers = [Buffer(i, a, f if f >= 0 else end, size) for i, (size, a, f) in enumerate(trace)]
-    offsets, arena, bound, status = pack(buffers, time_limit=time_limit)
-    slots = [(size, offsets[i]) for i, (size, _, _) in enumerate(trace)]
-    return slots, arena, {"bound": bound, "status": status}
+    packed = pack(buffers, time_limit=time_limit)
+    slots = [(size, packed.offsets[i]) for i, (size, _, _) in enumerate(trace)]
+    return slots, packed.arena_size, {"bound": packed.lower_bound, "status": packed.status}

@@ -218,12 +218,13 @@ def _pack(args) -> int:
         print(f"waterwave pack: {e}", file=sys.stderr)
         return 2
     try:
-        offs, arena, lb, status = pack(table.buffers, time_limit=args.time_limit)
+        packed = pack(table.buffers, time_limit=args.time_limit)
     except ValueError as e:
         print(f"waterwave pack: {e}", file=sys.stderr)
         return 2
-    write_buffer_csv(sys.stdout, table, offs)
-    print(f"arena {arena} bytes, lower bound {lb}, {status}", file=sys.stderr)
+    write_buffer_csv(sys.stdout, table, packed.offsets)
+    print(f"arena {packed.arena_size} bytes, lower bound {packed.lower_bound}, {packed.status}",
+          file=sys.stderr)
     return 0
 
 
