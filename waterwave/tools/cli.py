@@ -1,4 +1,4 @@
-"""The ``waterwave`` command line: ``bench alloc``, ``demo``, ``plan``, ``pack``,
+"""The ``waterwave`` command line: ``bench alloc``, ``bench step``, ``demo``, ``plan``, ``pack``,
 ``simulate``, ``replay``."""
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from ..graph import Graph
 from ..planner import STRATEGIES, check_plan, pack, plan
 from ..planner.baseline import replay
 from ..planner.buffer_csv import read_buffer_csv, write_buffer_csv
-from . import demo, gpu_alloc_bench, models, sim_commands
+from . import demo, gpu_alloc_bench, models, sim_commands, step_bench
 from .gpu_alloc_bench import PATHS
 from .plots import plan_memory, png_path
 from .sim_commands import parse_size
+from .step_bench import cpu_name
 
 
 def _seconds(text: str) -> float:
@@ -56,7 +57,7 @@ def _bench_alloc(args) -> int:
         "repeats": args.repeats,
         "where": {
             "machine": platform.machine(),
-            "processor": _cpu_name(),
+            "processor": cpu_name(),
             "python": platform.python_version(),
             "note": ("CPU-side cost of the allocator on the simulated device; "
                      "no GPU was involved"),
@@ -89,6 +90,16 @@ def _bench_alloc(args) -> int:
     return 0
 
 
+def _bench_step(args) -> int:
+    result = step_bench.run(args.snapshot, args.device, args.steps, args.warmup,
+                            args.recorded_steps, args.config or "")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2) if args.json else step_bench.format_table(result))
+    return 0
+
+
 def _print_gpu_alloc(runs: list[dict]) -> None:
     print("\ninside PyTorch, ns per alloc+free pair (median), each allocator in its own process:")
     print(f"{'allocator':<20} {'device':<24} {'case':<14} " + " ".join(f"{p:>9}" for p in PATHS))
@@ -102,17 +113,6 @@ def _print_gpu_alloc(runs: list[dict]) -> None:
             print(f"{r['allocator']:<20} {r['device'][:24]:<24} {case:<14} {cells}")
         for path, error in r["errors"].items():
             print(f"{r['allocator']:<20} {path} path not measured: {error}")
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _demo(args) -> int:
@@ -250,6 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     alloc.add_argument("--gpu-pairs", type=int, default=20_000,
                        help="with --gpu: pairs per case and repetition")
     alloc.set_defaults(func=_bench_alloc)
+    step = bench_sub.add_parser("step", help="a recorded training step replayed through each "
+                                "policy: host time and device calls per step")
+    step.add_argument("snapshot", help="a PyTorch memory snapshot (.pickle, .pickle.gz), e.g. "
+                      "bench/data/gpu-snapshots/r18_solo.pickle.gz")
+    step.add_argument("--device", choices=step_bench.DEVICES, default="auto",
+                      help="auto: the GPU's driver where one loads, else the fake driver built "
+                      "from tests/cpp/fake_cuda.c; sim: the simulated GPU")
+    step.add_argument("--steps", type=int, default=50, help="measured replays per policy")
+    step.add_argument("--warmup", type=int, default=3, help="replays before measuring")
+    step.add_argument("--recorded-steps", type=int, default=1,
+                      help="training steps the snapshot holds (figures are per training step)")
+    step.add_argument("--config", help="the allocator config, PYTORCH_CUDA_ALLOC_CONF-style")
+    step.add_argument("--json", action="store_true", help="print JSON")
+    step.add_argument("--out", help="also write the JSON here")
+    step.set_defaults(func=_bench_step)
 
     demo = sub.add_parser("demo", help="two training jobs on a simulated GPU: PyTorch side by "
                                        "side, and Waterwave's NodeGroup pipeline")
@@ -307,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pairs, --gpu-pairs and --repeats must be positive")
     if getattr(args, "steps", 1) <= 0 or getattr(args, "batch_size", 1) <= 0:
         parser.error("--steps and --batch-size must be positive")
+    if getattr(args, "warmup", 0) < 0:
+        parser.error("--warmup must not be negative")
     return one_line_errors(args.func, args.command, args.debug)(args)
 
 
