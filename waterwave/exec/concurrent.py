@@ -65,13 +65,13 @@ from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import ALGORITHM1, MEMORY
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
-from .pipeline_settings import PipelineSettings
+from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
 from .session import whole_steps
 from .workers import POOL
 
 
-class ConcurrentTrainer:
+class ConcurrentTrainer(SettingsView):
     """Trains ``jobs`` together, their node groups interleaved by
     ``schedule`` (see the module's opening) within ``memory_limit`` bytes.
     ``split_size``: bytes per node group; by default each job's own
@@ -89,26 +89,10 @@ class ConcurrentTrainer:
         for job in jobs:
             self.add(job)
 
-    @property
-    def memory_limit(self) -> int | None:
-        return self.settings.memory_limit
-
-    @memory_limit.setter
+    @SettingsView.memory_limit.setter
     def memory_limit(self, value: int | None) -> None:
         """A new limit, for the next run."""
         self.settings = replace(self.settings, memory_limit=value)
-
-    @property
-    def schedule(self) -> str:
-        return self.settings.schedule
-
-    @property
-    def split_size(self) -> int | None:
-        return self.settings.split_size
-
-    @property
-    def plan_schedule(self):
-        return self.settings.plan_schedule
 
     # Jobs come and go between steps --------------------------------------
     @property

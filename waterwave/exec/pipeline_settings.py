@@ -47,5 +47,32 @@ class PipelineSettings:
         return named_schedule(self.schedule)
 
 
+class SettingsView:
+    """What a session and a trainer say of their settings, read from
+    ``self.settings`` (a ``PipelineSettings``)."""
+
+    settings: PipelineSettings
+
+    @property
+    def memory_limit(self) -> int | None:
+        return self.settings.memory_limit
+
+    @property
+    def schedule(self) -> str:
+        return self.settings.schedule
+
+    @property
+    def split_size(self) -> int | None:
+        return self.settings.split_size
+
+    @property
+    def order(self) -> str:
+        return self.settings.order
+
+    @property
+    def plan_schedule(self) -> Schedule:
+        return self.settings.plan_schedule
+
+
 def _positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0

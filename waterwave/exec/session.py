@@ -49,7 +49,7 @@ from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from .between_calls import BetweenCalls
 from .job_loop import Measure, MemoryProbe, run_job
-from .pipeline_settings import PipelineSettings
+from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
 
 _UNSET = object()
@@ -66,7 +66,7 @@ def whole_steps(steps) -> int:
     return whole
 
 
-class TrainingSession:
+class TrainingSession(SettingsView):
     """The jobs training on one device now (see the module's opening).
     ``memory_limit``: bytes the jobs may hold together (None: the GPU's
     free memory, no limit on the CPU); ``schedule``: ``waterwave`` (groups
@@ -112,26 +112,6 @@ class TrainingSession:
             for member in self._pipelined.values():
                 member.stale = True
         return self
-
-    @property
-    def memory_limit(self) -> int | None:
-        return self.settings.memory_limit
-
-    @property
-    def schedule(self) -> str:
-        return self.settings.schedule
-
-    @property
-    def split_size(self) -> int | None:
-        return self.settings.split_size
-
-    @property
-    def order(self) -> str:
-        return self.settings.order
-
-    @property
-    def plan_schedule(self):
-        return self.settings.plan_schedule
 
     # One job's call ---------------------------------------------------------
     def train(self, job, steps: int) -> None:
