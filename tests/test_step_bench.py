@@ -51,12 +51,15 @@ def test_calls_are_counted_between_the_policy_and_the_device(fake_driver):
     what the first freed needs a stream wait, and the counts say so; after
     the first replay, the cache serves every step without a reserve."""
     ops = [(True, 0, 1 << 20, 0), (False, 0, 0, 0), (True, 1, 1 << 20, 1), (False, 1, 0, 0)]
-    cold = _C.bench_step("cuda", fake_driver, "waterwave", _C.AllocatorConfig(""), ops, 1, 0)
+    config = _C.AllocatorConfig("")
+    cold = _C.bench_step("cuda", fake_driver, ["waterwave"], config, ops, 1, 0)["waterwave"]
     assert cold["calls"]["reserve"] == 1 and cold["device_segments"] == 1
-    warm = _C.bench_step("cuda", fake_driver, "waterwave", _C.AllocatorConfig(""), ops, 5, 1)
-    assert "reserve" not in warm["calls"]
-    sim = _C.bench_step("sim", "", "pytorch", _C.AllocatorConfig(""), ops, 5, 1)
-    assert sim["driver_calls_per_step"] == 0  # each stream reuses its own block
+    warm = _C.bench_step("cuda", fake_driver, ["waterwave", "pytorch"], config, ops, 5, 1)
+    assert "reserve" not in warm["waterwave"]["calls"]
+    # PyTorch's policy keeps a pool per stream: each stream keeps its own block, two segments.
+    assert warm["pytorch"]["device_segments"] == 2 and warm["pytorch"]["calls"] == {}
+    sim = _C.bench_step("sim", "", ["pytorch"], config, ops, 5, 1)["pytorch"]
+    assert sim["driver_calls_per_step"] == 0
 
 
 def test_the_table_names_the_device_and_says_no_gpu(capsys):

@@ -79,8 +79,12 @@ class WaterwavePolicy final : public Allocator {
   // Steps 1-5, inlined into both callers.
   [[gnu::always_inline]] Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
     StreamState* s = stream_state(r.stream);
-    Block* b;
-    if ((b = tighter(fit(s->unsynced[r.pool], r.size), fit(synced_[r.pool], r.size)))) {
+    Block* b = fit(s->unsynced[r.pool], r.size);
+    // An exact fit of the stream's own is the tighter one: the synced set
+    // cannot beat it, so the fast path skips that search (training repeats
+    // its sizes step after step, so this is the common case).
+    if (!(b && b->size == r.size)) b = tighter(b, fit(synced_[r.pool], r.size));
+    if (b) {
       how = b->set == &synced_[r.pool] ? Served::kSynced : Served::kSameStream;
     } else if (promote_by_query() && (b = fit(synced_[r.pool], r.size))) {
       how = Served::kPromoted;

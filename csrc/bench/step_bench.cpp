@@ -2,6 +2,7 @@
 #include "step_bench.h"
 
 #include <algorithm>
+#include <memory>
 #include <chrono>
 #include <stdexcept>
 #include <unordered_map>
@@ -42,43 +43,56 @@ double replay(AllocatorStack& a, const std::vector<StepOp>& ops,
 
 }  // namespace
 
-StepBenchResult run_step_bench(Device& device, const std::string& policy,
-                               const AllocatorConfig& config, const std::vector<StepOp>& ops,
-                               int steps, int warmup, const std::atomic<bool>* stop) {
+std::vector<StepBenchResult> run_step_bench(Device& device,
+                                            const std::vector<std::string>& policies,
+                                            const AllocatorConfig& config,
+                                            const std::vector<StepOp>& ops, int steps, int warmup,
+                                            const std::atomic<bool>* stop) {
   if (steps < 1 || warmup < 0) throw std::invalid_argument("steps must be at least 1");
-  CountingDevice counted(device);
-  StepBenchResult out;
-  out.policy = policy;
-  out.steps = steps;
-  std::vector<double> times;
-  {
-    AllocatorStack a(counted, parse_policy(policy), config);
+  struct Run {
+    CountingDevice counted;
+    AllocatorStack stack;
     std::unordered_map<std::uint32_t, Addr> live;
-    for (int i = 0; i < warmup; ++i) {
-      if (stop && stop->load()) throw BenchStopped();
-      replay(a, ops, live);
+    std::vector<double> times;
+    Run(Device& d, const std::string& policy, const AllocatorConfig& config)
+        : counted(d), stack(counted, parse_policy(policy), config) {}
+  };
+  std::vector<std::unique_ptr<Run>> runs;
+  for (const std::string& policy : policies) {
+    runs.push_back(std::make_unique<Run>(device, policy, config));
+  }
+  for (int i = 0; i < warmup + steps; ++i) {
+    if (i == warmup) {
+      for (auto& r : runs) r->counted.reset();
     }
-    counted.reset();
-    for (int i = 0; i < steps; ++i) {
+    for (auto& r : runs) {
       if (stop && stop->load()) throw BenchStopped();
-      times.push_back(replay(a, ops, live));
+      const double ns = replay(r->stack, ops, r->live);
+      if (i >= warmup) r->times.push_back(ns);
     }
-    std::map<std::string, std::int64_t> calls = counted.calls();  // the frees after each step included
+  }
+  std::vector<StepBenchResult> out;
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    Run& r = *runs[k];
+    StepBenchResult res;
+    res.policy = policies[k];
+    res.steps = steps;
     std::int64_t total = 0;
-    for (auto& [kind, n] : calls) {
-      out.calls[kind] = static_cast<double>(n) / steps;
+    for (auto& [kind, n] : r.counted.calls()) {  // the frees after each step included
+      res.calls[kind] = static_cast<double>(n) / steps;
       total += n;
     }
-    out.calls_per_step = static_cast<double>(total) / steps;
-    AllocatorStats st = a.stats();
-    out.peak_reserved = st.reserved_bytes.s[0].peak;
-    out.device_segments = st.num_device_alloc;
-    a.empty_cache();
+    res.calls_per_step = static_cast<double>(total) / steps;
+    AllocatorStats st = r.stack.stats();
+    res.peak_reserved = st.reserved_bytes.s[0].peak;
+    res.device_segments = st.num_device_alloc;
+    std::sort(r.times.begin(), r.times.end());
+    res.host_ns_per_step = r.times[r.times.size() / 2];
+    res.min_ns = r.times.front();
+    res.max_ns = r.times.back();
+    r.stack.empty_cache();
+    out.push_back(std::move(res));
   }
-  std::sort(times.begin(), times.end());
-  out.host_ns_per_step = times[times.size() / 2];
-  out.min_ns = times.front();
-  out.max_ns = times.back();
   return out;
 }
 

@@ -39,9 +39,14 @@ struct StepBenchResult {
 };
 
 // Runs `warmup` unmeasured replays, then `steps` measured ones, of `ops`
-// through `policy` over `device`. `stop`, when given, is read between replays.
-StepBenchResult run_step_bench(Device& device, const std::string& policy,
-                               const AllocatorConfig& config, const std::vector<StepOp>& ops,
-                               int steps, int warmup, const std::atomic<bool>* stop = nullptr);
+// through each of `policies` over `device`, each policy's allocator over a
+// counter of its own. The policies take turns replay by replay, so that
+// what the machine does meanwhile (another process, the clock's frequency)
+// falls on them alike. `stop`, when given, is read between replays.
+std::vector<StepBenchResult> run_step_bench(Device& device,
+                                            const std::vector<std::string>& policies,
+                                            const AllocatorConfig& config,
+                                            const std::vector<StepOp>& ops, int steps, int warmup,
+                                            const std::atomic<bool>* stop = nullptr);
 
 }  // namespace waterwave

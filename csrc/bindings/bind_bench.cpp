@@ -83,28 +83,32 @@ void bind_bench(py::module_& m) {
       }, py::arg("pairs") = 200000, py::arg("seed") = 1, py::arg("repeats") = 5);
 
   m.def("bench_step", [](const std::string& device_kind, const std::string& driver,
-                         const std::string& policy, const AllocatorConfig& config,
+                         const std::vector<std::string>& policies, const AllocatorConfig& config,
                          const py::list& ops, int steps, int warmup) {
         std::vector<StepOp> replayed = step_ops(ops);
-        StepBenchResult r = run_interruptibly<StepBenchResult>(
+        std::vector<StepBenchResult> results = run_interruptibly<std::vector<StepBenchResult>>(
             [&](const std::atomic<bool>* stop) {
               if (device_kind == "sim") {
                 SimDevice device(std::size_t{1} << 44, /*launch_overhead_us=*/0.0);
-                return run_step_bench(device, policy, config, replayed, steps, warmup, stop);
+                return run_step_bench(device, policies, config, replayed, steps, warmup, stop);
               }
               cuda::CudaDevice device(cuda::DriverApi::load(driver), 0);
-              return run_step_bench(device, policy, config, replayed, steps, warmup, stop);
+              return run_step_bench(device, policies, config, replayed, steps, warmup, stop);
             });
-        return py::dict("policy"_a = r.policy, "steps"_a = r.steps,
-                        "host_ns_per_step"_a = r.host_ns_per_step, "min_ns"_a = r.min_ns,
-                        "max_ns"_a = r.max_ns, "driver_calls_per_step"_a = r.calls_per_step,
-                        "calls"_a = r.calls, "peak_reserved"_a = r.peak_reserved,
-                        "device_segments"_a = r.device_segments);
-      }, py::arg("device"), py::arg("driver"), py::arg("policy"), py::arg("config"),
+        py::dict out;
+        for (const StepBenchResult& r : results) {
+          out[py::str(r.policy)] = py::dict(
+              "steps"_a = r.steps, "host_ns_per_step"_a = r.host_ns_per_step,
+              "min_ns"_a = r.min_ns, "max_ns"_a = r.max_ns,
+              "driver_calls_per_step"_a = r.calls_per_step, "calls"_a = r.calls,
+              "peak_reserved"_a = r.peak_reserved, "device_segments"_a = r.device_segments);
+        }
+        return out;
+      }, py::arg("device"), py::arg("driver"), py::arg("policies"), py::arg("config"),
       py::arg("ops"), py::arg("steps"), py::arg("warmup") = 2,
-      "A recorded step replayed `steps` times (after `warmup`) through `policy` over the "
-      "simulated device ('sim') or the CUDA driver `driver` ('cuda', device 0): host ns per "
-      "step, device calls per step by kind.");
+      "A recorded step replayed `steps` times (after `warmup`) through each of `policies`, "
+      "taking turns, over the simulated device ('sim') or the CUDA driver `driver` ('cuda', "
+      "device 0): per policy, host ns per step and device calls per step by kind.");
 }
 
 }  // namespace waterwave::bindings

@@ -121,10 +121,10 @@ def run(snapshot: str, device: str = "auto", steps: int = 50, warmup: int = 3,
            "operations_per_step": len(ops) / recorded_steps,
            "where": {"machine": platform.machine(), "processor": cpu_name()},
            "date": time.strftime("%Y-%m-%d"), "policies": {}}
-    for policy in policies:
-        r = _C.bench_step("sim" if device == "sim" else "cuda", driver, policy, settings, ops,
-                          steps, warmup)
-        per = 1 / recorded_steps
+    replays = _C.bench_step("sim" if device == "sim" else "cuda", driver, list(policies),
+                            settings, ops, steps, warmup)
+    per = 1 / recorded_steps
+    for policy, r in replays.items():
         out["policies"][policy] = {
             "host_ns_per_step": r["host_ns_per_step"] * per,
             "min_ns": r["min_ns"] * per, "max_ns": r["max_ns"] * per,
@@ -136,7 +136,7 @@ def run(snapshot: str, device: str = "auto", steps: int = 50, warmup: int = 3,
 
 def format_table(result: dict) -> str:
     kinds = sorted({k for r in result["policies"].values() for k in r["calls"]})
-    lines = [f"{result['snapshot']}: {result['steps']} replays per policy on "
+    lines = [f"{result['snapshot']}: {result['steps']} replays per policy, taking turns, on "
              f"{result['device']}" + (f" ({result['driver']})" if result["driver"] else "")
              + f", {result['operations_per_step']:.0f} allocations and frees per step",
              f"{'policy':<10} {'µs/step':>9} {'min':>8} {'max':>8} {'calls/step':>11}  by kind"]
