@@ -22,6 +22,10 @@ And a capture process captures the model three ways: on the CPU with the
 CPU's kernels, on the CPU with the CUDA kernels the planner emulates
 (waterwave.capturing.cuda_kernels), and on the GPU itself; it replays each through the
 simulated pytorch policy and says whether the emulated graph is the GPU's.
+Each allocator runs ``--repeats`` times (5 by default), the allocators taking
+turns run by run, so that what the GPU does meanwhile (its clocks, another
+tenant) falls on them alike; a row reports the median of the runs' medians
+and their spread, and says whether every run gave the same losses.
 Prints a table and writes JSON. Needs a GPU.
 """
 import argparse
@@ -151,6 +155,27 @@ def capture_child(name: str, bs: int) -> dict:
     return out
 
 
+def combine_runs(runs: list[dict]) -> dict:
+    """One allocator's repeated runs of a model as one row: the first run's
+    figures (losses, peaks, traces), its step time the median of the runs'
+    medians, with each run's, the spread ((max - min) / median) and whether
+    every run gave the first one's losses. Failed runs are counted; a row
+    of failures is the first failure."""
+    done = [r for r in runs if "error" not in r]
+    if not done:
+        return dict(runs[0], failed_runs=len(runs))
+    row = dict(done[0])
+    medians = [r["step_ms_median"] for r in done if "step_ms_median" in r]
+    if medians:
+        mid = statistics.median(medians)
+        row.update(step_ms_median=round(mid, 2), step_ms_runs=medians,
+                   step_ms_spread=round((max(medians) - min(medians)) / mid, 4) if mid else 0.0)
+    if "losses" in row:
+        row["same_losses_every_run"] = all(r.get("losses") == row["losses"] for r in done)
+    row["runs"], row["failed_runs"] = len(runs), len(runs) - len(done)
+    return row
+
+
 def run_child(args) -> dict:
     r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False,
                        timeout=600)
@@ -164,6 +189,8 @@ def main():
     ap.add_argument("--models", default="resnet18,mobilenet_v2,gpt2")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="runs of each allocator, taking turns; the median of their medians")
     ap.add_argument("--modes", default=",".join(MODES) + ",capture")
     ap.add_argument("--out", default="bench/results/gpu.json")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "MODEL", "BS", "STEPS"))
@@ -188,19 +215,27 @@ def main():
 
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "python": platform.python_version(), "batch_size": args.batch_size,
-            "steps": args.steps, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "steps": args.steps, "repeats": args.repeats,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rows = []
+    modes = args.modes.split(",")
     for name in args.models.split(","):
-        for mode in args.modes.split(","):
-            t = time.time()
-            r = run_child(["--child", mode, name, str(args.batch_size), str(args.steps)])
-            r.setdefault("model", name)
-            r.setdefault("mode", mode)
-            r["wall_seconds"] = round(time.time() - t, 1)
-            if "trace" in r:
-                r["trace_file"] = save_trace(args.out, name, mode, r.pop("trace"))
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for repeat in range(args.repeats):
+            for mode in modes:
+                if mode == "capture" and repeat:  # a capture is not timed: once is enough
+                    continue
+                t = time.time()
+                r = run_child(["--child", mode, name, str(args.batch_size), str(args.steps)])
+                r.setdefault("model", name)
+                r.setdefault("mode", mode)
+                r["wall_seconds"] = round(time.time() - t, 1)
+                trace = r.pop("trace", None)
+                if trace is not None and not any("trace_file" in x for x in runs[mode]):
+                    r["trace_file"] = save_trace(args.out, name, mode, trace)
+                runs[mode].append(r)
+                print(json.dumps(r), flush=True)
+        rows += [combine_runs(runs[mode]) for mode in modes]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -239,6 +274,11 @@ def trace_rows(rows, where: str) -> list[str]:
     return out
 
 
+def _ms(row) -> str:
+    spread = row.get("step_ms_spread")
+    return f"{row['step_ms_median']:.2f}" + ("" if spread is None else f" (±{spread:.0%})")
+
+
 def _mib(n) -> str:
     return f"{n / MiB:,.0f}"
 
@@ -258,10 +298,13 @@ def report(meta, rows, where: str = ".") -> str:
         "warms up on step 1, records step 2 and serves steps 3 onwards from the plan, so the "
         "other allocators are measured over the same steps. Reserved memory includes the "
         "weights and momentum buffers (allocated before training) and, for `planned`, the "
-        "plan's whole arena. ms/step is the median over steps 2 onwards."),
+        "plan's whole arena. ms/step is the median over steps 2 onwards of each run, then the "
+        f"median over {meta.get('repeats', 1)} runs per allocator, the allocators taking turns; "
+        "the spread, (max - min) / median of the runs, follows it."),
         "",
         ("| model | native reserved MiB | `pytorch` policy | `waterwave` policy | planned | "
-        "planned saving | plan arena MiB (bound) | ms/step native / planned | max loss diff |"),
+        "planned saving | plan arena MiB (bound) | ms/step native / `pytorch` / `waterwave` / "
+        "planned (spread) | max loss diff |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
@@ -276,8 +319,8 @@ def report(meta, rows, where: str = ".") -> str:
         out.append(
             f"| {name} | {_mib(nat['peak_reserved'])} | {_mib(pt['peak_reserved'])} | "
             f"{_mib(ww['peak_reserved'])} | {_mib(pl['peak_reserved'])} | {saving:.1%} | "
-            f"{_mib(tp['arena_bytes'])} ({bound}) | {nat['step_ms_median']:.1f} / "
-            f"{pl['step_ms_median']:.1f} | {diff:.1e} |")
+            f"{_mib(tp['arena_bytes'])} ({bound}) | {_ms(nat)} / {_ms(pt)} / {_ms(ww)} / "
+            f"{_ms(pl)} | {diff:.1e} |")
     out += [
         "",
         ("- `pytorch` is Waterwave's re-implementation of PyTorch's caching policy, installed "

@@ -129,3 +129,25 @@ def test_every_part_finds_waterwave_where_it_was_built(tmp_path, monkeypatch):
     (tmp_path / "site").mkdir()
     env = gpu_check.child_env(tmp_path / "site")
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "site"), str(gpu_check.ROOT)]
+
+
+def test_the_training_benchmark_reports_the_median_of_interleaved_runs_and_their_spread():
+    """bench/gpu.py runs each allocator --repeats times, taking turns, and
+    keeps one row per allocator: the median of the runs' medians, each run's,
+    the spread, and whether every run trained alike."""
+    import gpu
+
+    def run(ms, losses=(2.0, 1.5), **more):
+        return {"model": "resnet18", "mode": "waterwave", "step_ms_median": ms,
+                "losses": list(losses), "peak_reserved": 1 << 30, **more}
+
+    row = gpu.combine_runs([run(10.0, trace_file="t.json"), run(12.0), run(11.0),
+                            {"error": "exit 1: out of memory", "mode": "waterwave"},
+                            run(11.5, losses=(2.0, 1.4))])
+    assert row["step_ms_median"] == 11.25 and row["step_ms_runs"] == [10.0, 12.0, 11.0, 11.5]
+    assert row["step_ms_spread"] == round(2.0 / 11.25, 4)
+    assert row["trace_file"] == "t.json" and row["runs"] == 5 and row["failed_runs"] == 1
+    assert row["same_losses_every_run"] is False
+    failed = gpu.combine_runs([{"error": "exit 1", "mode": "native"}])
+    assert failed["error"] == "exit 1" and failed["failed_runs"] == 1
+    assert gpu._ms(row) == "11.25 (±18%)"
