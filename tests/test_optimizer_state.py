@@ -519,7 +519,7 @@ def test_parameters_of_every_float_type_update_as_torchs_step(dtype, kind):
 @pytest.mark.parametrize("kind", ["adam", "adamax", "nadam", "radam"])
 def test_device_counted_steps_serve_every_float_type(kind, dtype):
     """With a GradScaler the bias corrections are computed inside the step
-    (``optimizers._adam_corrections`` and its kin), in float64, and read at
+    (``optimizers.device_math.adam_corrections`` and its kin), in float64, and read at
     the parameters' precision; NAdam's mu_product stays a 0-d float32 as
     eager keeps it (the trace once took it as a parameter-shaped tensor, and
     float64 models drifted)."""

@@ -118,7 +118,7 @@ class CapturedStep:
     def host_counts_steps(self) -> bool:
         """Each step counts the optimizer's steps on the host, a cohort at a
         time (``optimizers.count_step``)."""
-        return type(self.optimizer).__name__ != "SGD" and not self.device_steps
+        return optimizers.rule_for(self.optimizer)[1].counts_steps and not self.device_steps
 
     def variant_now(self) -> tuple:
         """What the capture depends on that a user changes between epochs,
@@ -170,7 +170,7 @@ class CapturedStep:
         batch when none is given), with the optimizer's state as it is in
         ``optimizer.state`` now and Adam's step counted there, and the
         groups' hyperparameters put in the graphs, as eager
-        ``optimizer.step()`` reads them (``capturing/optimizers.py``). A
+        ``optimizer.step()`` reads them (``capturing/optimizers/``). A
         change of what shapes the update is an ``OptimizerError`` naming the
         fix."""
         import torch
