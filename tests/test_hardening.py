@@ -491,6 +491,6 @@ def test_packing_many_buffers_ends_near_its_time_limit():
         lo = rng.randint(0, 2000)
         buffers.append(Buffer(200 + i, lo, lo + rng.randint(1, 50), rng.randint(1, 64) * 512))
     start = time.perf_counter()
-    offsets, arena, bound, _ = ww.pack(buffers, time_limit=1.0)
+    packed = ww.pack(buffers, time_limit=1.0)
     assert time.perf_counter() - start < 21
-    assert bound <= arena and len(offsets) == len(buffers)
+    assert packed.lower_bound <= packed.arena_size and len(packed.offsets) == len(buffers)
