@@ -6,7 +6,7 @@ from planner_graphs import random_graphs
 
 import waterwave as ww
 from waterwave.planner import plan, plan_slots
-from waterwave.planner.lifetimes import allocation_events
+from waterwave.graph.lifetimes import allocation_events
 
 MiB = 1024**2
 

@@ -87,7 +87,7 @@ def test_model_finds_the_optimum_on_a_small_graph():
 def test_must_live_bound_holds_for_every_order(g, rng):
     """No topological order goes below the must-live bound, and the exact
     model's optimum (gap limit 0) is never below it either."""
-    from waterwave.planner.lifetimes import must_live_bound, node_lower_bound
+    from waterwave.graph.lifetimes import must_live_bound, node_lower_bound
 
     bound = must_live_bound(g)
     assert bound >= node_lower_bound(g)
@@ -112,7 +112,7 @@ def test_must_live_bound_proves_a_training_step_optimal_without_search():
     # Forward activations are all saved for backward: at the turn they are
     # live in every order, so the bound equals program order's peak, and
     # `model` stops at once with a zero gap.
-    from waterwave.planner.lifetimes import must_live_bound
+    from waterwave.graph.lifetimes import must_live_bound
 
     g = chain()
     assert must_live_bound(g) == order_peak(g, list(range(len(g.nodes))))
@@ -151,7 +151,7 @@ def test_least_live_is_exact_for_every_node(g):
     live while it runs (every topological order enumerated), and the cut
     bound lies between the must-live bound and the best order's peak."""
     from waterwave.planner.cut_bound import cut_bound, least_live
-    from waterwave.planner.lifetimes import live_profile, must_live_bound
+    from waterwave.graph.lifetimes import live_profile, must_live_bound
 
     orders = all_topological_orders(g)
     assert len(orders) < 5000
@@ -211,7 +211,7 @@ def test_cut_bound_counts_a_tensor_or_what_replaces_it():
     must-live bound counts neither; the cut bound proves program order
     optimal."""
     from waterwave.planner.cut_bound import cut_bound
-    from waterwave.planner.lifetimes import must_live_bound
+    from waterwave.graph.lifetimes import must_live_bound
 
     g = Graph("gelu")
     x = g.add_tensor("x", 4096, "input")
@@ -503,7 +503,7 @@ def test_a_trace_of_a_graph_replays_as_the_graph_does(g):
     """replay_trace, given the blocks a graph's program order allocates (as
     a GPU recording lists them), reserves what replay(g) reserves."""
     from waterwave.planner.baseline import replay_trace
-    from waterwave.planner.lifetimes import allocation_events
+    from waterwave.graph.lifetimes import allocation_events
 
     clock, blocks, index = 0, [], {}
     for t in g.tensors:

@@ -11,6 +11,6 @@ both what runs it on tensors (``waterwave.exec``) and what simulates it
 - ``pass_profile``: what a ``waterwave.sharing`` member's passes need, its
   gates cut by the same measure of bytes as node groups.
 
-May import: waterwave.graph, waterwave.planner (lifetimes).
+May import: waterwave.graph.
 """
 from .schedules import SCHEDULES, Schedule, schedule  # noqa: F401

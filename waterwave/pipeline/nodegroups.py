@@ -18,14 +18,14 @@ the batch are neither.
 ``two_groups`` gives the coarse partitions of the paper's Waterwave-s: the
 forward and backward passes, or the step cut at its peak.
 
-May import: waterwave.graph, waterwave.planner (lifetimes).
+May import: waterwave.graph.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..graph import Graph
-from ..planner.lifetimes import lifetimes
+from ..graph.lifetimes import lifetimes
 
 ORDERS = ("bfs", "program")
 

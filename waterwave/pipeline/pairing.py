@@ -23,14 +23,14 @@ Both plan a run a window of whole rounds at a time (``window``), as the
 trainer needs them (``round_feed.py``); ``rounds`` and ``memory_rounds``
 join every window.
 
-May import: waterwave.graph, waterwave.planner (lifetimes), this package.
+May import: waterwave.graph, this package.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from ..graph import Graph
-from ..planner.lifetimes import lifetimes
+from ..graph.lifetimes import lifetimes
 from .nodegroups import Partition
 
 

@@ -32,7 +32,7 @@ May import: waterwave._C, waterwave.graph, waterwave.alloc (the baseline's
 replays) and this package; torch lazily.
 """
 from .check import check_plan  # noqa: F401
-from .lifetimes import lifetimes, order_peak  # noqa: F401
+from ..graph.lifetimes import lifetimes, order_peak  # noqa: F401
 from .offsets import Buffer  # noqa: F401
 from .plan import Plan, PlanError  # noqa: F401
 from .slots import plan_slots  # noqa: F401

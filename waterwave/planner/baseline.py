@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import _C
 from ..alloc import Allocator
 from ..graph import Graph
-from .lifetimes import allocation_events, order_peak
+from ..graph.lifetimes import allocation_events, order_peak
 
 
 @dataclass

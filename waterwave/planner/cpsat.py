@@ -28,7 +28,7 @@ class Solved:
     lower_bound: int
     status: str
     offsets: dict[int, int] | None = None
-from .lifetimes import lifetimes, live_profile
+from ..graph.lifetimes import lifetimes, live_profile
 
 
 def _cp():

@@ -33,7 +33,7 @@ import time
 
 from ..graph import Graph
 from .inplace import inplace_pairs
-from .lifetimes import (
+from ..graph.lifetimes import (
     REACHABILITY_MAX_NODES,
     live_profile,
     must_live_bound,

@@ -8,7 +8,7 @@ place (``waterwave.exec.trainer``), so the plan is what the program does.
 from __future__ import annotations
 
 from ..graph import Graph
-from .lifetimes import lifetimes, share_roots
+from ..graph.lifetimes import lifetimes, share_roots
 from .offsets import Buffer, exact_pack
 
 

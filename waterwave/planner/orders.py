@@ -12,7 +12,7 @@ import time
 from typing import Iterator
 
 from ..graph import Graph
-from .lifetimes import order_peak
+from ..graph.lifetimes import order_peak
 
 
 def _frees(g: Graph):

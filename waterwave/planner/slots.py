@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..graph import Graph
 from .check import check_plan
-from .lifetimes import allocation_events
+from ..graph.lifetimes import allocation_events
 
 
 def plan_slots(graph: Graph, plan) -> tuple[list[tuple[int, int]], int]:

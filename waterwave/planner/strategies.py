@@ -16,7 +16,7 @@ from .classic import mxnet_plan, paddle_plan
 from .cpsat import solve_joint, solve_order
 from .cut_bound import CutBounds
 from .inplace import inplace_layout, inplace_pairs
-from .lifetimes import lifetimes, order_peak
+from ..graph.lifetimes import lifetimes, order_peak
 from .offsets import (
     Buffer,
     best_fit,

@@ -10,6 +10,6 @@ schedule is developed and checked on.
   its own stream, under a schedule and a policy; the largest batch.
 
 May import: waterwave._C, waterwave.alloc, waterwave.graph, waterwave.capturing,
-waterwave.planner, waterwave.pipeline (never waterwave.exec: the trainer and the
-simulator both run the pipeline's schedules).
+waterwave.pipeline (never waterwave.exec: the trainer and the simulator both
+run the pipeline's schedules).
 """

@@ -18,12 +18,12 @@ job's thread produces, operator by operator.
 - Phases: ``forward`` up to the loss, ``optimizer`` from the first in-place
   update of a parameter or optimizer state, ``backward`` between.
 
-May import: waterwave.graph, waterwave.planner (lifetimes), this package.
+May import: waterwave.graph, this package.
 """
 from __future__ import annotations
 
 from ..graph import Graph
-from ..planner.lifetimes import lifetimes
+from ..graph.lifetimes import lifetimes
 from .gpus import GPU
 from .gpus import gpu as named_gpu
 from .kernels import NONE, KernelModel

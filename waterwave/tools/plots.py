@@ -3,7 +3,7 @@ jobs, and for a replayed trace."""
 from __future__ import annotations
 
 from ..graph import Graph
-from ..planner.lifetimes import live_profile
+from ..graph.lifetimes import live_profile
 
 MiB = 1024**2
 

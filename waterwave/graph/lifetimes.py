@@ -8,7 +8,7 @@ uses die at the step they are made, unless the graph lists them as outputs
 """
 from __future__ import annotations
 
-from ..graph import Graph
+from .graph import Graph
 
 
 def lifetimes(g: Graph, order: list[int]) -> list[tuple[int, int]]:
