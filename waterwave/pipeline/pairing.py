@@ -123,7 +123,26 @@ def algorithm1_rounds(jobs: list[JobGroups], memory_limit: int | None, steps: in
     return PeriodicRounds(where, shift, steps)
 
 
-class PeriodicRounds:
+class RoundPlanner:
+    """What a round feed (``round_feed.py``) asks of a pairing: the next
+    window of rounds, whether a job's part of the run is planned, and that a
+    job leaves it. ``PeriodicRounds`` (a fixed pairing) and ``MemoryPairing``
+    are the two."""
+
+    def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
+        """Each job's entries (round, step, group) in the next rounds."""
+        raise NotImplementedError
+
+    def planned_all(self, job: int) -> bool:
+        """Whether ``job``'s part of the run is planned."""
+        raise NotImplementedError
+
+    def leave(self, job: int) -> None:
+        """``job`` runs none of its remaining groups. A fixed pairing keeps
+        its rounds as planned (the barrier passes the job's groups)."""
+
+
+class PeriodicRounds(RoundPlanner):
     """A run whose every step repeats one step's rounds, ``shift`` rounds
     later (0: every group in round 0, where nothing waits), handed out a
     window at a time: ``window(n)`` gives each job's entries (round, step,
@@ -143,6 +162,9 @@ class PeriodicRounds:
     @property
     def finished(self) -> bool:
         return self._next >= self._end
+
+    def planned_all(self, job: int) -> bool:
+        return self.finished  # every job's rounds are planned together
 
     def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
         out: dict[int, list[tuple[int, int, int]]] = {job: [] for job in self.where}
@@ -204,7 +226,7 @@ def whole_run(planner: PeriodicRounds | MemoryPairing,
     return out
 
 
-class MemoryPairing:
+class MemoryPairing(RoundPlanner):
     """Ours: rounds filled greedily under a memory budget, kept safe as the
     banker's algorithm keeps a system safe. Each job's groups run in order,
     steps one after another with no pause between.
@@ -307,6 +329,9 @@ class MemoryPairing:
     def remaining(self, j: int) -> int:
         """Groups of job j still to plan; 0 for a job not planned here."""
         return self.total.get(j, 0) - self.done.get(j, 0)
+
+    def planned_all(self, job: int) -> bool:
+        return self.remaining(job) <= 0
 
     def _refresh(self) -> None:
         plans = list(self.by_job.values())

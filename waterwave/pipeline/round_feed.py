@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from .counter_barrier import CounterBarrier
-from .pairing import JobPlan, MemoryPairing, PeriodicRounds
+from .pairing import JobPlan, RoundPlanner
 
 WINDOW_STEPS = 4  # steps of every job planned at a time
 
@@ -32,7 +32,7 @@ class RoundFeed:
     a feed that is running (a training session's members), as the planner's
     job ``k``, between windows."""
 
-    def __init__(self, planner: PeriodicRounds | MemoryPairing, jobs: Sequence[object],
+    def __init__(self, planner: RoundPlanner, jobs: Sequence[object],
                  barrier: CounterBarrier, window_steps: int | None = None):
         self.planner, self.barrier = planner, barrier
         self.window_steps = window_steps or WINDOW_STEPS
@@ -80,8 +80,7 @@ class RoundFeed:
             self._left.add(k)
             self._queues[k].clear()
             self.barrier.leave(self.jobs[k])
-            if hasattr(self.planner, "leave"):
-                self.planner.leave(k)
+            self.planner.leave(k)
 
     def _plan_more(self, k: int) -> bool:
         """Plan windows until job k has an entry; False once job k's part of
@@ -105,5 +104,4 @@ class RoundFeed:
             return True
 
     def _planned_all(self, k: int) -> bool:
-        remaining = getattr(self.planner, "remaining", None)
-        return self.planner.finished if remaining is None else remaining(k) <= 0
+        return self.planner.planned_all(k)

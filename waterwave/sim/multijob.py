@@ -43,7 +43,7 @@ from ..alloc import POLICIES, Allocator, AllocatorConfig
 from .gpus import GPU
 from .gpus import gpu as named_gpu
 from ..pipeline.pass_profile import GPU_MARGIN
-from .schedules import GatedSegment, Schedule, Segment
+from .schedules import GatedSegment, Segment, SegmentSchedule
 from .schedules import schedule as named_schedule
 from .trace import Op, Trace
 
@@ -113,7 +113,7 @@ class _Thread:
 
 
 def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int | None = None,
-             schedule: str | Schedule = "lockstep", policy: str = "pytorch", steps: int = 3,
+             schedule: str | SegmentSchedule = "lockstep", policy: str = "pytorch", steps: int = 3,
              config: str | AllocatorConfig = "", sync_at_barrier: bool = False, record: bool = True,
              queue_depth: int = QUEUE_DEPTH, concurrent_kernels: bool = False) -> SimResult:
     """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own

@@ -51,7 +51,8 @@ class Segment:
     last: int
 
 
-Schedule = Callable[[list[Trace], int], list[list[Segment]]]
+# A function of the jobs' traces and the steps: each job's segments.
+SegmentSchedule = Callable[[list[Trace], int], list[list[Segment]]]
 
 
 def forward_end(t: Trace) -> int:
@@ -226,10 +227,10 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
 
 # Run on traces whole: lockstep (the pipeline's FREE pairing, one segment
 # a step), and the simulator's own: phased, sequential and turns.
-SCHEDULES: dict[str, Schedule] = {"lockstep": lockstep, "phased": phased,
-                                  "sequential": sequential, "turns": turns}
+WHOLE_TRACE_SCHEDULES: dict[str, SegmentSchedule] = {"lockstep": lockstep, "phased": phased,
+                                              "sequential": sequential, "turns": turns}
 NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items() if s.pairing != pipeline.FREE)
-NAMES = (*SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing")
+NAMES = (*WHOLE_TRACE_SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing")
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
 # the waterwave policy, blocks over 128 MiB never split (the paper's setting).
@@ -240,8 +241,8 @@ ALLOCATORS: dict[str, tuple[str, str]] = {
 }
 
 
-def schedule(name_or_fn: str | Schedule, memory_limit: int | None = None,
-             split_size: int | None = None) -> Schedule:
+def schedule(name_or_fn: str | SegmentSchedule, memory_limit: int | None = None,
+             split_size: int | None = None) -> SegmentSchedule:
     """A schedule by name (node-group schedules plan for ``memory_limit``,
     with ``split_size`` or their own choice), or the callable itself."""
     if callable(name_or_fn):
@@ -251,7 +252,7 @@ def schedule(name_or_fn: str | Schedule, memory_limit: int | None = None,
     if name_or_fn == "sharing":
         return SharingSchedule(memory_limit)
     try:
-        return SCHEDULES[name_or_fn]
+        return WHOLE_TRACE_SCHEDULES[name_or_fn]
     except KeyError:
         raise ValueError(f"unknown schedule {name_or_fn!r}: choose one of {', '.join(NAMES)}, "
                          "or pass a callable") from None
