@@ -339,8 +339,14 @@ def test_the_trainer_and_the_simulator_run_one_table_of_schedules():
             assert sim.spec is spec and [g.nodes for g in sim.partition(job.graph).groups] == ours
         assert ALLOCATORS[name] == (spec.policy, spec.config)
         trainer.remove(job)
-    with pytest.raises(ValueError, match="give plans"):
-        TABLE["waterwave"].round_planner(1, None)
+    # Each pairing reads its part of the jobs' PairingInput: the free one
+    # puts every group in round 0, whatever the plans say.
+    from waterwave.pipeline.pairing import JobGroups, JobPlan
+    from waterwave.pipeline.schedules import PairingInput
+
+    free = TABLE["lockstep"].round_planner(2, None, [PairingInput(JobPlan(0, 0, []),
+                                                                   JobGroups(0, 1, 3, 0, 1))])
+    assert free.window(2)[0] == [(0, s, g) for s in range(2) for g in range(3)]
     with pytest.raises(ValueError, match="choose one of waterwave, waterwave-alg1"):
         ww.ConcurrentTrainer([job], schedule="sideways")
 

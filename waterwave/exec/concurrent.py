@@ -56,13 +56,9 @@ from dataclasses import replace
 
 from .. import cuda
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import (
-    JobGroups,
-    MemoryPairing,
-    PeriodicRounds,
-)
+from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner
 from ..pipeline.round_feed import RoundFeed
-from ..pipeline.schedules import ALGORITHM1, MEMORY
+from ..pipeline.schedules import ALGORITHM1, FREE, MEMORY, PairingInput
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
@@ -134,25 +130,17 @@ class ConcurrentTrainer(SettingsView):
         self._run(whole_steps(steps))
         return [list(j.losses) for j in self.jobs]
 
-    def _planner(self, members: list[PipelinedJob], steps: int
-                 ) -> PeriodicRounds | MemoryPairing:
+    def _planner(self, members: list[PipelinedJob], steps: int) -> RoundPlanner:
         """The run's rounds, planned a window at a time as the jobs need them
         (``pipeline.round_feed``); job k is ``members[k]``."""
         sched = self.plan_schedule
-        if sched.pairing == MEMORY:
-            limit = self.budget = self._budget(members)
-            plans = [replace(m.plan, job=k, groups=list(m.measured or m.plan.groups))
-                     for k, m in enumerate(members)]
-            return sched.round_planner(steps, limit, plans=plans)
-        if sched.pairing == ALGORITHM1:
-            limit = self.budget = self._budget(members)
-            groups = [JobGroups(k, m.partition.num_angs, len(m.partition.groups),
-                                m.job.persistent_bytes() + m.partition.peak,
-                                m.partition.split_size)
-                      for k, m in enumerate(members)]
-            return sched.round_planner(steps, limit, groups=groups)
-        return sched.round_planner(steps, None,
-                                   group_counts=[len(m.partition.groups) for m in members])
+        limit = self.budget = None if sched.pairing == FREE else self._budget(members)
+        jobs = [PairingInput(replace(m.plan, job=k, groups=list(m.measured or m.plan.groups)),
+                             JobGroups(k, m.partition.num_angs, len(m.partition.groups),
+                                       m.job.persistent_bytes() + m.partition.peak,
+                                       m.partition.split_size))
+                for k, m in enumerate(members)]
+        return sched.round_planner(steps, limit, jobs)
 
     def _budget(self, members: list[PipelinedJob]) -> int | None:
         """The bytes the jobs may hold together: ``memory_limit``; else, on a

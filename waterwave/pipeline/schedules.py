@@ -29,6 +29,7 @@ from .pairing import (
     JobPlan,
     MemoryPairing,
     PeriodicRounds,
+    RoundPlanner,
     algorithm1_rounds,
 )
 
@@ -54,26 +55,28 @@ class Schedule:
             return two_groups(graph, self.cut)
         return partition(graph, split_size or auto_split_size(graph, groups), self.order or order)
 
-    def round_planner(self, steps: int, memory_limit: int | None, *,
-                      plans: list[JobPlan] | None = None, groups: list[JobGroups] | None = None,
-                      group_counts: list[int] | None = None, overlap: bool = True
-                      ) -> MemoryPairing | PeriodicRounds:
-        """The run's rounds, planned a window at a time (``round_feed.py``).
-        The pairing reads what it needs: MEMORY each job's ``plans`` (its
-        groups' net bytes and rise), ALGORITHM1 its ``groups``, FREE its
-        ``group_counts``."""
+    def round_planner(self, steps: int, memory_limit: int | None, jobs: list[PairingInput],
+                      overlap: bool = True) -> RoundPlanner:
+        """The run's rounds for ``jobs`` (job k is ``jobs[k]``), planned a
+        window at a time (``round_feed.py``), by the schedule's pairing:
+        MEMORY from each job's plan under ``memory_limit``, ALGORITHM1 from
+        its groups (``overlap``: a job's next step starts as soon as it can),
+        FREE every group in one round, no limit."""
         if self.pairing == MEMORY:
-            return MemoryPairing(_given(plans, "plans", self), memory_limit, steps)
+            return MemoryPairing([j.plan for j in jobs], memory_limit, steps)
         if self.pairing == ALGORITHM1:
-            return algorithm1_rounds(_given(groups, "groups", self), memory_limit, steps, overlap)
-        counts = _given(group_counts, "group_counts", self)
-        return PeriodicRounds({k: [(0, g) for g in range(n)] for k, n in enumerate(counts)}, 0, steps)
+            return algorithm1_rounds([j.groups for j in jobs], memory_limit, steps, overlap)
+        return PeriodicRounds({k: [(0, g) for g in range(j.groups.num_groups)]
+                               for k, j in enumerate(jobs)}, 0, steps)
 
 
-def _given(value, name: str, schedule: Schedule):
-    if value is None:
-        raise ValueError(f"the {schedule.name} schedule pairs by {schedule.pairing}: give {name}")
-    return value
+@dataclass(frozen=True)
+class PairingInput:
+    """What the pairings read of one job: MEMORY its ``plan`` (persistent
+    bytes, each group's net bytes and rise), ALGORITHM1 and FREE its
+    ``groups`` (their kinds and count, its peak, its split size)."""
+    plan: JobPlan
+    groups: JobGroups
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in (

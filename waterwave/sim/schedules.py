@@ -122,22 +122,16 @@ class NodeGroupSchedule:
                 raise ValueError(f"the {self.name} schedule needs traces built with its "
                                  f"partition; trace {t.name!r} has no node groups")
         spec = self.spec
-        if spec.pairing == pipeline.MEMORY:
-            plans = [JobPlan(j, sum(footprint(p[1]) for p in t.persistent), group_rises(t))
-                     for j, t in enumerate(jobs)]
-            planner = spec.round_planner(steps, self.memory_limit, plans=plans)
-        elif spec.pairing == pipeline.ALGORITHM1:
-            groups = []
-            for j, t in enumerate(jobs):
-                kinds = [d >= 0 for _, _, d in t.meta["groups"]]
-                num_angs = kinds.index(False) if False in kinds else len(kinds)
-                groups.append(JobGroups(j, num_angs, len(kinds), t.peak_live(),
-                                        t.meta["partition"]["split_size"]))
-            planner = spec.round_planner(steps, self.memory_limit, groups=groups,
-                                         overlap=self.overlap)
-        else:
-            planner = spec.round_planner(steps, None,
-                                         group_counts=[len(t.meta["groups"]) for t in jobs])
+        inputs = []
+        for j, t in enumerate(jobs):
+            kinds = [d >= 0 for _, _, d in t.meta["groups"]]
+            num_angs = kinds.index(False) if False in kinds else len(kinds)
+            inputs.append(pipeline.PairingInput(
+                JobPlan(j, sum(footprint(p[1]) for p in t.persistent), group_rises(t)),
+                JobGroups(j, num_angs, len(kinds), t.peak_live(),
+                          t.meta["partition"]["split_size"])))
+        limit = None if spec.pairing == pipeline.FREE else self.memory_limit
+        planner = spec.round_planner(steps, limit, inputs, overlap=self.overlap)
         where = whole_run(planner, steps)
         out = []
         for j, t in enumerate(jobs):
