@@ -170,3 +170,17 @@ def test_the_architecture_page_shows_this_layer_table():
         rows.append(f"| `{name}` | {names} |")
     page = (PACKAGE.parent / "docs" / "design" / "architecture.md").read_text()
     assert "\n".join(rows) in page, "render ALLOWED into docs/design/architecture.md's table"
+
+
+def test_the_graph_and_the_allocator_load_without_the_executors():
+    """The executors (and what they import) load at first use of ww.Job,
+    ww.sharing and their kin, not with ``import waterwave.graph``."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, waterwave.graph, waterwave.cuda\n"
+             "assert not [m for m in sys.modules if m.startswith('waterwave.exec')]\n"
+             "import waterwave as ww\n"
+             "assert ww.Job.__module__ == 'waterwave.exec.job' and ww.sharing\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

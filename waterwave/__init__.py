@@ -9,7 +9,8 @@ layers, imported one way (each package's docstring says what it may import):
   ``install_allocator``; CuPy's hook (modules of their own, over ``alloc``);
 - ``trace``: the face of ``sim.trace`` (traces saved, loaded, replayed);
 - ``planner``: capture a training step, its graph, plans and their checks;
-- ``exec``: executors that run steps (``optimize``, ``ConcurrentTrainer``);
+- ``exec``: executors that run steps (``optimize``, ``Job``, ``sharing``,
+  ``ConcurrentTrainer``), loaded at first use;
 - ``sim``: traces (``trace``), the multi-job simulator and the demo;
 - ``tools``: the command line, models by name, plots.
 
@@ -34,14 +35,6 @@ from .alloc import (  # noqa: F401
 )
 from .capturing import capture  # noqa: F401  (imports torch only when called)
 from .cuda import install_allocator  # noqa: F401  (imports torch only when called)
-from .exec import (  # noqa: F401  (torch only when called)
-    ConcurrentTrainer,
-    Job,
-    TrainingSession,
-    optimize,
-    sharing,
-    training_session,
-)
 from .graph import Graph, InputLimits, input_limits, set_input_limits  # noqa: F401
 from .planner import Plan, pack, plan  # noqa: F401
 
@@ -76,3 +69,48 @@ __all__ = [
     "install_allocator",
 ]
 __version__ = "0.1.0"
+
+# The executors load at first use: ``import waterwave.graph`` (or the
+# allocator alone) does not import them.
+_EXECUTORS = ("ConcurrentTrainer", "Job", "TrainingSession", "optimize", "sharing",
+              "training_session")
+
+
+def __getattr__(name: str):
+    if name in _EXECUTORS:
+        from . import exec as executors
+
+        value = getattr(executors, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'waterwave' has no attribute {name!r}")
+
+
+def _chain_sigint() -> None:
+    """Wrap Python's own SIGINT handler (only that one, only on the main
+    thread, where a handler can be set: a search's trials train on worker
+    threads) so that Ctrl-C also stops every training session's jobs, which
+    run on other threads than the one the interrupt lands in."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except ValueError:
+        return
+    if previous is not signal.default_int_handler:
+        return
+
+    def on_interrupt(signum, frame):
+        sessions = sys.modules.get("waterwave.exec.session")
+        if sessions is not None:  # no session runs before the executors load
+            sessions.interrupt_all()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
+_chain_sigint()

@@ -22,9 +22,9 @@ the jobs run side by side freely. On a GPU a job's first step in a session
 runs alone, group by group, and the allocator's counters give each group's
 bytes (cuDNN's workspaces included), as ``ConcurrentTrainer`` measures.
 
-Ctrl-C: the process's SIGINT handler, where it is Python's own when this
-module is imported on the main thread, is wrapped so that it also stops
-every session: each job's thread leaves at its next group with
+Ctrl-C: the process's SIGINT handler, where it is Python's own when
+waterwave is imported on the main thread, is wrapped (``waterwave/__init__``)
+so that it also stops every session (``interrupt_all``): each job's thread leaves at its next group with
 ``KeyboardInterrupt``, the main thread gets its ``KeyboardInterrupt`` as
 before, and the next ``train`` call starts a fresh feed.
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import gc
 import operator
-import signal
 import threading
 import weakref
 from dataclasses import replace
@@ -414,26 +413,3 @@ def interrupt_all() -> None:
         sessions = list(_SESSIONS.values())
     for session in sessions:
         session.interrupt()
-
-
-def _chain_sigint() -> None:
-    """Wrap Python's own SIGINT handler (only that one, only on the main
-    thread) so that Ctrl-C also stops the sessions' jobs, which run on
-    other threads than the one the interrupt lands in."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except ValueError:
-        return
-    if previous is not signal.default_int_handler:
-        return
-
-    def on_interrupt(signum, frame):
-        interrupt_all()
-        previous(signum, frame)
-
-    signal.signal(signal.SIGINT, on_interrupt)
-
-
-_chain_sigint()
