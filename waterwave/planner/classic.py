@@ -39,6 +39,18 @@ def _result(g: Graph, storage_of: dict[int, int], storage_size: dict[int, int]):
     return offsets, cursor
 
 
+def _inplace_input(g: Graph, node, size: int, storage_of: dict, free_to_take) -> int | None:
+    """The first of ``node``'s in-place candidates an output of ``size`` bytes
+    may take the place of: held in a storage, not persistent, of that size,
+    and no longer needed by anyone else, as ``free_to_take(input)`` (each
+    planner's own liveness) says; None if there is none."""
+    for inp in node.inplace_ok:
+        if (inp in storage_of and not g.tensors[inp].persistent and g.tensors[inp].size == size
+                and free_to_take(inp)):
+            return inp
+    return None
+
+
 def _input_storages(g: Graph):
     """Graph inputs occupy storages from the start: (storage_of, storage_size)."""
     storage_of: dict[int, int] = {}
@@ -69,13 +81,12 @@ def mxnet_plan(g: Graph, match_range: int = 16):
             if size == 0:
                 continue
             sid = None
-            for inp in node.inplace_ok:
-                if (inp in storage_of and remaining[inp] == 1 and inp not in keep
-                        and g.tensors[inp].size == size and users_of_storage[storage_of[inp]] == 1
-                        and not g.tensors[inp].persistent):
-                    sid = storage_of[inp]
-                    inplace.append((out, inp))
-                    break
+            inp = _inplace_input(g, node, size, storage_of,
+                                 lambda t: remaining[t] == 1 and t not in keep
+                                 and users_of_storage[storage_of[t]] == 1)
+            if inp is not None:
+                sid = storage_of[inp]
+                inplace.append((out, inp))
             if sid is None:
                 i = bisect.bisect_left(free, (size, -1))
                 if i < len(free) and free[i][0] < size * match_range:
@@ -131,12 +142,11 @@ def paddle_plan(g: Graph):
             if size == 0:
                 continue
             sid = None
-            for inp in node.inplace_ok:
-                if (inp in storage_of and inp not in live_out[i] and not g.tensors[inp].persistent
-                        and g.tensors[inp].size == size and holders[storage_of[inp]] == {inp}):
-                    sid = storage_of[inp]
-                    inplace.append((out, inp))
-                    break
+            inp = _inplace_input(g, node, size, storage_of,
+                                 lambda t: t not in live_out[i] and holders[storage_of[t]] == {t})
+            if inp is not None:
+                sid = storage_of[inp]
+                inplace.append((out, inp))
             if sid is None:
                 j = bisect.bisect_left(pool, (size, -1))
                 if j < len(pool):
