@@ -14,7 +14,7 @@ import ctypes
 import threading
 
 from .. import _C
-from .torch_bridge import CPU, BridgeUnavailable, address
+from .torch_bridge import CPU, BridgeUnavailable, address, install_error
 
 _ENTRY_POINTS = ("waterwave_cpu_accounts_abi", "waterwave_cpu_before_allocate",
                  "waterwave_cpu_allocated", "waterwave_cpu_freed")
@@ -38,12 +38,9 @@ def install(torch=None) -> None:
         if abi != 0:
             raise BridgeUnavailable(f"waterwave's CPU allocator {path} speaks another ABI than "
                                     f"waterwave._C (version {abi}): delete it to build it again")
-        message = ctypes.create_string_buffer(1024)
-        install_fn = library.waterwave_cpu_allocator_install
-        install_fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        install_fn.restype = ctypes.c_int
-        if install_fn(message, len(message)) != 0:
-            raise BridgeUnavailable(message.value.decode())
+        error = install_error(library.waterwave_cpu_allocator_install)
+        if error is not None:
+            raise BridgeUnavailable(error)
         _library = library
 
 

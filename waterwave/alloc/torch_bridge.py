@@ -218,6 +218,15 @@ def address(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+def install_error(install_fn) -> str | None:
+    """Call a built library's install entry point, ``int (char* message,
+    size_t length)``: None when it installed, else the message it wrote."""
+    message = ctypes.create_string_buffer(1024)
+    install_fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    install_fn.restype = ctypes.c_int
+    return message.value.decode() if install_fn(message, len(message)) != 0 else None
+
+
 # The torch bridge, as module functions (setup.py and the pluggable path).
 def key(torch=None) -> str:
     return BRIDGE.key(torch)

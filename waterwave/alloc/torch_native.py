@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 
 from .. import _C
-from .torch_bridge import NATIVE, BridgeUnavailable, address
+from .torch_bridge import NATIVE, BridgeUnavailable, address, install_error
 
 # _C's entry points, in the order torch_native.cpp's Core lists them.
 ENTRY_POINTS = (
@@ -45,12 +45,9 @@ def install(torch=None) -> str:
     if abi != 0:
         raise BridgeUnavailable(f"the native registration {path} speaks another ABI than "
                                 f"waterwave._C (version {abi}): delete it to build it again")
-    message = ctypes.create_string_buffer(1024)
-    install_fn = native.waterwave_native_install
-    install_fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    install_fn.restype = ctypes.c_int
-    if install_fn(message, len(message)) != 0:
-        raise RuntimeError(f"cannot install the Waterwave allocator: {message.value.decode()}. "
+    error = install_error(native.waterwave_native_install)
+    if error is not None:
+        raise RuntimeError(f"cannot install the Waterwave allocator: {error}. "
                            "Call waterwave.install_allocator() at process start, before any "
                            "CUDA tensor or torch.cuda call")
     return str(path)
