@@ -113,6 +113,16 @@ def make(policy="waterwave", capacity=1024 * MiB, overhead=1.0, **cfg):
     return ww.Allocator(policy, ww.SimDevice(capacity, overhead), **cfg)
 
 
+def start_and_join(threads, timeout: float, hang: str) -> None:
+    """Start every thread and wait for each up to ``timeout`` seconds; none
+    may still run (``hang`` says what that would mean)."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), hang
+
+
 def assert_same_optimizer_state(expected, got) -> None:
     """Two optimizers' ``state_dict()["state"]`` hold the same entries, each
     close (rtol 1e-5, atol 1e-6): what a trained job's state must be to eager's."""

@@ -4,6 +4,7 @@ threads through the CounterBarrier in order, plans only as far as the jobs
 have reached, and never waits on a job that left."""
 import threading
 
+from conftest import start_and_join
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -104,12 +105,8 @@ def run_threads(feed, jobs, stop_after=None, starts=None):
         finally:
             feed.leave(k)
 
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "the feed or the barrier deadlocked"
+    start_and_join([threading.Thread(target=worker, args=(k,), daemon=True)
+                    for k in range(len(jobs))], 60, "the feed or the barrier deadlocked")
     return log
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from conftest import start_and_join  # noqa: E402
 from test_exactness import (  # noqa: E402
     OPTIMIZERS,
     assert_trains_as_eager,
@@ -62,12 +63,8 @@ def run_in_threads(fns):
         except BaseException as e:  # noqa: BLE001 - handed to the test
             out[k] = e
 
-    threads = [threading.Thread(target=call, args=(k,), daemon=True) for k in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a train() call hung"
+    start_and_join([threading.Thread(target=call, args=(k,), daemon=True)
+                    for k in range(len(fns))], 120, "a train() call hung")
     return out
 
 
