@@ -71,6 +71,17 @@ class SimMember:
         return held
 
 
+
+def two_members(budget: int):
+    """A ledger with ``budget`` bytes to share and two members in it, holding
+    nothing yet: (ledger, a, b)."""
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(budget)
+    a, b = ledger.open(), ledger.open()
+    ledger.join(a, 0)
+    ledger.join(b, 0)
+    return ledger, a, b
+
 def run_members(members, plans, timeout=60):
     threads = [threading.Thread(target=m.run, args=(plan,)) for m, plan in zip(members, plans)]
     for t in threads:
@@ -106,11 +117,7 @@ def test_members_that_fit_together_run_side_by_side():
 
 
 def test_a_pass_with_no_prediction_runs_alone():
-    ledger = _C.ThreadAccounts()
-    ledger.set_budget(10_000)
-    a, b = ledger.open(), ledger.open()
-    ledger.join(a, 0)
-    ledger.join(b, 0)
+    ledger, a, b = two_members(10_000)
     assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED  # a is in a pass
     assert ledger.gate(b, None, 0, 0, True, 0) == TIMED_OUT  # b must run alone: waits for a
     # a back at its boundary waits too: b came first
@@ -126,11 +133,7 @@ def test_a_gate_waits_where_the_state_would_be_unsafe():
     # Each pass rises to 700 and ends keeping 500. b's first region fits
     # beside a's now, but admitting it would leave no order in which both
     # finish: a finished holds 500, and b would need 600 more.
-    ledger = _C.ThreadAccounts()
-    ledger.set_budget(1000)
-    a, b = ledger.open(), ledger.open()
-    ledger.join(a, 0)
-    ledger.join(b, 0)
+    ledger, a, b = two_members(1000)
     assert ledger.gate(a, 100, 700, 500, True, 0) == ADMITTED
     assert ledger.gate(b, 100, 700, 500, True, 0) == TIMED_OUT
     ledger.leave(a)
@@ -138,11 +141,7 @@ def test_a_gate_waits_where_the_state_would_be_unsafe():
 
 
 def test_an_allocation_past_the_budget_waits_for_the_others_frees():
-    ledger = _C.ThreadAccounts()
-    ledger.set_budget(1000)
-    a, b = ledger.open(), ledger.open()
-    ledger.join(a, 0)
-    ledger.join(b, 0)
+    ledger, a, b = two_members(1000)
     assert ledger.gate(b, 600, 600, 0, True, 0) == ADMITTED
     _C.ThreadAccounts.set_thread(b)
     ledger.allocate(1, 600)
@@ -168,11 +167,7 @@ def test_an_allocation_past_the_budget_waits_for_the_others_frees():
 
 
 def test_every_member_waiting_fails_one_allocation_naming_the_budget():
-    ledger = _C.ThreadAccounts()
-    ledger.set_budget(1000)
-    ids = [ledger.open() for _ in range(2)]
-    for i in ids:
-        ledger.join(i, 0)
+    ledger, *ids = two_members(1000)
     errors = [None, None]
     started = threading.Barrier(2)
 
@@ -219,11 +214,7 @@ def test_members_at_gates_that_cannot_all_fit_break_the_tie_without_failing():
 
 
 def test_interrupt_wakes_every_gate_and_fails_waiting_allocations():
-    ledger = _C.ThreadAccounts()
-    ledger.set_budget(1000)
-    a, b = ledger.open(), ledger.open()
-    ledger.join(a, 0)
-    ledger.join(b, 0)
+    ledger, a, b = two_members(1000)
     assert ledger.gate(a, 900, 900, 0, True, 0) == ADMITTED
     results = []
 
@@ -277,11 +268,7 @@ def test_a_member_that_left_holds_its_bytes_until_its_account_closes():
 def test_a_waiting_allocation_gives_up_the_gil():
     # An allocation made with the GIL held (a CPU tensor from a Python list)
     # waits without it: another Python thread runs and frees.
-    ledger = _C.ThreadAccounts()
-    ledger.set_budget(1000)
-    a, b = ledger.open(), ledger.open()
-    ledger.join(a, 0)
-    ledger.join(b, 0)
+    ledger, a, b = two_members(1000)
     _C.ThreadAccounts.set_thread(b)
     ledger.allocate(1, 900)
     _C.ThreadAccounts.set_thread(0)
