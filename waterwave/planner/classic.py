@@ -39,15 +39,19 @@ def _result(g: Graph, storage_of: dict[int, int], storage_size: dict[int, int]):
     return offsets, cursor
 
 
-def _inplace_input(g: Graph, node, size: int, storage_of: dict, free_to_take) -> int | None:
-    """The first of ``node``'s in-place candidates an output of ``size`` bytes
-    may take the place of: held in a storage, not persistent, of that size,
-    and no longer needed by anyone else, as ``free_to_take(input)`` (each
-    planner's own liveness) says; None if there is none."""
+def _take_in_place(g: Graph, node, out: int, storage_of: dict, inplace: list,
+                   free_to_take) -> int | None:
+    """The storage of the first of ``node``'s in-place candidates its output
+    ``out`` may take the place of (held in a storage, not persistent, of the
+    output's size, and no longer needed by anyone else, as
+    ``free_to_take(input)``, each planner's own liveness, says), the pair
+    noted in ``inplace``; None if there is none."""
+    size = g.tensors[out].size
     for inp in node.inplace_ok:
         if (inp in storage_of and not g.tensors[inp].persistent and g.tensors[inp].size == size
                 and free_to_take(inp)):
-            return inp
+            inplace.append((out, inp))
+            return storage_of[inp]
     return None
 
 
@@ -80,13 +84,9 @@ def mxnet_plan(g: Graph, match_range: int = 16):
             size = g.tensors[out].size
             if size == 0:
                 continue
-            sid = None
-            inp = _inplace_input(g, node, size, storage_of,
+            sid = _take_in_place(g, node, out, storage_of, inplace,
                                  lambda t: remaining[t] == 1 and t not in keep
                                  and users_of_storage[storage_of[t]] == 1)
-            if inp is not None:
-                sid = storage_of[inp]
-                inplace.append((out, inp))
             if sid is None:
                 i = bisect.bisect_left(free, (size, -1))
                 if i < len(free) and free[i][0] < size * match_range:
@@ -141,12 +141,8 @@ def paddle_plan(g: Graph):
             size = g.tensors[out].size
             if size == 0:
                 continue
-            sid = None
-            inp = _inplace_input(g, node, size, storage_of,
+            sid = _take_in_place(g, node, out, storage_of, inplace,
                                  lambda t: t not in live_out[i] and holders[storage_of[t]] == {t})
-            if inp is not None:
-                sid = storage_of[inp]
-                inplace.append((out, inp))
             if sid is None:
                 j = bisect.bisect_left(pool, (size, -1))
                 if j < len(pool):
