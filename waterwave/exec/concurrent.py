@@ -17,7 +17,9 @@ have finished, in the rounds the schedule gives:
 - ``waterwave-alg1``: the paper's Algorithm 1 (``pairing.rounds``);
 - ``waterwave-s``: each step in two groups, forward and backward, paired by
   Algorithm 1;
-- ``lockstep``: no barrier at all.
+- ``lockstep``: no barrier at all;
+- ``turns``: whole steps in turn, one job at a time;
+- ``sequential``: one job's steps after another's.
 
 A run's rounds are planned a window of a few steps at a time, as the jobs
 reach them (``pipeline.round_feed``), so ``run(100_000)`` starts at once.
@@ -58,7 +60,7 @@ from .. import cuda
 from ..pipeline.counter_barrier import CounterBarrier
 from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner
 from ..pipeline.round_feed import RoundFeed
-from ..pipeline.schedules import ALGORITHM1, FREE, MEMORY, PairingInput
+from ..pipeline.schedules import ALGORITHM1, FREE, MEMORY, SEQUENTIAL, TURNS, PairingInput
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
@@ -163,7 +165,7 @@ class ConcurrentTrainer(SettingsView):
             if not m.current:
                 self.members[i] = PipelinedJob(m.job, self.settings)
         members = self.active
-        if self.plan_schedule.pairing in (MEMORY, ALGORITHM1):
+        if self.plan_schedule.pairing in (MEMORY, ALGORITHM1, TURNS, SEQUENTIAL):
             refuse_past_limit(self.memory_limit, members)
         for m in members:  # every check passed: nothing is touched by a refused run
             m.step_fn.clear_step_outputs()

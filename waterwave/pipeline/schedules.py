@@ -12,7 +12,12 @@ simulator checks exactly what the trainer runs.
 - ``waterwave-s``: each step in two groups, cut after its forward pass, in
   program order, paired by Algorithm 1 (the paper's Waterwave-s);
 - ``lockstep``: groups in program order, no barrier at all: the jobs run
-  side by side as PyTorch runs them.
+  side by side as PyTorch runs them;
+- ``turns``: whole steps in turn, one job a round (job k's step s in round
+  s x jobs + k): one job at a time, each as fast as it runs alone, as
+  time-slicing a GPU between processes does;
+- ``sequential``: each job's steps one after another (job k's step s in
+  round k x steps + s): a trial at a time, as a search without sharing runs.
 
 A memory budget is ``memory_limit`` bytes everywhere; ``None`` is no limit.
 
@@ -34,14 +39,14 @@ from .pairing import (
 )
 
 # How a schedule pairs groups into rounds.
-MEMORY, ALGORITHM1, FREE = "memory", "algorithm1", "free"
+MEMORY, ALGORITHM1, FREE, TURNS, SEQUENTIAL = "memory", "algorithm1", "free", "turns", "sequential"
 
 
 @dataclass(frozen=True)
 class Schedule:
     name: str
     summary: str
-    pairing: str             # MEMORY, ALGORITHM1 or FREE (one round, no barrier)
+    pairing: str  # MEMORY, ALGORITHM1, FREE (one round, no barrier), TURNS or SEQUENTIAL
     cut: str | None = None   # two groups cut there ("forward"); None: groups of split_size
     order: str | None = None  # the groups' operator order; None: the caller's (bfs by default)
     policy: str = "waterwave"  # the allocator it is benchmarked under
@@ -61,11 +66,19 @@ class Schedule:
         window at a time (``round_feed.py``), by the schedule's pairing:
         MEMORY from each job's plan under ``memory_limit``, ALGORITHM1 from
         its groups (``overlap``: a job's next step starts as soon as it can),
-        FREE every group in one round, no limit."""
+        FREE every group in one round, no limit, TURNS each job's whole step
+        in a round of its own, SEQUENTIAL every step of one job before the
+        next job's."""
         if self.pairing == MEMORY:
             return MemoryPairing([j.plan for j in jobs], memory_limit, steps)
         if self.pairing == ALGORITHM1:
             return algorithm1_rounds([j.groups for j in jobs], memory_limit, steps, overlap)
+        if self.pairing == TURNS:
+            return PeriodicRounds({k: [(k, g) for g in range(j.groups.num_groups)]
+                                   for k, j in enumerate(jobs)}, max(1, len(jobs)), steps)
+        if self.pairing == SEQUENTIAL:  # job k's step s in round k x steps + s
+            return PeriodicRounds({k: [(k * steps, g) for g in range(j.groups.num_groups)]
+                                   for k, j in enumerate(jobs)}, 1, steps)
         return PeriodicRounds({k: [(0, g) for g in range(j.groups.num_groups)]
                                for k, j in enumerate(jobs)}, 0, steps)
 
@@ -87,6 +100,10 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("waterwave-s", "each step in two groups (forward, backward), Algorithm 1",
              ALGORITHM1, cut="forward", order="program"),
     Schedule("lockstep", "no barrier: the jobs side by side, as PyTorch runs them", FREE,
+             order="program", policy="pytorch"),
+    Schedule("turns", "whole steps in turn, one job at a time", TURNS, order="program",
+             policy="pytorch"),
+    Schedule("sequential", "each job's steps, one job after another", SEQUENTIAL,
              order="program", policy="pytorch"),
 )}
 

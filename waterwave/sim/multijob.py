@@ -36,14 +36,14 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .. import _C
 from ..alloc import POLICIES, Allocator, AllocatorConfig
 from .gpus import GPU
 from .gpus import gpu as named_gpu
 from ..pipeline.pass_profile import GPU_MARGIN
-from .schedules import GatedSegment, Segment, SegmentSchedule
+from .schedules import GatedSegment, Segment, SegmentSchedule, SessionSchedule
 from .schedules import schedule as named_schedule
 from .trace import Op, Trace
 
@@ -85,6 +85,8 @@ class SimResult:
     # The sharing schedule's budget figures: the most its members held at
     # once as counted, gate waits, ties broken (csrc/runtime/shared_budget.cpp).
     sharing: dict | None = None
+    # The session schedule's choice: its pairing, why, and the rates compared.
+    session: dict | None = None
     stats: dict = field(default_factory=dict)
     # Memory over time: host time, reserved bytes, and each job's allocated bytes.
     time_us: list[float] = field(default_factory=list)
@@ -138,16 +140,24 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     device = _C.SimDevice(spec.memory, 0.0, True)
     device.set_concurrent_kernels(concurrent_kernels)
     alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, settings)
+    name = getattr(sched, "__name__", str(schedule))
+    choice = None
+    if isinstance(sched, SessionSchedule):
+        def probe(traces, chosen, n):
+            return simulate(traces, spec, memory_limit, chosen, policy, n, config, sync_at_barrier,
+                            False, queue_depth, concurrent_kernels)
+        sched, choice = sched.decide(jobs, probe)
     segments = sched(jobs, steps)
     _check_order(jobs, segments)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth,
                budget=memory_limit or spec.memory)
-    result = SimResult(True, policy, getattr(sched, "__name__", str(schedule)), spec.name,
+    result = SimResult(True, policy, name, spec.name,
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
                        shared_rounds=_shared_rounds(segments),
                        concurrent_kernels=concurrent_kernels,
-                       config=config if isinstance(config, str) else str(config))
+                       config=config if isinstance(config, str) else str(config),
+                       session=None if choice is None else asdict(choice))
     try:
         run.go()
     except _C.OutOfMemoryError as e:

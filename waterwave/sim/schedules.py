@@ -27,6 +27,10 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   members' rule (``pipeline.pass_profile``), each segment starting when the
   shared budget (csrc/runtime/shared_budget.cpp, the same code) admits it, a
   job's first step alone and measured, its later ones predicted from it.
+- ``session``: what a training session runs (``SessionSchedule``): each
+  job first measured alone, then side by side, in turn, one after another
+  or the memory pairing, as ``pipeline.session_choice`` chooses from those
+  figures and probes of a few steps.
 - any callable ``schedule(jobs, steps) -> list[list[Segment]]``.
 
 May import: waterwave.pipeline, this package.
@@ -40,6 +44,7 @@ from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..pipeline.pairing import JobGroups, JobPlan, footprint, whole_run
 from ..pipeline.pass_profile import START, Region, coarsen, gate_keys, split_for
+from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, choose
 from .trace import Trace
 
 
@@ -190,6 +195,62 @@ class SharingSchedule:
         return out
 
 
+# Runs traces on the simulated device the caller set up: (jobs, schedule, steps) -> SimResult.
+Probe = Callable[[list[Trace], SegmentSchedule, int], object]
+
+
+@dataclass
+class SessionSchedule:
+    """``session`` (see the module's opening). Its traces are cut with
+    ``partition``: node groups in program order, so that side by side and in
+    turns the operators run as the eager loop runs them. ``decide`` measures
+    each job alone (``probe_steps`` steps), probes each way where side by
+    side does not surely fit, and gives the schedule chosen; the probes'
+    own steps are not counted in the run."""
+    memory_limit: int | None = None
+    name: str = "session"
+    groups: int = 8
+    probe_steps: int = 3
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+    def partition(self, g) -> Partition:
+        return pipeline.schedule("waterwave").partition(g, None, "program", self.groups)
+
+    def pairing(self) -> NodeGroupSchedule:
+        return NodeGroupSchedule("waterwave", None, self.memory_limit, "program",
+                                 groups=self.groups)
+
+    def decide(self, jobs: list[Trace], probe: Probe) -> tuple[SegmentSchedule, Choice | None]:
+        """The schedule to run ``jobs`` by, and the choice behind it (None:
+        a job does not train even alone, so nothing was chosen)."""
+        alone = []
+        for t in jobs:
+            r = probe([t], lockstep, max(2, self.probe_steps))
+            if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
+                return lockstep, None  # it runs out of memory alone: as side by side would
+            alone.append(MeasuredAlone(r.peak_reserved, r.step_time_us[0] / 1e6,
+                                       t.meta.get("batch_size") or 1,
+                                       min(r.peak_reserved, sum(footprint(p[1])
+                                                                for p in t.persistent))))
+        choice = choose(alone, self.memory_limit)
+        by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
+                      pipeline.SEQUENTIAL: sequential, pipeline.MEMORY: self.pairing()}
+        if choice.why == "probe":
+            probes = {}
+            for pairing in PROBED:
+                r = probe(jobs, by_pairing[pairing], self.probe_steps)
+                probes[pairing] = (r.throughput or 0.0) if r.ok else None
+            choice = choose(alone, self.memory_limit, probes)
+        return by_pairing[choice.pairing], choice
+
+    def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
+        raise ValueError("the session schedule chooses by simulating its jobs: run it through "
+                         "waterwave.sim.simulate, which gives it the device to measure them on")
+
+
 def op_regions(t: Trace) -> list[Region]:
     """A step's regions from one operator to the next (each at its blocks'
     ``footprint``), keyed by the operator's index: what a member's points
@@ -223,8 +284,12 @@ def group_rises(t: Trace) -> list[tuple[int, int]]:
 # a step), and the simulator's own: phased, sequential and turns.
 WHOLE_TRACE_SCHEDULES: dict[str, SegmentSchedule] = {"lockstep": lockstep, "phased": phased,
                                               "sequential": sequential, "turns": turns}
-NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items() if s.pairing != pipeline.FREE)
-NAMES = (*WHOLE_TRACE_SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing")
+# lockstep, turns and sequential are the pipeline's FREE, TURNS and
+# SEQUENTIAL pairings, run on whole traces here.
+NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items()
+                             if s.pairing not in (pipeline.FREE, pipeline.TURNS,
+                                                  pipeline.SEQUENTIAL))
+NAMES = (*WHOLE_TRACE_SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing", "session")
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
 # the waterwave policy, blocks over 128 MiB never split (the paper's setting).
@@ -232,6 +297,7 @@ ALLOCATORS: dict[str, tuple[str, str]] = {
     "phased": ("pytorch", ""), "sequential": ("pytorch", ""), "turns": ("pytorch", ""),
     **{n: (s.policy, s.config) for n, s in pipeline.SCHEDULES.items()},
     "sharing": ("waterwave", "max_split_size_mb:128"),
+    "session": ("waterwave", "max_split_size_mb:128"),
 }
 
 
@@ -245,6 +311,8 @@ def schedule(name_or_fn: str | SegmentSchedule, memory_limit: int | None = None,
         return NodeGroupSchedule(name_or_fn, split_size, memory_limit)
     if name_or_fn == "sharing":
         return SharingSchedule(memory_limit)
+    if name_or_fn == "session":
+        return SessionSchedule(memory_limit)
     try:
         return WHOLE_TRACE_SCHEDULES[name_or_fn]
     except KeyError:

@@ -126,7 +126,8 @@ def _schedule_figures(summary: dict) -> dict:
     all jobs), the GPU's busy share, step times, the peak, and the operator
     order and allocator policy a pipeline schedule chose."""
     return {k: summary[k] for k in ("ok", "policy", "config", "throughput", "gpu_busy",
-                                    "step_time_us", "peak_reserved", "shared_rounds", "order")}
+                                    "step_time_us", "peak_reserved", "shared_rounds", "order",
+                                    "session")}
 
 
 def _at_batch(args, jobs, kernels, limit, schedule, progress) -> dict:
@@ -207,6 +208,8 @@ def _print_simulation(result: dict, args) -> None:
         t.add_column("")
         t.add_column("value", justify="right")
         t.add_row("schedule", result["schedule"])
+        if result.get("session"):
+            t.add_row("the session ran", f"{result['session']['pairing']}: {result['session']['why']}")
         t.add_row("allocator", result["policy"] + (f", {result['config']}" if result["config"]
                                                    else ""))
         t.add_row("result", "ran" if result["ok"] else
@@ -231,7 +234,8 @@ def _print_simulation(result: dict, args) -> None:
         for col in ("schedule", "policy", "samples/s", "GPU busy", "peak"):
             t.add_column(col, justify="left" if col in ("schedule", "policy") else "right")
         for s, v in result["by_schedule"].items():
-            t.add_row(s, v["policy"], f"{v['throughput']:,.0f}" if v["throughput"] else "-",
+            chose = v.get("session")
+            t.add_row(f"{s} ({chose['pairing']})" if chose else s, v["policy"], f"{v['throughput']:,.0f}" if v["throughput"] else "-",
                       f"{v['gpu_busy']:.1%}" if v["gpu_busy"] is not None else "-",
                       _mib(v["peak_reserved"]) if v["ok"] else "out of memory")
         console.print(t)

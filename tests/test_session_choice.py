@@ -1,0 +1,124 @@
+"""The session's choice between side by side, the memory pairing and taking
+turns (``waterwave.pipeline.session_choice``), and the property it exists
+for, checked in the simulator: under any cap, a session trains at least as
+fast (within 3%) as the best of one job after another, taking turns and
+side by side that fits the same cap, under the same allocator (issue 41,
+part 2). The allocator is the session's own: what is compared is how the
+jobs are scheduled, not how the allocator places their blocks."""
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from waterwave.pipeline.schedules import FREE, MEMORY, SEQUENTIAL, TURNS  # noqa: E402
+from waterwave.pipeline.session_choice import PROBED, MeasuredAlone, choose  # noqa: E402
+from waterwave.sim.eager import eager_trace  # noqa: E402
+from waterwave.sim.kernels import KernelModel  # noqa: E402
+from waterwave.sim.multijob import simulate  # noqa: E402
+from waterwave.sim.schedules import ALLOCATORS, SessionSchedule  # noqa: E402
+
+MiB = 1 << 20
+GPU = "H100-80GB"
+KERNELS = KernelModel.load()
+PLAIN = ("sequential", "turns", "lockstep")  # one after another, in turn, side by side
+
+
+def test_side_by_side_when_the_peaks_alone_fit_together():
+    jobs = [MeasuredAlone(100, 0.01, 64), MeasuredAlone(150, 0.02, 64)]
+    assert choose(jobs, 250).pairing == FREE
+    assert choose(jobs, None).pairing == FREE
+    probe = choose(jobs, 249)
+    assert (probe.pairing, probe.why) == (MEMORY, "probe")
+    assert probe.turns_rate == pytest.approx(128 / 0.03)
+
+
+def test_the_fastest_probe_that_fitted_is_kept_the_simpler_of_a_tie():
+    jobs = [MeasuredAlone(100, 0.01, 64, 40), MeasuredAlone(150, 0.02, 64, 50)]
+    assert choose(jobs, 200, {FREE: None, TURNS: 10.0, SEQUENTIAL: 9.0,
+                              MEMORY: 12.0}).pairing == MEMORY
+    tie = choose(jobs, 200, {FREE: 12.0, TURNS: 10.0, SEQUENTIAL: 9.0, MEMORY: 12.0})
+    assert tie.pairing == FREE and "memory 12" in tie.why
+    assert choose(jobs, 200, {FREE: None, TURNS: 10.0, SEQUENTIAL: 11.0,
+                              MEMORY: None}).pairing == SEQUENTIAL
+    nothing = choose(jobs, 200, {p: None for p in PROBED})
+    assert nothing.pairing == SEQUENTIAL and "no probe fitted" in nothing.why
+
+
+def test_bad_measurements_are_refused_by_name():
+    with pytest.raises(ValueError, match="step time > 0"):
+        MeasuredAlone(10, 0.0)
+    with pytest.raises(ValueError, match="peak >= 0"):
+        MeasuredAlone(-1, 0.1)
+    with pytest.raises(ValueError, match="persistent <= peak"):
+        MeasuredAlone(10, 0.1, 1, 11)
+    with pytest.raises(ValueError, match="at least one job"):
+        choose([], 10)
+    with pytest.raises(ValueError, match="unknown probes"):
+        choose([MeasuredAlone(10, 0.1)], 5, {"sideways": 1.0})
+
+
+def test_the_session_schedule_runs_only_through_the_simulator():
+    with pytest.raises(ValueError, match="waterwave.sim.simulate"):
+        SessionSchedule(100)([], 1)
+
+
+def _mlp(width: int, layers: int, batch: int):
+    mods, features = [], 64
+    for _ in range(layers):
+        mods += [torch.nn.Linear(features, width), torch.nn.ReLU()]
+        features = width
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(features, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return ww.capture(model, (torch.randn(batch, 64),), loss_fn=torch.nn.functional.cross_entropy,
+                      optimizer=opt, targets=torch.randint(0, 10, (batch,)),
+                      name=f"mlp{width}x{layers}-bs{batch}")
+
+
+# Launch-bound steps (the digits search's) to steps that keep the GPU busy alone.
+SHAPES = [(64, 1, 64), (256, 3, 64), (2048, 2, 64), (1024, 3, 1024), (4096, 2, 256),
+          (512, 1, 1024)]
+_GRAPHS: dict = {}
+
+
+def graph(k: int):
+    if k not in _GRAPHS:
+        _GRAPHS[k] = _mlp(*SHAPES[k])
+    return _GRAPHS[k]
+
+
+def run(schedule: str, picks: list[int], cap: int | None, concurrent: bool, steps: int = 6):
+    policy, config = ALLOCATORS["session"]
+    cut = SessionSchedule().partition if schedule == "session" else (lambda g: None)
+    traces = [eager_trace(graph(k), GPU, KERNELS, partition=cut(graph(k))) for k in picks]
+    return simulate(traces, GPU, cap, schedule, policy, steps, config=config, record=False,
+                    concurrent_kernels=concurrent)
+
+
+@given(picks=st.lists(st.integers(0, len(SHAPES) - 1), min_size=2, max_size=4),
+       room=st.floats(0.0, 1.0), concurrent=st.booleans())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_session_is_never_slower_than_the_best_plain_schedule_that_fits(picks, room,
+                                                                           concurrent):
+    """Random mixes of jobs under random caps, from one that only one job
+    at a time fits to one where all fit side by side with room to spare."""
+    one_at_a_time = run("sequential", picks, None, concurrent).peak_reserved
+    side_by_side = run("lockstep", picks, None, concurrent).peak_reserved
+    lo, hi = 0.95 * one_at_a_time, 1.1 * max(side_by_side, one_at_a_time)
+    cap = int(lo + room * (hi - lo))
+    plain = {s: run(s, picks, cap, concurrent) for s in PLAIN}
+    fits = {s: r.throughput for s, r in plain.items() if r.ok}
+    session = run("session", picks, cap, concurrent)
+    chose = session.session
+    event(f"the session ran {chose['pairing'] if chose else 'nothing: a job alone does not fit'}")
+    if not fits:
+        return
+    assert session.ok, f"the session ran out of memory where {sorted(fits)} fit ({chose})"
+    best = max(fits, key=fits.get)
+    assert session.throughput >= 0.97 * fits[best], (
+        f"the session made {session.throughput:,.0f} samples/s ({chose}), {best} "
+        f"{fits[best]:,.0f} under {cap / MiB:.1f} MiB")
+    assert session.peak_reserved <= cap
+    if plain["lockstep"].ok and chose is not None:
+        assert chose["pairing"] in PROBED

@@ -1,0 +1,108 @@
+"""How a training session runs a set of jobs under a memory budget: the
+choice between running them side by side, pairing their node groups, and
+taking turns, made from what the session measured of each job. Figures in,
+a choice out: the trainer feeds it what a GPU measured, the simulator what
+it simulated (``waterwave.sim.schedules.SessionSchedule``).
+
+- FREE (side by side, no barrier) when the bytes each job was measured
+  holding alone fit the budget together: nothing waits, and every job runs
+  as fast as sharing the device lets it.
+- Otherwise memory binds, and no figure measured alone says for sure what
+  fits beside what: a shared cache lets side by side fit under less than
+  the peaks' sum, and blocks one job pins can keep another's step from
+  fitting in turn. So the session probes each way for a few steps (side by
+  side, whole steps in turn, one job after another, the node groups paired
+  under the budget: FREE, TURNS, SEQUENTIAL, MEMORY) and keeps the fastest
+  that fitted. Pairing wins where one job's forward overlaps another's
+  backward on a device with room for both, or one's host work hides in
+  another's kernels; where each job alone keeps the device busy, turns win
+  and the barriers between paired rounds only cost.
+
+May import: this package.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .schedules import FREE, MEMORY, SEQUENTIAL, TURNS
+
+
+@dataclass(frozen=True)
+class MeasuredAlone:
+    """One job as measured training alone: the most bytes it held (as the
+    allocator counts them, its cached blocks included), a steady step's
+    time, the samples a step trains, and the bytes it holds between steps
+    (its parameters and optimizer state)."""
+    peak: int
+    step_seconds: float
+    samples: int = 1
+    persistent: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.peak < 0 or not self.step_seconds > 0 or self.samples < 1
+                or not 0 <= self.persistent <= self.peak):
+            raise ValueError(f"a job measured alone needs peak >= 0 bytes, a step time > 0 s, "
+                             f"samples >= 1 and 0 <= persistent <= peak bytes, not {self}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The session's pairing (FREE, MEMORY or TURNS) and why, with the
+    rates it compared (samples per second; None where not measured)."""
+    pairing: str
+    why: str
+    turns_rate: float | None = None
+    pairing_rate: float | None = None
+
+
+def side_by_side_fits(jobs: Sequence[MeasuredAlone], memory_limit: int | None) -> bool:
+    """Whether the jobs' peaks alone, held all at once, fit ``memory_limit``
+    bytes (None: no limit)."""
+    return memory_limit is None or sum(j.peak for j in jobs) <= memory_limit
+
+
+def turns_rate(jobs: Sequence[MeasuredAlone]) -> float:
+    """Samples per second taking whole steps in turn: a step of each job,
+    each as fast as alone."""
+    return sum(j.samples for j in jobs) / sum(j.step_seconds for j in jobs)
+
+
+# The ways a session probes where memory binds, simplest first: of two as
+# fast, the simpler is kept.
+PROBED = (FREE, TURNS, SEQUENTIAL, MEMORY)
+
+
+def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
+           probes: dict[str, float | None] | None = None) -> Choice:
+    """The session's pairing for ``jobs`` under ``memory_limit`` bytes.
+    Where side by side does not surely fit, ``probes`` are what a few steps
+    of each of ``PROBED`` trained (samples per second; None where it ran out
+    of memory); without them the answer is MEMORY with the reason "probe":
+    run the probes, then ask again. Where none fitted, one job after
+    another is all that is left."""
+    if not jobs:
+        raise ValueError("a session's choice needs at least one job")
+    if side_by_side_fits(jobs, memory_limit):
+        return Choice(FREE, f"side by side fits: {sum(j.peak for j in jobs):,} bytes held "
+                            f"alone in all, under {_limit(memory_limit)}")
+    turns = turns_rate(jobs)
+    if probes is None:
+        return Choice(MEMORY, "probe", turns)
+    unknown = set(probes) - set(PROBED)
+    if unknown:
+        raise ValueError(f"unknown probes {sorted(unknown)}: a session probes {', '.join(PROBED)}")
+    fitted = {p: probes[p] for p in PROBED if probes.get(p) is not None}
+    pairing_rate = probes.get(MEMORY)
+    if not fitted:
+        return Choice(SEQUENTIAL, "no probe fitted the limit: one job after another",
+                      turns, pairing_rate)
+    best = max(fitted.values())
+    chosen = next(p for p in PROBED if p in fitted and fitted[p] >= best)
+    said = ", ".join(f"{p} {'out of memory' if r is None else f'{r:,.0f}'}"
+                     for p, r in probes.items())
+    return Choice(chosen, f"fastest of the probes (samples/s: {said})", turns, pairing_rate)
+
+
+def _limit(memory_limit: int | None) -> str:
+    return "no limit" if memory_limit is None else f"the limit of {memory_limit:,} bytes"
