@@ -56,9 +56,21 @@ def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",
         jobs = [jm.trace_at(batch, gpu, kernels, stream=0,
                             partition=getattr(sched, "partition", None)) for _ in range(2)]
         runs[name] = simulate(jobs, gpu, memory_limit, sched, policy, steps, config=config)
+    # The plain ways beside a training session's choice, at that batch.
+    plain = [jm.trace_at(batch, gpu, kernels, stream=0) for _ in range(2)]
+    one_by_one = simulate(plain, gpu, memory_limit, "sequential", "pytorch", steps, record=False)
+    session = named_schedule("session", memory_limit)
+    cut = [jm.trace_at(batch, gpu, kernels, stream=0, partition=session.partition)
+           for _ in range(2)]
+    own_policy, own_config = ALLOCATORS["session"]
+    chose = simulate(cut, gpu, memory_limit, session, own_policy, steps, config=own_config,
+                     record=False)
     results["at_waterwave_batch"] = {
         "batch": batch, **{k: {"ok": r.ok, "peak_reserved": r.peak_reserved,
-                               "peak_allocated": r.peak_allocated} for k, r in runs.items()}}
+                               "peak_allocated": r.peak_allocated,
+                               "throughput": r.throughput if r.ok else None}
+                           for k, r in {**runs, "sequential": one_by_one, "session": chose}.items()},
+        "session_ran": chose.session["pairing"] if chose.session else None}
     if plot:
         results["plot"] = _plot(runs, os.path.join(out_dir, "demo_memory.png"))
     with open(os.path.join(out_dir, "demo.json"), "w") as f:
@@ -113,6 +125,13 @@ def format_table(results: dict) -> str:
     lines.append(f"at batch {at['batch']} each: lockstep "
                  + ("trains" if at["lockstep"]["ok"] else "runs out of memory")
                  + f"; waterwave peaks at {at['waterwave']['peak_reserved'] / GiB:.2f} GiB reserved")
+
+    def rate(r: dict) -> str:
+        return "runs out of memory" if not r["ok"] else (
+            "-" if r["throughput"] is None else f"{r['throughput']:,.0f} samples/s")
+    lines.append(f"  one after another (pytorch policy): {rate(at['sequential'])}; "
+                 f"a training session: {rate(at['session'])}"
+                 + (f", running {at['session_ran']}" if at["session_ran"] else ""))
     return "\n".join(lines)
 
 
@@ -122,60 +141,63 @@ MiB = 1 << 20
 
 def trials_on_gpu(graphs: list, gpu: str = "H100-80GB", steps: int = 6) -> dict:
     """What trials that trained side by side (their captured steps, ``Job.graph``)
-    would use on a simulated ``gpu``: side by side under PyTorch's caching
-    policy with no cap (``lockstep``), and the smallest cap, in MiB, under
-    which Waterwave's pipeline still trains them all (``waterwave``), with
-    lockstep under that same cap. Every figure is simulated."""
+    would do on a simulated ``gpu`` under a cap just below what they reserve
+    side by side under PyTorch's caching policy: there side by side runs out
+    of memory, and the choice is between one trial after another and a
+    training session (``sim.schedules.SessionSchedule``: side by side, in
+    turn, one after another or paired, whichever it measures fastest), each
+    under its own allocator. Every figure is simulated."""
     if not graphs:
         raise ValueError("trials_on_gpu needs the graphs of the trials that trained together")
     kernels = KernelModel.load()
     plain = [eager_trace(g, gpu, kernels) for g in graphs]
-    side_by_side = simulate(plain, gpu, None, "lockstep", "pytorch", steps)
-    lo = max(t.peak_live() for t in plain) // MiB  # not below one trial's own peak
-    hi = -(-side_by_side.peak_reserved // MiB)
-    sched = named_schedule("waterwave")
-
-    def pipeline(cap_mib: int):
-        plan = named_schedule("waterwave", cap_mib * MiB)
-        traces = [eager_trace(g, gpu, kernels, partition=sched.partition(g)) for g in graphs]
-        return simulate(traces, gpu, cap_mib * MiB, plan, "waterwave", steps)
-
-    best = pipeline(hi)
-    if best.ok:
-        while lo + 1 < hi:  # the smallest cap it trains under, by bisection
-            mid = (lo + hi) // 2
-            r = pipeline(mid)
-            if r.ok and not r.hazards:
-                hi, best = mid, r
-            else:
-                lo = mid
-    capped = simulate(plain, gpu, hi * MiB, "lockstep", "pytorch", steps)
+    side_by_side = simulate(plain, gpu, None, "lockstep", "pytorch", steps, record=False)
+    cap = max(MiB, (side_by_side.peak_reserved - 1) // MiB * MiB)  # a MiB short, at least
+    session = named_schedule("session", cap)
+    traces = [eager_trace(g, gpu, kernels, partition=session.partition(g)) for g in graphs]
+    policy, config = ALLOCATORS["session"]
+    shared = simulate(traces, gpu, cap, session, policy, steps, config=config, record=False)
+    capped = simulate(plain, gpu, cap, "lockstep", "pytorch", steps, record=False)
+    one_by_one = simulate(plain, gpu, cap, "sequential", "pytorch", steps, record=False)
     # Blocks past the graph's tensors are the BLAS libraries' workspaces, per stream.
     workspaces = sum(n for g, t in zip(graphs, plain) for b, n, _, _ in t.persistent
                      if b >= len(g.tensors))
+
+    def figures(r) -> dict:
+        return {"ok": r.ok, "peak_reserved": r.peak_reserved,
+                "throughput": r.throughput if r.ok else None}
+
     return {"gpu": gpu, "trials": len(graphs), "simulated": True, "blas_workspaces": workspaces,
+            "memory_limit": cap,
             "lockstep": {"peak_reserved": side_by_side.peak_reserved,
                          "throughput": side_by_side.throughput},
-            "waterwave": {"memory_limit": hi * MiB, "ok": best.ok,
-                          "peak_reserved": best.peak_reserved, "throughput": best.throughput,
-                          "hazards": best.hazards},
-            "lockstep_under_that_limit": {"ok": capped.ok}}
+            "lockstep_under_the_limit": figures(capped),
+            "sequential": figures(one_by_one),
+            "session": {**figures(shared), "hazards": shared.hazards,
+                        "ran": shared.session["pairing"] if shared.session else None,
+                        "why": shared.session["why"] if shared.session else None}}
 
 
 def format_trials(r: dict) -> str:
-    ww, side = r["waterwave"], r["lockstep"]
     def rate(x):
         return "no steady steps to measure a rate in" if x is None else f"{x:,.0f} samples/s"
 
+    def run(x):
+        return rate(x["throughput"]) if x["ok"] else "runs out of memory"
+
+    session, cap = r["session"], r["memory_limit"] / MiB
+    speedup = (f"  ({session['throughput'] / r['sequential']['throughput']:.2f}x one after "
+               "another)" if session["ok"] and r["sequential"]["ok"] and session["throughput"]
+               and r["sequential"]["throughput"] else "")
     return "\n".join([
-        f"{r['trials']} of these trials side by side on a simulated {r['gpu']}:",
-        f"  PyTorch side by side (lockstep):  {side['peak_reserved'] / MiB:8.1f} MiB reserved, "
-        f"{rate(side['throughput'])}",
+        f"{r['trials']} of these trials on a simulated {r['gpu']}:",
+        f"  side by side, no cap (PyTorch):  {r['lockstep']['peak_reserved'] / MiB:8.1f} MiB "
+        f"reserved, {rate(r['lockstep']['throughput'])}",
         f"    (of which {r['blas_workspaces'] / MiB:.0f} MiB are cuBLAS and cuBLASLt workspaces, "
         "one each per stream: small models' memory is mostly these)",
-        f"  Waterwave pipeline:               trains under a cap of {ww['memory_limit'] / MiB:.0f} MiB "
-        f"({ww['peak_reserved'] / MiB:.1f} MiB reserved), {rate(ww['throughput'])}, "
-        f"{ww['hazards']} hazards",
-        "  PyTorch side by side under that cap: "
-        + ("trains" if r["lockstep_under_that_limit"]["ok"] else "runs out of memory"),
+        f"  under a cap of {cap:.0f} MiB, a MiB short of that:",
+        f"    side by side (PyTorch):        {run(r['lockstep_under_the_limit'])}",
+        f"    one after another (PyTorch):   {run(r['sequential'])}",
+        f"    a Waterwave session:           {run(session)}"
+        + (f", running {session['ran']}" if session["ran"] else "") + speedup,
         "  (all simulated, not measured on a GPU)"])
