@@ -16,7 +16,7 @@ from waterwave.pipeline import SCHEDULES as TABLE  # noqa: E402
 from waterwave.pipeline.nodegroups import partition  # noqa: E402
 from waterwave.pipeline.pairing import JobGroups, JobPlan, graph_plan  # noqa: E402
 
-SCHEDULES = ["waterwave", "waterwave-alg1", "waterwave-s", "lockstep", "turns", "sequential"]
+SCHEDULES = ["waterwave", "waterwave-alg1", "waterwave-s", "lockstep", "turns", "sequential", "session"]
 
 
 def mlp(seed, width=64):

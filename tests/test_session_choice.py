@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
+from waterwave.pipeline.pairing import step_peak  # noqa: E402
 from waterwave.pipeline.schedules import FREE, MEMORY, SEQUENTIAL, TURNS  # noqa: E402
 from waterwave.pipeline.session_choice import PROBED, MeasuredAlone, choose  # noqa: E402
 from waterwave.sim.eager import eager_trace  # noqa: E402
@@ -122,3 +123,43 @@ def test_a_session_is_never_slower_than_the_best_plain_schedule_that_fits(picks,
     assert session.peak_reserved <= cap
     if plain["lockstep"].ok and chose is not None:
         assert chose["pairing"] in PROBED
+
+
+# The trainer's session schedule ----------------------------------------------
+def _job(width: int, seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = [(torch.randn(32, 16), torch.randint(0, 4, (32,))) for _ in range(5)]
+    return ww.Job(model, loss_fn=torch.nn.functional.cross_entropy, optimizer=opt, data=data)
+
+
+def test_the_trainer_runs_free_where_the_peaks_fit_and_probes_where_they_do_not():
+    jobs = [_job(64, 1), _job(128, 2)]
+    trainer = ww.ConcurrentTrainer(jobs, schedule="session")
+    trainer.run(3)
+    assert trainer.stats()["session"]["ran"] == FREE
+    peaks = sum(step_peak(trainer.member(j).plan) for j in jobs)
+    trainer.memory_limit = peaks - 1  # side by side no longer surely fits: measure and probe
+    assert trainer.stats()["session"] is None
+    for _ in range(6):  # a step at a time: the job alone, then two probes of two steps each
+        trainer.step()
+    ran = trainer.stats()["session"]
+    assert ran["ran"] in (TURNS, MEMORY) and "turns" in ran["why"] and "memory" in ran["why"]
+    trainer.run(2)
+    assert trainer.stats()["session"] == ran  # the choice holds until the jobs or limit change
+    trainer.remove(jobs[1])
+    assert trainer.stats()["session"] is None
+    assert [len(j.losses) for j in jobs] == [11, 11]
+
+
+def test_a_session_run_shorter_than_its_probes_trains_every_step():
+    jobs = [_job(64, 1), _job(128, 2)]
+    trainer = ww.ConcurrentTrainer(jobs, schedule="session")
+    trainer.memory_limit = sum(step_peak(trainer.member(j).plan) for j in jobs) - 1
+    trainer.run(2)  # alone, then one step of the first probe
+    assert trainer.stats()["session"] is None and [len(j.losses) for j in jobs] == [2, 2]
+    trainer.run(4)  # the second probe (two steps), then the chosen pairing
+    assert trainer.stats()["session"]["ran"] in (TURNS, MEMORY)
+    assert [len(j.losses) for j in jobs] == [6, 6]

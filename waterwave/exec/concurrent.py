@@ -19,7 +19,13 @@ have finished, in the rounds the schedule gives:
   Algorithm 1;
 - ``lockstep``: no barrier at all;
 - ``turns``: whole steps in turn, one job at a time;
-- ``sequential``: one job's steps after another's.
+- ``sequential``: one job's steps after another's;
+- ``session``: each job's next step alone, timed (and on a GPU measured
+  by the allocator); then side by side where the peaks so measured fit the
+  budget together, else the fastest of turns and the memory pairing, each
+  probed for ``PROBE_STEPS`` steps of every job
+  (``pipeline.session_choice``). The choice holds until the jobs or the
+  limit change; ``stats()["session"]`` says what ran and why.
 
 A run's rounds are planned a window of a few steps at a time, as the jobs
 reach them (``pipeline.round_feed``), so ``run(100_000)`` starts at once.
@@ -53,20 +59,37 @@ package; torch.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import cuda
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner
+from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner, step_peak
 from ..pipeline.round_feed import RoundFeed
-from ..pipeline.schedules import ALGORITHM1, FREE, MEMORY, SEQUENTIAL, TURNS, PairingInput
+from ..pipeline.schedules import (
+    ALGORITHM1,
+    FREE,
+    MEMORY,
+    SEQUENTIAL,
+    SESSION,
+    TURNS,
+    PairingInput,
+    Schedule,
+)
+from ..pipeline.session_choice import Choice, MeasuredAlone, choose
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
 from .session import whole_steps
 from .workers import POOL
+
+PROBE_STEPS = 2  # steps of every job each way a session probes
+# What a trainer probes where memory binds: one job after another holds what
+# turns hold here (a job's parameters stay while the trainer has it), and
+# side by side only runs where the measured peaks say it fits.
+TRAINER_PROBES = (TURNS, MEMORY)
 
 
 class ConcurrentTrainer(SettingsView):
@@ -84,6 +107,7 @@ class ConcurrentTrainer(SettingsView):
         self.rounds_run = 0
         self.syncs = 0
         self.budget: int | None = None  # bytes the last run planned for (None: no limit)
+        self._forget_choice()  # the session schedule's choice, until jobs or limit change
         for job in jobs:
             self.add(job)
 
@@ -91,6 +115,7 @@ class ConcurrentTrainer(SettingsView):
     def memory_limit(self, value: int | None) -> None:
         """A new limit, for the next run."""
         self.settings = replace(self.settings, memory_limit=value)
+        self._forget_choice()
 
     # Jobs come and go between steps --------------------------------------
     @property
@@ -109,9 +134,11 @@ class ConcurrentTrainer(SettingsView):
         if any(m.job is job for m in self.members):
             raise ValueError(f"{job!r} is already training here")
         self.members.append(PipelinedJob(job, self.settings))
+        self._forget_choice()
 
     def remove(self, job: Job) -> None:
         self.members.remove(self.member(job))
+        self._forget_choice()
 
     @property
     def active(self) -> list[PipelinedJob]:
@@ -132,10 +159,13 @@ class ConcurrentTrainer(SettingsView):
         self._run(whole_steps(steps))
         return [list(j.losses) for j in self.jobs]
 
-    def _planner(self, members: list[PipelinedJob], steps: int) -> RoundPlanner:
+    def _planner(self, members: list[PipelinedJob], steps: int,
+                 sched: Schedule | None = None) -> RoundPlanner:
         """The run's rounds, planned a window at a time as the jobs need them
-        (``pipeline.round_feed``); job k is ``members[k]``."""
-        sched = self.plan_schedule
+        (``pipeline.round_feed``); job k is ``members[k]``. ``sched``: the
+        schedule to plan by (the session's chosen pairing), by default the
+        trainer's."""
+        sched = sched or self.plan_schedule
         limit = self.budget = None if sched.pairing == FREE else self._budget(members)
         jobs = [PairingInput(replace(m.plan, job=k, groups=list(m.measured or m.plan.groups)),
                              JobGroups(k, m.partition.num_angs, len(m.partition.groups),
@@ -165,10 +195,13 @@ class ConcurrentTrainer(SettingsView):
             if not m.current:
                 self.members[i] = PipelinedJob(m.job, self.settings)
         members = self.active
-        if self.plan_schedule.pairing in (MEMORY, ALGORITHM1, TURNS, SEQUENTIAL):
+        if self.plan_schedule.pairing in (MEMORY, ALGORITHM1, TURNS, SEQUENTIAL, SESSION):
             refuse_past_limit(self.memory_limit, members)
         for m in members:  # every check passed: nothing is touched by a refused run
             m.step_fn.clear_step_outputs()
+        if self.plan_schedule.pairing == SESSION:
+            self._run_session(members, steps)
+            return
         probe = self._memory_probe(members) if self.plan_schedule.pairing == MEMORY else None
         if probe is not None and any(m.measured is None for m in members):
             # Every job's next step alone, so that all keep the same count.
@@ -178,7 +211,13 @@ class ConcurrentTrainer(SettingsView):
             members = self.active
             if not steps or not members:
                 return
-        feed = RoundFeed(self._planner(members, steps), [m.job for m in members],
+        self._run_rounds(members, steps)
+
+    def _run_rounds(self, members: list[PipelinedJob], steps: int,
+                    sched: Schedule | None = None) -> None:
+        """``steps`` steps of every one of ``members``, in the rounds ``sched``
+        (by default the trainer's schedule) pairs them into."""
+        feed = RoundFeed(self._planner(members, steps, sched), [m.job for m in members],
                          CounterBarrier())
         boundary = threading.Lock()
         opened = [0]  # the highest round SyncAndCoalesce has run before
@@ -203,9 +242,60 @@ class ConcurrentTrainer(SettingsView):
             raise
         self.rounds_run += 1 + feed.last_round
 
-    def _solo_step(self, member: PipelinedJob, probe: MemoryProbe) -> None:
+    def _run_session(self, members: list[PipelinedJob], steps: int) -> None:
+        """The session schedule (see the module's opening): measure and
+        probe, a run's steps at a time, until a choice holds; then run the
+        chosen pairing."""
+        limit = self._budget(members) if self.choice is None else None
+        while self.choice is None and steps > 0 and members:
+            if self._alone is None:  # each job's next step alone, timed
+                probe, alone = self._memory_probe(members), []
+                for m in members:
+                    start = self._clock(members)
+                    self._solo_step(m, probe)
+                    seconds = self._clock(members) - start
+                    plan = replace(m.plan, groups=list(m.measured or m.plan.groups))
+                    alone.append(MeasuredAlone(step_peak(plan), max(seconds, 1e-9), 1,
+                                               min(plan.persistent, step_peak(plan))))
+                self._alone = alone
+                steps -= 1
+            else:
+                pending = [p for p in TRAINER_PROBES if p not in self._probes]
+                if choose(self._alone, limit).pairing == FREE or not pending:
+                    self.choice = choose(self._alone, limit, self._probes or None)
+                    break
+                n = min(PROBE_STEPS, steps)
+                start = self._clock(members)
+                self._run_rounds(members, n, replace(self.plan_schedule, pairing=pending[0]))
+                self._probes[pending[0]] = len(members) * n / max(self._clock(members) - start,
+                                                                  1e-9)
+                steps -= n
+            members = self.active
+        if steps > 0 and members and self.choice is not None:
+            self._run_rounds(members, steps, replace(self.plan_schedule,
+                                                     pairing=self.choice.pairing))
+
+    def _forget_choice(self) -> None:
+        """The session schedule measures and chooses again (the jobs or the
+        limit changed)."""
+        self.choice: Choice | None = None
+        self._alone: list[MeasuredAlone] | None = None
+        self._probes: dict[str, float | None] = {}
+
+    def _clock(self, members: list[PipelinedJob]) -> float:
+        """Seconds, once the jobs' queued GPU work has ended."""
+        devices = {m.step_fn.params[0].device for m in members if m.step_fn.device == "cuda"}
+        if devices:
+            import torch
+
+            for device in devices:
+                torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    def _solo_step(self, member: PipelinedJob, probe: MemoryProbe | None) -> None:
         """One step of a job alone, measuring each group's net bytes and rise
-        in the allocator (see the module's opening)."""
+        in the allocator (see the module's opening); on the CPU (no
+        ``probe``) the graph's bytes stand."""
         groups = len(member.partition.groups)
         feed = RoundFeed(PeriodicRounds({0: [(0, g) for g in range(groups)]}, 0, 1),
                          [member.job], CounterBarrier())
@@ -214,7 +304,7 @@ class ConcurrentTrainer(SettingsView):
             if readings is not None and len(readings) == groups:
                 member.measured = readings
 
-        run_job(member, feed, 0, measure=Measure(probe, report))
+        run_job(member, feed, 0, measure=None if probe is None else Measure(probe, report))
 
     def _memory_probe(self, members: list[PipelinedJob]) -> MemoryProbe | None:
         """What measures the jobs' groups: the allocator serving their GPU;
@@ -236,7 +326,9 @@ class ConcurrentTrainer(SettingsView):
         out = {"schedule": self.schedule, "memory_limit": self.memory_limit, "budget": self.budget,
                "split_size": self.split_size, "split_size_chosen": self.split_size is None,
                "sync_at_barrier": self.sync_at_barrier, "syncs": self.syncs,
-               "rounds_run": self.rounds_run, "jobs": []}
+               "rounds_run": self.rounds_run, "jobs": [],
+               "session": None if self.choice is None else {
+                   "ran": self.choice.pairing, "why": self.choice.why}}
         for m in self.members:
             j, p = m.job, m.partition
             out["jobs"].append({"name": j.name, "steps": len(j.losses), "groups": len(p.groups),

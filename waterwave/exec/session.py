@@ -354,8 +354,8 @@ def _session_settings(settings: PipelineSettings) -> PipelineSettings:
     pair a fixed set are the trainer's."""
     if settings.plan_schedule.pairing not in (MEMORY, FREE):
         raise ValueError(f"a training session runs the waterwave or lockstep schedule, not "
-                         f"{settings.schedule!r} (a fixed pairing of a fixed set of jobs): use "
-                         "ConcurrentTrainer for it")
+                         f"{settings.schedule!r} (it pairs, or measures and probes, a fixed set "
+                         "of jobs): use ConcurrentTrainer for it")
     return settings
 
 

@@ -17,7 +17,11 @@ simulator checks exactly what the trainer runs.
   s x jobs + k): one job at a time, each as fast as it runs alone, as
   time-slicing a GPU between processes does;
 - ``sequential``: each job's steps one after another (job k's step s in
-  round k x steps + s): a trial at a time, as a search without sharing runs.
+  round k x steps + s): a trial at a time, as a search without sharing runs;
+- ``session``: groups in program order, run by whichever of the pairings
+  above trains fastest within the budget, as ``session_choice.py`` chooses
+  from each job measured alone and probes of a few steps: chosen at run
+  time, so its ``round_planner`` is the chosen pairing's.
 
 A memory budget is ``memory_limit`` bytes everywhere; ``None`` is no limit.
 
@@ -40,13 +44,14 @@ from .pairing import (
 
 # How a schedule pairs groups into rounds.
 MEMORY, ALGORITHM1, FREE, TURNS, SEQUENTIAL = "memory", "algorithm1", "free", "turns", "sequential"
+SESSION = "session"  # one of FREE, TURNS, SEQUENTIAL, MEMORY, chosen as the jobs run
 
 
 @dataclass(frozen=True)
 class Schedule:
     name: str
     summary: str
-    pairing: str  # MEMORY, ALGORITHM1, FREE (one round, no barrier), TURNS or SEQUENTIAL
+    pairing: str  # MEMORY, ALGORITHM1, FREE (one round, no barrier), TURNS, SEQUENTIAL, SESSION
     cut: str | None = None   # two groups cut there ("forward"); None: groups of split_size
     order: str | None = None  # the groups' operator order; None: the caller's (bfs by default)
     policy: str = "waterwave"  # the allocator it is benchmarked under
@@ -79,6 +84,9 @@ class Schedule:
         if self.pairing == SEQUENTIAL:  # job k's step s in round k x steps + s
             return PeriodicRounds({k: [(k * steps, g) for g in range(j.groups.num_groups)]
                                    for k, j in enumerate(jobs)}, 1, steps)
+        if self.pairing == SESSION:
+            raise ValueError("the session schedule chooses its pairing as its jobs run: plan "
+                             "with the chosen one (replace(schedule, pairing=...))")
         return PeriodicRounds({k: [(0, g) for g in range(j.groups.num_groups)]
                                for k, j in enumerate(jobs)}, 0, steps)
 
@@ -105,6 +113,8 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
              policy="pytorch"),
     Schedule("sequential", "each job's steps, one job after another", SEQUENTIAL,
              order="program", policy="pytorch"),
+    Schedule("session", "measured, then side by side, in turn or paired: the fastest that fits",
+             SESSION, order="program", config="max_split_size_mb:128"),
 )}
 
 

@@ -101,7 +101,7 @@ def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
     chosen = next(p for p in PROBED if p in fitted and fitted[p] >= best)
     said = ", ".join(f"{p} {'out of memory' if r is None else f'{r:,.0f}'}"
                      for p, r in probes.items())
-    return Choice(chosen, f"fastest of the probes (samples/s: {said})", turns, pairing_rate)
+    return Choice(chosen, f"fastest of the probes (per second: {said})", turns, pairing_rate)
 
 
 def _limit(memory_limit: int | None) -> str:

@@ -217,7 +217,7 @@ class SessionSchedule:
         return self.name
 
     def partition(self, g) -> Partition:
-        return pipeline.schedule("waterwave").partition(g, None, "program", self.groups)
+        return pipeline.schedule("session").partition(g, None, groups=self.groups)
 
     def pairing(self) -> NodeGroupSchedule:
         return NodeGroupSchedule("waterwave", None, self.memory_limit, "program",
@@ -288,7 +288,7 @@ WHOLE_TRACE_SCHEDULES: dict[str, SegmentSchedule] = {"lockstep": lockstep, "phas
 # SEQUENTIAL pairings, run on whole traces here.
 NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items()
                              if s.pairing not in (pipeline.FREE, pipeline.TURNS,
-                                                  pipeline.SEQUENTIAL))
+                                                  pipeline.SEQUENTIAL, pipeline.SESSION))
 NAMES = (*WHOLE_TRACE_SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing", "session")
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
@@ -297,7 +297,6 @@ ALLOCATORS: dict[str, tuple[str, str]] = {
     "phased": ("pytorch", ""), "sequential": ("pytorch", ""), "turns": ("pytorch", ""),
     **{n: (s.policy, s.config) for n, s in pipeline.SCHEDULES.items()},
     "sharing": ("waterwave", "max_split_size_mb:128"),
-    "session": ("waterwave", "max_split_size_mb:128"),
 }
 
 
