@@ -55,6 +55,27 @@ def _take_in_place(g: Graph, node, out: int, storage_of: dict, inplace: list,
     return None
 
 
+def _place_outputs(g: Graph, node, storage_of: dict, storage_size: dict, inplace: list,
+                   reuse, free_to_take):
+    """Each of ``node``'s outputs that has bytes gets a storage: an input's
+    in place where ``free_to_take`` allows (``_take_in_place``), else
+    ``reuse(size)``'s (a dead storage, or None), else a new one. Yields
+    (output, storage, whether the storage is newly taken up)."""
+    for out in node.outputs:
+        size = g.tensors[out].size
+        if size == 0:
+            continue
+        sid = _take_in_place(g, node, out, storage_of, inplace, free_to_take)
+        fresh = sid is None
+        if fresh:
+            sid = reuse(size)
+            if sid is None:
+                sid = len(storage_size)
+                storage_size[sid] = size
+        storage_of[out] = sid
+        yield out, sid, fresh
+
+
 def _input_storages(g: Graph):
     """Graph inputs occupy storages from the start: (storage_of, storage_size)."""
     storage_of: dict[int, int] = {}
@@ -78,27 +99,24 @@ def mxnet_plan(g: Graph, match_range: int = 16):
     def release(sid):
         bisect.insort(free, (storage_size[sid], sid))
 
+    def reuse(size: int) -> int | None:
+        i = bisect.bisect_left(free, (size, -1))
+        if i < len(free) and free[i][0] < size * match_range:
+            return free.pop(i)[1]
+        if i > 0 and free[i - 1][0] * match_range > size:
+            sid = free.pop(i - 1)[1]
+            storage_size[sid] = size  # grows to the largest request served
+            return sid
+        return None
+
     for v in order:
         node = g.nodes[v]
-        for out in node.outputs:
-            size = g.tensors[out].size
-            if size == 0:
-                continue
-            sid = _take_in_place(g, node, out, storage_of, inplace,
-                                 lambda t: remaining[t] == 1 and t not in keep
-                                 and users_of_storage[storage_of[t]] == 1)
-            if sid is None:
-                i = bisect.bisect_left(free, (size, -1))
-                if i < len(free) and free[i][0] < size * match_range:
-                    sid = free.pop(i)[1]
-                elif i > 0 and free[i - 1][0] * match_range > size:
-                    sid = free.pop(i - 1)[1]
-                    storage_size[sid] = size  # grows to the largest request served
-                else:
-                    sid = len(storage_size)
-                    storage_size[sid] = size
+        for out, sid, fresh in _place_outputs(
+                g, node, storage_of, storage_size, inplace, reuse,
+                lambda t: remaining[t] == 1 and t not in keep
+                and users_of_storage[storage_of[t]] == 1):
+            if fresh:
                 users_of_storage[sid] = 0
-            storage_of[out] = sid
             users_of_storage[sid] += 1
         dying = []
         for inp in node.inputs:
@@ -135,23 +153,18 @@ def paddle_plan(g: Graph):
     holders: dict[int, set[int]] = {sid: {t} for t, sid in storage_of.items()}
     pool: list[tuple[int, int]] = []  # (size, storage id) of dead storages
     inplace = []
+
+    def reuse(size: int) -> int | None:
+        j = bisect.bisect_left(pool, (size, -1))
+        return pool.pop(j)[1] if j < len(pool) else None
+
     for i, v in enumerate(order):
         node = g.nodes[v]
-        for out in node.outputs:
-            size = g.tensors[out].size
-            if size == 0:
-                continue
-            sid = _take_in_place(g, node, out, storage_of, inplace,
-                                 lambda t: t not in live_out[i] and holders[storage_of[t]] == {t})
-            if sid is None:
-                j = bisect.bisect_left(pool, (size, -1))
-                if j < len(pool):
-                    sid = pool.pop(j)[1]
-                else:
-                    sid = len(storage_size)
-                    storage_size[sid] = size
+        for out, sid, fresh in _place_outputs(
+                g, node, storage_of, storage_size, inplace, reuse,
+                lambda t: t not in live_out[i] and holders[storage_of[t]] == {t}):
+            if fresh:
                 holders[sid] = set()
-            storage_of[out] = sid
             holders[sid].add(out)
         # Variables dead after this op return their storage to the pool.
         for t in (uses[i] | defs[i]) - live_out[i]:
