@@ -65,7 +65,7 @@ from dataclasses import replace
 
 from .. import cuda
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner, step_peak
+from ..pipeline.pairing import FREE_MARGIN, JobGroups, PeriodicRounds, RoundPlanner, step_peak
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import (
     ALGORITHM1,
@@ -255,8 +255,13 @@ class ConcurrentTrainer(SettingsView):
                     self._solo_step(m, probe)
                     seconds = self._clock(members) - start
                     plan = replace(m.plan, groups=list(m.measured or m.plan.groups))
-                    alone.append(MeasuredAlone(step_peak(plan), max(seconds, 1e-9), 1,
-                                               min(plan.persistent, step_peak(plan))))
+                    # On a GPU the counters give bytes allocated; the cache
+                    # holds more, as the pairing's free margin allows for.
+                    peak = step_peak(plan)
+                    if m.step_fn.device == "cuda":
+                        peak = int(peak / (1 - FREE_MARGIN))
+                    alone.append(MeasuredAlone(peak, max(seconds, 1e-9), 1,
+                                               min(plan.persistent, peak)))
                 self._alone = alone
                 steps -= 1
             else:

@@ -209,8 +209,14 @@ class JobPlan:
     after: int = 0
 
 
-def memory_rounds(jobs: list[JobPlan], memory_limit: int | None, steps: int, margin: float = 0.03,
-                  free_margin: float = 0.05) -> dict[int, list[tuple[int, int, int]]]:
+# Of a budget, what plans keep back for the allocator: ``MARGIN`` where
+# groups are paired; ``FREE_MARGIN`` before jobs run free (allocators cache
+# and fragment, and plans count bytes).
+MARGIN, FREE_MARGIN = 0.03, 0.05
+
+
+def memory_rounds(jobs: list[JobPlan], memory_limit: int | None, steps: int,
+                  margin: float = MARGIN, free_margin: float = FREE_MARGIN) -> dict[int, list[tuple[int, int, int]]]:
     """Each job's (round, step, group) over ``steps`` steps under
     ``memory_limit`` bytes: ``MemoryPairing``'s whole run at once."""
     return whole_run(MemoryPairing(jobs, memory_limit, steps, margin, free_margin), steps)
@@ -254,7 +260,7 @@ class MemoryPairing(RoundPlanner):
     costs O(1) (each job's claims from every group on are tabled once)."""
 
     def __init__(self, jobs: list[JobPlan], memory_limit: int | None, steps: int,
-                 margin: float = 0.03, free_margin: float = 0.05):
+                 margin: float = MARGIN, free_margin: float = FREE_MARGIN):
         self.margin, self.free_margin = margin, free_margin
         self.memory_limit = memory_limit
         self.outside = 0  # bytes held beside the plan (jobs that left it)
