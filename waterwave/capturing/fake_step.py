@@ -361,32 +361,19 @@ def _refuse_untraceable(model) -> None:
                 "clip_grad_value=")
 
 
-def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+def check_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
                example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None,
                micro_batches: int = 1, autocast_dtype=None, grad_scaler=None):
-    """Trace one training step. Returns (fx GraphModule, placeholder roles,
-    placeholder names, gradient tensors seen while tracing, the update's
-    ``optimizers.ConstantSites``). The module's inputs are laid out as
-    ``StepLayout`` says, its constants are the optimizer's now; the loss is
-    ``loss_fn(model(*inputs), *targets)``. ``micro_batches`` k: the inputs
-    and targets are k batches' (the first's inputs, the second's, ..., then
-    their targets likewise), each batch's loss / k backpropagated in turn,
-    their gradients summed, then one update; the step returns their mean
-    loss. ``autocast_dtype`` (bfloat16 or float16): the forward pass and the
-    loss run inside ``torch.autocast`` on the model's device, as eager mixed
-    precision code runs them; backward and the update outside.
-    ``grad_scaler`` (an enabled ``torch.amp.GradScaler``): the loss
-    is scaled, the gradients unscaled and checked, a step with an inf or NaN
-    gradient undone, and the scale updated, as ``scale``, ``unscale_``,
-    ``step`` and ``update`` do, on the device, with no host sync."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
+    """Every refusal of ``trace_step`` that comes before tracing (a model,
+    optimizer, clipping or precision a captured step cannot train as eager
+    PyTorch does), raised as ``CaptureError`` with its fix. Returns what
+    the trace is shaped by: (update structure, gradient scaling, step
+    layout, clipping, autocast)."""
     _refuse_untraceable(model)
     try:
         shapes = optimizers.structure(optimizer)  # also refuses what the update cannot do
     except optimizers.OptimizerError as e:
         raise CaptureError(str(e)) from None
-    traced_with = optimizers.sentinels(optimizers.constants(optimizer))
     if example_targets and loss_fn is None:
         raise CaptureError("targets need a loss_fn(output, *targets) to go into")
     if len(example_inputs) % micro_batches or len(example_targets) % micro_batches:
@@ -409,7 +396,6 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
     layout = StepLayout.of(model, optimizer, len(example_inputs), len(example_targets),
                            micro_batches, scaling is not None,
                            input_names=input_names(example_inputs))
-    grads_seen: list = []
     clip = clip or optimizers.GradClip()
     try:
         optimizers.check_clip_covers(model, [p for _, p, _ in trained_parameters(model, optimizer)],
@@ -423,6 +409,34 @@ def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, o
             raise CaptureError(f"autocast_dtype must be torch.bfloat16 or torch.float16, got "
                                f"{autocast_dtype!r}")
         autocast = (model_device(model, example_inputs), autocast_dtype)
+    return shapes, scaling, layout, clip, autocast
+
+
+def trace_step(model, example_inputs: Sequence[Any], loss_fn: Callable | None, optimizer,
+               example_targets: Sequence[Any] = (), clip: optimizers.GradClip | None = None,
+               micro_batches: int = 1, autocast_dtype=None, grad_scaler=None):
+    """Trace one training step. Returns (fx GraphModule, placeholder roles,
+    placeholder names, gradient tensors seen while tracing, the update's
+    ``optimizers.ConstantSites``). The module's inputs are laid out as
+    ``StepLayout`` says, its constants are the optimizer's now; the loss is
+    ``loss_fn(model(*inputs), *targets)``. ``micro_batches`` k: the inputs
+    and targets are k batches' (the first's inputs, the second's, ..., then
+    their targets likewise), each batch's loss / k backpropagated in turn,
+    their gradients summed, then one update; the step returns their mean
+    loss. ``autocast_dtype`` (bfloat16 or float16): the forward pass and the
+    loss run inside ``torch.autocast`` on the model's device, as eager mixed
+    precision code runs them; backward and the update outside.
+    ``grad_scaler`` (an enabled ``torch.amp.GradScaler``): the loss
+    is scaled, the gradients unscaled and checked, a step with an inf or NaN
+    gradient undone, and the scale updated, as ``scale``, ``unscale_``,
+    ``step`` and ``update`` do, on the device, with no host sync."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    shapes, scaling, layout, clip, autocast = check_step(
+        model, example_inputs, loss_fn, optimizer, example_targets, clip, micro_batches,
+        autocast_dtype, grad_scaler)
+    traced_with = optimizers.sentinels(optimizers.constants(optimizer))
+    grads_seen: list = []
     # Eager optimizer.step() skips a parameter whose .grad is None (no
     # momentum, no weight decay, no state): when the first trace finds
     # parameters no gradient reaches, the step is traced again without them.

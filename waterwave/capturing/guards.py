@@ -69,6 +69,12 @@ def _plain(value, depth: int = 0):
     return None
 
 
+def comparable(value):
+    """``value`` as guards compare it (``_plain``): None where it is not
+    plain; ("tensor", id) for a tensor, equal only to itself."""
+    return _plain(value)
+
+
 class _Record:
     """What the modules' code did with their public instance attributes
     while recorded: ``reads`` (module id, name) read before any write;
@@ -349,6 +355,46 @@ class StepGuard:
                 "step runs in the precision it traced: train outside autocast and give the Job "
                 "autocast_dtype= (its forward pass then runs inside autocast, as eager code's)")
         return walk.buffers
+
+
+def model_structure(model, loss_fn=None) -> tuple | None:
+    """What two models must share for one trace to serve both: each
+    module's name, class and mode, each parameter's and buffer's place,
+    dtype, shape, device and whether it is trained, and the loss's modules
+    likewise (a loss function: itself). None where a hook (a module's, a
+    parameter's or a global one) makes the model's trace its own."""
+    import torch
+
+    parts = []
+    for what in (model, loss_fn):
+        if what is None or not isinstance(what, torch.nn.Module):
+            parts.append(what)
+            continue
+        walk = _Walk(what)
+        if walk.hooks or walk.gradient_hooks:
+            return None
+        parts.append((walk.names, tuple(type(m) for _, m in what.named_modules()),
+                      walk.training, walk.keys, walk.layouts, walk.requires_grad))
+    if _global_hooks():
+        return None
+    return tuple(parts)
+
+
+def plain_reads(modules: dict, read: list[tuple[str, str]]) -> tuple | None:
+    """The values of the attributes a trace read (``AttributeReads.read``)
+    in ``modules`` as comparable copies, or None where one is not plain or
+    is a tensor: then only that model's own step may run the trace."""
+    out = []
+    for name, attr in read:
+        m = modules.get(name)
+        if m is None:
+            return None
+        value = m.__dict__.get(attr, _MISSING)
+        frozen = _MISSING if value is _MISSING else _plain(value)
+        if frozen is None or frozen[0] == "tensor":
+            return None
+        out.append(frozen)
+    return tuple(out)
 
 
 class _Walk:

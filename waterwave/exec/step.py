@@ -20,6 +20,7 @@ from typing import Any
 
 from ..capturing import fake_step, guards, optimizers
 from ..capturing.keywords import input_names
+from ..capturing.trace_cache import TRACES
 from ..planner.plan import PlanError
 
 # Captures run one at a time: tracing swaps torch's dispatch modes and
@@ -61,11 +62,11 @@ class CapturedStep:
         self.input_names = input_names(example_inputs)  # () where the model takes them in order
         self.example = (*example_inputs, *example_targets)
         # The step runs what it traced, so it records its own device's kernels.
-        modules = guards.guarded_modules(model, loss_fn)
-        with _CAPTURE_LOCK, guards.AttributeReads(modules) as reads:
-            self.gm, roles, names, grads, self.sites = fake_step.trace_step(
+        with _CAPTURE_LOCK:  # a model like one traced before takes its trace
+            (traced, reads), self.reused = TRACES.trace(
                 model, example_inputs, loss_fn, optimizer, example_targets, clip, micro_batches,
                 autocast_dtype, grad_scaler)
+        self.gm, roles, names, grads, self.sites = traced
         if reads.tensor_state:
             where, attr = reads.tensor_state[0]
             raise fake_step.CaptureError(
