@@ -106,3 +106,35 @@ def test_the_trials_per_hour_benchmark_runs_a_pruned_search_three_ways(tmp_path)
     for v in runs.values():
         assert v["trials_per_hour"] > 0 and 0 < v["gpu_busy"] <= 1
     assert runs["2 side by side (PyTorch)"]["trials_per_hour"] > runs["one at a time"]["trials_per_hour"]
+
+
+def test_the_search_benchmark_runs_optuna_in_simulated_time_and_counts_what_failed():
+    """bench/concurrent/search.py (issue 41, part 4): real Optuna (TPE, a
+    median pruner) asked and told in simulated time, K trials at a time at
+    the rate the simulator gives that many; a trial that starts where the
+    way cannot hold one more fails with out of memory."""
+    pytest.importorskip("optuna")
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import search as bench
+
+    family = bench.Family("tiny", "mlp", 0, 64, None, epochs=3, epoch_samples=1000)
+
+    def rate(samples_per_s, busy=0.5, peak=1 << 30):
+        return {"samples_per_s": samples_per_s, "gpu_busy": busy, "peak_reserved": peak,
+                "ran": None}
+
+    one = bench.search(family, 8, 1, {1: rate(100.0)})
+    two = bench.search(family, 8, 2, {1: rate(100.0), 2: rate(200.0, 1.0, 2 << 30)})
+    assert one["ooms"] == two["ooms"] == 0 and one["trained"] == two["trained"] == 8
+    # The same search (the same trials, pruned alike) at twice the rate.
+    assert two["trials_per_hour"] == pytest.approx(2 * one["trials_per_hour"])
+    assert two["peak_reserved_gib"] == 2.0 and two["gpu_busy"] == pytest.approx(1.0)
+    assert one["best"] == two["best"] and 0 < one["minutes_to_best"] <= one["minutes"]
+    # Two do not fit: every trial that starts beside a running one fails.
+    crowded = bench.search(family, 8, 2, {1: rate(100.0), 2: rate(None)})
+    assert crowded["ooms"] > 0 and crowded["ooms"] + crowded["trained"] == 8
+    assert bench.accuracy(0.05, 1e-5, 3) == bench.accuracy(0.05, 1e-5, 3)
+    lines = bench.table({"trials": 8, "slots": 2, "families": {
+        "tiny": {"family": "tiny", "ways": {"one at a time": one, "crowded": crowded}}}})
+    assert any(line.startswith("| crowded |") and f"| {crowded['ooms']} |" in line
+               for line in lines)
