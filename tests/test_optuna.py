@@ -191,8 +191,8 @@ def test_the_example_search_runs_and_reports_its_trials_and_the_simulated_gpu(tm
     assert r.stdout.count("held-out accuracy") == 5  # four trials and the best
     assert "at most 2 training at once" in r.stdout or "at most 1 training at once" in r.stdout
     assert "2 of these trials on a simulated H100-80GB" in r.stdout
-    assert "a Waterwave session:" in r.stdout
-    assert "(all simulated, not measured on a GPU)" in r.stdout
+    assert "a session choosing its way:" in r.stdout
+    assert "(all simulated, not measured on a GPU;" in r.stdout
 
 
 def test_trials_on_a_simulated_gpu_train_in_a_session_where_side_by_side_runs_out():

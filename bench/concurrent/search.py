@@ -6,7 +6,7 @@ the CPU with simulated GPU time.
 Two searches: small trials (resnet18 on 32x32 images, batch 128: K of them
 fit side by side) and memory-bound ones (resnet50 on 224x224 images, batch
 64, under a 12 GiB cap that two of them side by side do not fit). Each runs
-four ways, K trials at a time as Optuna's ``n_jobs=K`` runs them:
+five ways, K trials at a time as Optuna's ``n_jobs=K`` runs them:
 
 - one at a time (``n_jobs=1``, PyTorch's allocator);
 - K at once under PyTorch's allocator (``lockstep``): a trial that starts
@@ -14,8 +14,12 @@ four ways, K trials at a time as Optuna's ``n_jobs=K`` runs them:
   ``torch.cuda.OutOfMemoryError`` fails an Optuna trial, and is counted;
 - K at once, each epoch's loop in ``ww.sharing`` (the simulator's
   ``sharing`` schedule);
-- K at once through ``job.train``, the session choosing how they run
-  (``session``: side by side, in turn, one after another or paired).
+- K at once through ``job.train``: a training session pairs their node
+  groups under the budget (the ``waterwave`` schedule; side by side where
+  the plan fits);
+- K at once as ``ConcurrentTrainer(schedule="session")`` runs them: side
+  by side, in turn or paired, whichever it measures fastest (``session``).
+  ``job.train``'s session does not choose so yet.
 
 What drives the search is Optuna itself, through ask and tell: TPE (seed
 0) samples a learning rate and a weight decay, a median pruner stops
@@ -54,7 +58,7 @@ from waterwave.tools import models  # noqa: E402
 GPU, GiB = "H100-80GB", 1 << 30
 # way -> the simulator's schedule for its trials running together
 WAYS = {"one at a time": "lockstep", "side by side (PyTorch)": "lockstep",
-        "ww.sharing": "sharing", "job.train": "session"}
+        "ww.sharing": "sharing", "job.train": "waterwave", "session's choice": "session"}
 
 
 @dataclass(frozen=True)

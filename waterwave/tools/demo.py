@@ -198,6 +198,7 @@ def format_trials(r: dict) -> str:
         f"  under a cap of {cap:.0f} MiB, a MiB short of that:",
         f"    side by side (PyTorch):        {run(r['lockstep_under_the_limit'])}",
         f"    one after another (PyTorch):   {run(r['sequential'])}",
-        f"    a Waterwave session:           {run(session)}"
+        f"    a session choosing its way:    {run(session)}"
         + (f", running {session['ran']}" if session["ran"] else "") + speedup,
-        "  (all simulated, not measured on a GPU)"])
+        "  (all simulated, not measured on a GPU; the simulated session probes side by side too,"
+        " where a trainer on a GPU runs it only when the peaks measured alone fit)"])
