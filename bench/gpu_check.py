@@ -73,6 +73,11 @@ def parts(out: Path) -> list[tuple[str, list[str]]]:
         ("concurrent jobs under 12 GiB", [py, "bench/concurrent/gpu.py", "--out", str(out)]),
         ("ConcurrentTrainer's largest batch",
          [py, "bench/concurrent/trainer_gpu.py", "--out", str(out)]),
+        ("an Optuna search of small trials, four ways",
+         [py, "bench/concurrent/search_measured.py", "--family", "small", "--out", str(out)]),
+        ("an Optuna search of memory-bound trials, four ways",
+         [py, "bench/concurrent/search_measured.py", "--family", "memory-bound",
+          "--out", str(out)]),
     ]
 
 

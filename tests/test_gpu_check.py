@@ -28,7 +28,8 @@ def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
     commands = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path)]
     assert commands[0].startswith("-m pytest") and "-m gpu" in commands[0]
     benches = {c.split()[0] for c in commands[1:]}
-    assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py"} <= benches
+    assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py",
+            "bench/concurrent/search_measured.py"} <= benches
     assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)
 
 

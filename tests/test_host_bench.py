@@ -138,3 +138,24 @@ def test_the_search_benchmark_runs_optuna_in_simulated_time_and_counts_what_fail
         "tiny": {"family": "tiny", "ways": {"one at a time": one, "crowded": crowded}}}})
     assert any(line.startswith("| crowded |") and f"| {crowded['ooms']} |" in line
                for line in lines)
+
+
+def test_the_measured_search_runs_each_way_in_its_own_process_and_reports(tmp_path):
+    """bench/concurrent/search_measured.py, as make gpu-check runs it on a
+    GPU, here on the CPU with tiny settings: every way trains its trials
+    (real training, the synthetic curve's values) and is reported."""
+    pytest.importorskip("optuna")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "search_measured.py"),
+                        "--device", "cpu", "--trials", "2", "--jobs", "2", "--epochs", "1",
+                        "--steps", "1", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "search_measured_small.json").read_text())
+    assert "CPU" in res["measured"]
+    assert [row["way"] for row in res["rows"]] == [
+        "one at a time", "side by side (PyTorch)", "ww.sharing", "job.train"]
+    for row in res["rows"]:
+        assert row["trained"] + row["ooms"] == 2 and row["ooms"] == 0
+        assert row["trials_per_hour"] > 0 and row["jobs"] == (1 if row["way"] == "one at a time"
+                                                               else 2)
+    assert "| job.train |" in (tmp_path / "search_measured_small.md").read_text()

@@ -1,0 +1,201 @@
+"""Trials per hour of ``search.py``'s Optuna search, measured: the trials
+train for real, K at a time as ``study.optimize(n_jobs=K)`` runs them.
+
+    python bench/concurrent/search_measured.py [--device cuda] [--family small|memory-bound]
+        [--trials 8] [--jobs 4] [--epochs 2] [--steps 20] [--out bench/results]
+
+Each way runs in a fresh process (a process's CUDA allocator is chosen once):
+
+- one at a time: ``n_jobs=1``, PyTorch's allocator, an eager loop;
+- side by side (PyTorch): ``n_jobs=K``, eager loops; a trial that runs out
+  of memory fails (``catch``), as in a user's study, and is counted;
+- ``ww.sharing``: Waterwave's allocator, ``n_jobs=K``, each epoch's loop
+  in ``with ww.sharing(model):`` under the session's ``memory_limit``;
+- ``job.train``: Waterwave's allocator, ``n_jobs=K``, an epoch a call.
+
+Each trial builds its model (resnet18 on 32x32 images at batch 128, or
+resnet50 on 224x224 at batch 64 under a 12 GiB cap: ``--family``) and an
+SGD optimizer from the learning rate and weight decay TPE (seed 0) asks
+for, trains ``--epochs`` epochs of ``--steps`` batches of random images,
+and reports ``search.accuracy``'s synthetic curve after each, so every way
+makes the same decisions for the same trials; the median pruner stops
+trials. What is measured is the training: wall time, out-of-memory
+failures, the allocator's peak. ``make gpu-check`` runs it on a GPU; on
+the CPU (``--device cpu``, tiny settings) it checks itself. Writes
+search_measured_<family>.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+for path in (ROOT, HERE):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from search import FAMILIES, accuracy  # noqa: E402
+
+WAYS = ("one at a time", "side by side (PyTorch)", "ww.sharing", "job.train")
+
+
+def child(way: str, args) -> dict:
+    """One way's search in this process; what it measured."""
+    import optuna
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    family = FAMILIES[args.family]
+    device = torch.device(args.device)
+    ww = None
+    if way in ("ww.sharing", "job.train"):
+        import waterwave as ww
+
+        if device.type == "cuda":
+            ww.install_allocator()
+        ww.training_session(args.device).configure(memory_limit=family.memory_limit)
+    elif device.type == "cuda" and family.memory_limit is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(family.memory_limit / total, device)
+    side = family.side if device.type == "cuda" else 16
+    batch = family.batch if device.type == "cuda" else 4
+
+    def build():
+        make = getattr(torchvision.models, family.model)
+        return make(num_classes=10).to(device)
+
+    def batches(seed: int):
+        g = torch.Generator().manual_seed(seed)
+        return [(torch.randn(batch, 3, side, side, generator=g).to(device),
+                 torch.randint(0, 10, (batch,), generator=g).to(device))
+                for _ in range(args.steps)]
+
+    started = time.perf_counter()
+    best = {"value": None, "at": None}
+
+    def objective(trial):
+        lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
+        wd = trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True)
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
+        data = batches(trial.number)
+        job = (ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=data)
+               if way == "job.train" else None)
+        acc = None
+        for epoch in range(1, args.epochs + 1):
+            model.train()
+            if job is not None:
+                job.train(steps=len(data))
+            else:
+                with (ww.sharing(model) if way == "ww.sharing" else _nothing()):
+                    for x, y in data:
+                        opt.zero_grad()
+                        F.cross_entropy(model(x), y).backward()
+                        opt.step()
+            acc = accuracy(lr, wd, epoch)
+            trial.report(acc, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        if best["value"] is None or acc > best["value"]:
+            best.update(value=acc, at=time.perf_counter() - started)
+        return acc
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=0),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=4,
+                                                                   n_warmup_steps=1))
+    jobs = 1 if way == "one at a time" else args.jobs
+    study.optimize(objective, n_trials=args.trials, n_jobs=jobs, catch=(torch.OutOfMemoryError,))
+    seconds = time.perf_counter() - started
+    states = [t.state.name for t in study.trials]
+    peak = None
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_reserved(device)
+    return {"way": way, "jobs": jobs, "seconds": seconds,
+            "trained": states.count("COMPLETE") + states.count("PRUNED"),
+            "ooms": states.count("FAIL"),
+            "trials_per_hour": (states.count("COMPLETE") + states.count("PRUNED"))
+            / (seconds / 3600),
+            "best": best["value"], "seconds_to_best": best["at"], "peak_reserved": peak}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="small")
+    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)  # run one way, print JSON
+    args = ap.parse_args(argv)
+    if args.way:
+        print(json.dumps(child(args.way, args)))
+        return 0
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("search_measured.py trains on a GPU: none is visible to torch here. "
+              "bench/concurrent/search.py simulates the same search on the CPU; "
+              "--device cpu checks this script.", file=sys.stderr)
+        return 2
+    rows = []
+    for way in WAYS:
+        r = subprocess.run([sys.executable, __file__, "--way", way, "--device", args.device,
+                            "--family", args.family, "--trials", str(args.trials), "--jobs",
+                            str(args.jobs), "--epochs", str(args.epochs), "--steps",
+                            str(args.steps)], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if r.returncode != 0:
+            rows.append({"way": way, "error": r.stderr.strip().splitlines()[-1:]})
+        else:
+            rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    where = (torch.cuda.get_device_name(0) if args.device.startswith("cuda")
+             else f"the CPU ({os.cpu_count()} cores)")
+    report = {"measured": where, "date": time.strftime("%Y-%m-%d"), "family": args.family,
+              "trials": args.trials, "jobs": args.jobs, "epochs": args.epochs,
+              "steps": args.steps, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"search_measured_{args.family}"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [f"# {FAMILIES[args.family].name}: an Optuna search measured on {where}", "",
+             f"{report['date']}, `python bench/concurrent/search_measured.py`: {args.trials} "
+             f"trials, {args.jobs} at a time but one at a time, {args.epochs} epochs of "
+             f"{args.steps} batches.", "",
+             "| how | trials per hour | best | s to best | OOMs | peak GiB |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['way']} | failed: {' '.join(r['error'])} | | | | |")
+            continue
+        peak = "-" if r["peak_reserved"] is None else f"{r['peak_reserved'] / 2**30:.2f}"
+        best = "-" if r["best"] is None else f"{r['best']:.4f}"
+        to_best = "-" if r["seconds_to_best"] is None else f"{r['seconds_to_best']:.1f}"
+        lines.append(f"| {r['way']} | {r['trials_per_hour']:,.1f} | {best} | {to_best} | "
+                     f"{r['ooms']} | {peak} |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
