@@ -18,6 +18,12 @@ it simulated (``waterwave.sim.schedules.SessionSchedule``).
   another's kernels; where each job alone keeps the device busy, turns win
   and the barriers between paired rounds only cost.
 
+The simulator probes all four. A trainer on a device probes only the ways
+that cannot run out of memory (``exec/concurrent.py``'s ``TRAINER_PROBES``:
+turns and the pairing): side by side could fail a step halfway, with batch
+norm's running statistics already updated, so it runs free only where the
+measured peaks fit.
+
 May import: this package.
 """
 from __future__ import annotations
