@@ -134,10 +134,15 @@ def fuzz_snapshot(data: bytes) -> None:
     """A snapshot file (pickle, or gzipped pickle), replayed when it reads."""
     fdp = atheris.FuzzedDataProvider(data)
     raw = fdp.ConsumeBytes(fdp.remaining_bytes())
-    path = _as_file(gzip.compress(raw) if raw[:1] == b"z" else raw, "snapshot")
+    _replayed(trace.from_snapshot, _as_file(gzip.compress(raw) if raw[:1] == b"z" else raw,
+                                            "snapshot"))
+
+
+def _replayed(load, path) -> None:
+    """What ``load`` reads from ``path``, replayed; what it refuses, refused
+    with one of the errors a bad file gets."""
     try:
-        t = trace.from_snapshot(path)
-        t.replay("waterwave", capacity=CAPACITY)
+        load(path).replay("waterwave", capacity=CAPACITY)
     except REFUSED:
         pass
 
@@ -185,12 +190,7 @@ def fuzz_plan(data: bytes) -> None:
 
 def fuzz_trace(data: bytes) -> None:
     """A trace file, replayed when it reads."""
-    path = _as_file(data, "trace.json")
-    try:
-        t = trace.Trace.load(path)
-        t.replay("waterwave", capacity=CAPACITY)
-    except REFUSED:
-        pass
+    _replayed(trace.Trace.load, _as_file(data, "trace.json"))
 
 
 def fuzz_csv(data: bytes) -> None:
