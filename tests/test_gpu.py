@@ -51,6 +51,9 @@ TRAIN = textwrap.dedent("""
         losses = []
         loop(net, opt, x, y, steps, losses)
         return losses
+    def two_jobs(ww):
+        return [ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
+                       name=f"job{k}") for k, (net, opt, x, y) in enumerate(setup() for _ in "ab")]
 """)
 
 
@@ -231,11 +234,7 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     out = run(TRAIN + textwrap.dedent("""
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)
-    jobs = []
-    for k in range(2):
-        net, opt, x, y = setup()
-        jobs.append(ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
-                           name=f"job{k}"))
+    jobs = two_jobs(ww)
     trainer = ww.ConcurrentTrainer(jobs)
     trainer.memory_limit = (sum(j.persistent_bytes() for j in jobs)
                             + int(1.5 * max(trainer.member(j).partition.peak for j in jobs)))
@@ -266,11 +265,7 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     import threading
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)
-    jobs = []
-    for k in range(2):
-        net, opt, x, y = setup()
-        jobs.append(ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
-                           name=f"job{k}"))
+    jobs = two_jobs(ww)
     session = ww.TrainingSession("cuda:0")
     from waterwave.exec.pipelined_job import PipelinedJob
     one_step = PipelinedJob(jobs[0], session.settings).partition.peak
