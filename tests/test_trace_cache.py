@@ -184,3 +184,25 @@ def test_trials_made_on_threads_at_once_each_train_exactly():
         t.join(timeout=300)
     assert all(r is not None and r[1] for r in results)
     assert sum(job.step_fn.reused for job, _ in results) == 5
+
+
+class Conv(torch.nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.head(self.conv(x).mean((2, 3)))
+
+
+def test_a_model_in_another_memory_format_traces_itself():
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 4, (2,))
+    jobs = []
+    for k, fmt in enumerate((torch.contiguous_format, torch.channels_last, torch.channels_last)):
+        model = Conv(k).to(memory_format=fmt)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        jobs.append(ww.Job(model, (x.contiguous(memory_format=fmt),), F.cross_entropy, opt,
+                           targets=(y,)))
+    assert [j.step_fn.reused for j in jobs] == [False, False, True]

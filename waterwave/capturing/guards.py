@@ -360,7 +360,7 @@ class StepGuard:
 def model_structure(model, loss_fn=None) -> tuple | None:
     """What two models must share for one trace to serve both: each
     module's name, class and mode, each parameter's and buffer's place,
-    dtype, shape, device and whether it is trained, and the loss's modules
+    dtype, shape, strides, device and whether it is trained, and the loss's modules
     likewise (a loss function: itself). None where a hook (a module's, a
     parameter's or a global one) makes the model's trace its own."""
     import torch
@@ -373,8 +373,10 @@ def model_structure(model, loss_fn=None) -> tuple | None:
         walk = _Walk(what)
         if walk.hooks or walk.gradient_hooks:
             return None
+        # Strides too: a channels-last weight traces other copies than a contiguous one.
+        strides = tuple(t.stride() for t in (*what.parameters(), *what.buffers()))
         parts.append((walk.names, tuple(type(m) for _, m in what.named_modules()),
-                      walk.training, walk.keys, walk.layouts, walk.requires_grad))
+                      walk.training, walk.keys, walk.layouts, strides, walk.requires_grad))
     if _global_hooks():
         return None
     return tuple(parts)

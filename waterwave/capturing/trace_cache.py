@@ -8,8 +8,8 @@ A trace holds what a step's code did with the model it traced, so it serves
 another model only where nothing it fixed can differ:
 
 - the same module tree (names, classes, train or eval modes), the same
-  parameters and buffers (places, dtypes, shapes, devices, which are
-  trained), no hooks anywhere (``guards.model_structure``);
+  parameters and buffers (places, dtypes, shapes, strides, devices, which
+  are trained), no hooks anywhere (``guards.model_structure``);
 - the same attributes read by the modules' code, each plain (a number, a
   string, a dtype: not a tensor, not an object) and equal
   (``guards.plain_reads``): a dropout's ``p``, a flag;
@@ -18,7 +18,7 @@ another model only where nothing it fixed can differ:
   its numbers, and step layout: the numbers themselves (a learning rate,
   betas) are traced as sentinels and put in each step's graph
   (``optimizers.ConstantSites``), so they may differ;
-- the same example inputs and targets (shapes, dtypes, devices), the same
+- the same example inputs and targets (shapes, strides, dtypes, devices), the same
   clipping, accumulation, autocast and gradient scaling.
 
 Anything else (a model whose code reads an object or a tensor attribute, a
@@ -161,8 +161,8 @@ def step_key(model, example_inputs, example_targets, loss_fn, optimizer,
     examples = []
     for x in (*example_inputs, *example_targets):
         if isinstance(x, torch.Tensor):
-            examples.append((tuple(x.shape), x.dtype, x.device, x.requires_grad, x.layout,
-                             x.is_contiguous()))
+            examples.append((tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad,
+                             x.layout))
         else:
             plain = guards.comparable(x)
             if plain is None or plain[0] == "tensor":
