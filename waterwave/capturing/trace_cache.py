@@ -22,7 +22,10 @@ another model only where nothing it fixed can differ:
   clipping, accumulation, autocast and gradient scaling.
 
 Anything else (a model whose code reads an object or a tensor attribute, a
-loss made per trial) is traced for itself, as before. Each model that takes
+loss made per trial) is traced for itself, as before. A value the code reads
+from a module-level global is not checked, across models as within one
+model's steps (``guards``): a search that changes such a global between
+trials must pass it as an attribute or an argument instead. Each model that takes
 a trace from here gets its own copy of the graph, its own constants put in,
 and its own ``StepGuard``, so it is checked before every step exactly as a
 model that traced itself.
