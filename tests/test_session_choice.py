@@ -36,7 +36,7 @@ def test_side_by_side_when_the_peaks_alone_fit_together():
 
 
 def test_the_fastest_probe_that_fitted_is_kept_the_simpler_of_a_tie():
-    jobs = [MeasuredAlone(100, 0.01, 64, 40), MeasuredAlone(150, 0.02, 64, 50)]
+    jobs = [MeasuredAlone(100, 0.01, 64), MeasuredAlone(150, 0.02, 64)]
     assert choose(jobs, 200, {FREE: None, TURNS: 10.0, SEQUENTIAL: 9.0,
                               MEMORY: 12.0}).pairing == MEMORY
     tie = choose(jobs, 200, {FREE: 12.0, TURNS: 10.0, SEQUENTIAL: 9.0, MEMORY: 12.0})
@@ -52,8 +52,8 @@ def test_bad_measurements_are_refused_by_name():
         MeasuredAlone(10, 0.0)
     with pytest.raises(ValueError, match="peak >= 0"):
         MeasuredAlone(-1, 0.1)
-    with pytest.raises(ValueError, match="persistent <= peak"):
-        MeasuredAlone(10, 0.1, 1, 11)
+    with pytest.raises(ValueError, match="samples >= 1"):
+        MeasuredAlone(10, 0.1, 0)
     with pytest.raises(ValueError, match="at least one job"):
         choose([], 10)
     with pytest.raises(ValueError, match="unknown probes"):

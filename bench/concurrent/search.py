@@ -88,12 +88,17 @@ def accuracy(lr: float, weight_decay: float, epoch: int) -> float:
     return top * (1 - math.exp(-epoch / (1.0 + 0.2 / lr ** 0.5))) + noise
 
 
-def rates(family: Family, schedule: str, k: int, kernels) -> dict[int, dict]:
-    """m -> the simulator's figures for m trials running together, m = 1..k:
-    samples per second of all, the GPU's busy share, the peak reserved, or
-    None where they run out of memory."""
-    model = JobModel(f"{family.model}-{family.side}px",
-                     lambda b: models.build(family.model, b, input_size=family.side))
+def job_model(family: Family) -> JobModel:
+    """The family's trial, its step captured once for every way."""
+    return JobModel(f"{family.model}-{family.side}px",
+                    lambda b: models.build(family.model, b, input_size=family.side))
+
+
+def rates(family: Family, model: JobModel, schedule: str, k: int,
+          kernels) -> dict[int, dict]:
+    """m -> the simulator's figures for m trials of ``model`` running
+    together, m = 1..k: samples per second of all, the GPU's busy share, the
+    peak reserved, or None where they run out of memory."""
     out = {}
     for m in range(1, k + 1):
         r, _ = simulate_models([model] * m, family.batch, GPU, schedule, family.memory_limit,
@@ -169,10 +174,12 @@ def run(families: list[str], trials: int, k: int, kernels=None) -> dict:
            "date": time.strftime("%Y-%m-%d"), "families": {}}
     for name in families:
         family = FAMILIES[name]
+        model = job_model(family)
         ways = {}
         for way, schedule in WAYS.items():
             slots = 1 if way == "one at a time" else k
-            ways[way] = search(family, trials, slots, rates(family, schedule, slots, kernels))
+            ways[way] = search(family, trials, slots,
+                               rates(family, model, schedule, slots, kernels))
         out["families"][name] = {"family": family.name, "ways": ways}
     return out
 

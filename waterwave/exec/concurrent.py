@@ -260,8 +260,7 @@ class ConcurrentTrainer(SettingsView):
                     peak = step_peak(plan)
                     if m.step_fn.device == "cuda":
                         peak = int(peak / (1 - FREE_MARGIN))
-                    alone.append(MeasuredAlone(peak, max(seconds, 1e-9), 1,
-                                               min(plan.persistent, peak)))
+                    alone.append(MeasuredAlone(peak, max(seconds, 1e-9)))
                 self._alone = alone
                 steps -= 1
             else:

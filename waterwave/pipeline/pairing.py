@@ -216,7 +216,8 @@ MARGIN, FREE_MARGIN = 0.03, 0.05
 
 
 def memory_rounds(jobs: list[JobPlan], memory_limit: int | None, steps: int,
-                  margin: float = MARGIN, free_margin: float = FREE_MARGIN) -> dict[int, list[tuple[int, int, int]]]:
+                  margin: float = MARGIN,
+                  free_margin: float = FREE_MARGIN) -> dict[int, list[tuple[int, int, int]]]:
     """Each job's (round, step, group) over ``steps`` steps under
     ``memory_limit`` bytes: ``MemoryPairing``'s whole run at once."""
     return whole_run(MemoryPairing(jobs, memory_limit, steps, margin, free_margin), steps)

@@ -38,18 +38,15 @@ from .schedules import FREE, MEMORY, SEQUENTIAL, TURNS
 class MeasuredAlone:
     """One job as measured training alone: the most bytes it held (as the
     allocator counts them, its cached blocks included), a steady step's
-    time, the samples a step trains, and the bytes it holds between steps
-    (its parameters and optimizer state)."""
+    time, and the samples a step trains."""
     peak: int
     step_seconds: float
     samples: int = 1
-    persistent: int = 0
 
     def __post_init__(self) -> None:
-        if (self.peak < 0 or not self.step_seconds > 0 or self.samples < 1
-                or not 0 <= self.persistent <= self.peak):
-            raise ValueError(f"a job measured alone needs peak >= 0 bytes, a step time > 0 s, "
-                             f"samples >= 1 and 0 <= persistent <= peak bytes, not {self}")
+        if self.peak < 0 or not self.step_seconds > 0 or self.samples < 1:
+            raise ValueError(f"a job measured alone needs peak >= 0 bytes, a step time > 0 s "
+                             f"and samples >= 1, not {self}")
 
 
 @dataclass(frozen=True)

@@ -232,9 +232,7 @@ class SessionSchedule:
             if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
                 return lockstep, None  # it runs out of memory alone: as side by side would
             alone.append(MeasuredAlone(r.peak_reserved, r.step_time_us[0] / 1e6,
-                                       t.meta.get("batch_size") or 1,
-                                       min(r.peak_reserved, sum(footprint(p[1])
-                                                                for p in t.persistent))))
+                                       t.meta.get("batch_size") or 1))
         choice = choose(alone, self.memory_limit)
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
                       pipeline.SEQUENTIAL: sequential, pipeline.MEMORY: self.pairing()}

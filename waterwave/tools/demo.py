@@ -19,7 +19,7 @@ import os
 from ..sim.eager import eager_trace
 from ..sim.jobs import JobModel
 from ..sim.kernels import KernelModel
-from ..sim.maxbatch import max_batch
+from ..sim.maxbatch import max_batch, simulate_models
 from ..sim.multijob import simulate
 from ..sim.schedules import ALLOCATORS
 from ..sim.schedules import schedule as named_schedule
@@ -56,15 +56,11 @@ def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",
         jobs = [jm.trace_at(batch, gpu, kernels, stream=0,
                             partition=getattr(sched, "partition", None)) for _ in range(2)]
         runs[name] = simulate(jobs, gpu, memory_limit, sched, policy, steps, config=config)
-    # The plain ways beside a training session's choice, at that batch.
-    plain = [jm.trace_at(batch, gpu, kernels, stream=0) for _ in range(2)]
-    one_by_one = simulate(plain, gpu, memory_limit, "sequential", "pytorch", steps, record=False)
-    session = named_schedule("session", memory_limit)
-    cut = [jm.trace_at(batch, gpu, kernels, stream=0, partition=session.partition)
-           for _ in range(2)]
-    own_policy, own_config = ALLOCATORS["session"]
-    chose = simulate(cut, gpu, memory_limit, session, own_policy, steps, config=own_config,
-                     record=False)
+    # One after another beside a training session's choice, at that batch,
+    # each under its own allocator.
+    one_by_one, chose = (simulate_models([jm, jm], batch, gpu, name, memory_limit, kernels,
+                                         steps, record=False)[0]
+                         for name in ("sequential", "session"))
     results["at_waterwave_batch"] = {
         "batch": batch, **{k: {"ok": r.ok, "peak_reserved": r.peak_reserved,
                                "peak_allocated": r.peak_allocated,
