@@ -220,6 +220,67 @@ def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync(kin
 
 
 
+def _state_as_eager(ref_opt, opt, reference, model):
+    """The two optimizers hold state for the same parameters, and equal state."""
+    assert [a in ref_opt.state for a in reference.parameters()] == [
+        b in opt.state for b in model.parameters()]
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+        if a in ref_opt.state:
+            assert ref_opt.state[a].keys() == opt.state[b].keys()
+            for key, value in ref_opt.state[a].items():
+                assert torch.equal(torch.as_tensor(opt.state[b][key]), torch.as_tensor(value))
+
+
+@pytest.mark.parametrize("how", ["job", "optimize"])
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adagrad", "nadam"])
+def test_steps_a_grad_scaler_skipped_leave_no_optimizer_state_as_eager_leaves_none(kind, how):
+    """A GradScaler skips a step whose gradients hold an inf (common in a
+    float16 run's first steps, while the scale settles), and eager then
+    never calls optimizer.step(): the optimizer makes no state. A call whose
+    every step was skipped leaves none either; the next call's good step
+    makes it, as eager's first real step does."""
+    data = list(DataLoader(dataset(n=16), batch_size=8))
+    bad = data[0][0].clone()
+    bad[0, 0] = float("inf")
+    data = [(bad, data[0][1]), data[1]]
+    model = net(0)
+    reference = copy.deepcopy(model)
+
+    def scaler():
+        return torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+
+    ref_opt, ref_scaler = SCALED[kind](reference.parameters()), scaler()
+    opt, our_scaler = SCALED[kind](model.parameters()), scaler()
+    if how == "optimize":
+        trainer = ww.optimize(model, (data[1][0],), loss_fn, opt, example_targets=(data[1][1],),
+                              autocast_dtype=torch.float16, grad_scaler=our_scaler)
+
+        def train_one(i):
+            return trainer.step(data[i][0], targets=data[i][1]).item()
+    else:
+        job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data,
+                     autocast_dtype=torch.float16, grad_scaler=our_scaler)
+        session = ww.TrainingSession("cpu")
+
+        def train_one(i):
+            return job.train(1, session=session)[0]
+    for i in range(2):  # the first step is skipped, the second is not
+        x, y = data[i]
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(reference(x), y)
+        ref_scaler.scale(loss).backward()
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+        got = train_one(i)
+        torch.testing.assert_close(got, loss.item(), equal_nan=True)
+        assert our_scaler.state_dict() == ref_scaler.state_dict()
+        # Eager makes no state until a good step (Adagrad's, when it is made).
+        assert kind == "adagrad" or (len(ref_opt.state) == 0) == (i == 0)
+        _state_as_eager(ref_opt, opt, reference, model)
+
+
 def test_a_grad_scaler_over_float16_parameters_is_refused_as_eager_refuses_it():
     model = net(0).half()
     x, y = torch.randn(4, 16).half(), torch.randint(0, 4, (4,))

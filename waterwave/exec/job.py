@@ -139,6 +139,14 @@ class Job:
         session.train(self, steps)
         return self.losses[before:]
 
+    def forget_skipped_state(self) -> None:
+        """After a call's steps: optimizer state made for steps a GradScaler
+        skipped goes again, as eager makes none (``CapturedStep.forget_skipped_state``)."""
+        self.step_fn.forget_skipped_state()
+        for capture in self._other_shapes.values():
+            if capture is not None:
+                capture.forget_skipped_state()
+
     def after_step(self) -> None:
         """After each step's update, on the job's thread: its per-step
         schedulers step, as ``scheduler.step()`` follows

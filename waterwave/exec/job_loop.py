@@ -126,6 +126,8 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
             if measure is not None:
                 measure.report(None)
             job.losses += [float(x) for x in pending]  # the steps it finished
+            if job.error is None:
+                job.forget_skipped_state()
             if stream is not None:  # the caller reads the parameters on the default stream
                 torch.cuda.default_stream(stream.device).wait_stream(stream)
         except BaseException as e:

@@ -106,6 +106,9 @@ class CapturedStep:
         self.guard = guards.StepGuard(model, self.device, reads.read, loss_fn)
         self.attribute_outputs = reads.outputs  # what clear_step_outputs marks
         self.steps = 0  # steps run through this capture
+        # Parameters whose optimizer state a step under a GradScaler made
+        # (forget_skipped_state): gone again if every step skipped them.
+        self.fresh_state: list = []
         self.variant = self.variant_now()  # what a Job follows by capturing again
 
     @property
@@ -191,7 +194,10 @@ class CapturedStep:
         opt = self.optimizer
         optimizers.begin_step(opt, self.shapes)
         self._follow_hyperparameters()
+        had = None if self.grad_scaler is None else [p in opt.state for p in self.params]
         state = optimizers.step_tensors(opt, self.params, self.groups, self.device_steps)
+        if had is not None and not all(had):
+            self.fresh_state += [p for p, h in zip(self.params, had) if not h and p in opt.state]
         scalars = []
         if not self.device_steps:  # else the step counts and corrects on the device
             steps = optimizers.count_step(opt, self.params, self.groups, self.cohorts,
@@ -207,6 +213,36 @@ class CapturedStep:
             scaler = [gs._scale, gs._growth_tracker]
         return ([p.detach() for p in self.params] + [b.detach() for b in self.buffers]
                 + state + scalars + scaler + list(data))
+
+    def forget_skipped_state(self) -> None:
+        """After a call's steps: the optimizer state its steps made for
+        parameters that no step since has updated goes again. Under a
+        GradScaler, eager code never calls ``optimizer.step()`` for a step
+        the scaler skips (an inf in the gradients, common while a float16
+        run's scale settles), so the optimizer makes no state before its
+        first good step; a captured step takes its state as inputs and makes
+        it first. Adam and the others count their steps on the device: a
+        count of 0 says no step updated the parameter. SGD's momentum buffer
+        is the first good step's gradient: some parameter's is nonzero
+        unless every step was skipped."""
+        import torch
+
+        fresh, self.fresh_state = self.fresh_state, []
+        opt = self.optimizer
+        fresh = [p for p in fresh if p in opt.state]
+        if not fresh:
+            return
+        if self.device_steps:
+            skipped = [c == 0 for c in _read_at_once([opt.state[p]["step"].double()
+                                                      for p in fresh])]
+        else:
+            stepped = any(_read_at_once([t.ne(0).any() for p in fresh
+                                         for t in opt.state[p].values()
+                                         if isinstance(t, torch.Tensor)]))
+            skipped = [not stepped] * len(fresh)
+        for p, gone in zip(fresh, skipped):
+            if gone:
+                del opt.state[p]
 
     def _follow_hyperparameters(self) -> None:
         """Values the groups hold now, put where the update's constants sit in
@@ -298,3 +334,17 @@ def _same_value(a, b) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # noqa: BLE001 (an object whose == is not a truth value)
         return False
+
+
+def _read_at_once(values: list) -> list:
+    """The 0-d tensors' values, read with one wait per device, not one each."""
+    import torch
+
+    by_device: dict = {}
+    for i, v in enumerate(values):
+        by_device.setdefault(v.device, []).append(i)
+    out = [None] * len(values)
+    for indices in by_device.values():
+        for i, v in zip(indices, torch.stack([values[i] for i in indices]).tolist()):
+            out[i] = v
+    return out

@@ -124,6 +124,7 @@ class Trainer:
         if self._plan_device is None:
             with grad_mode():
                 loss = self.module(*flat)
+            self._captured.forget_skipped_state()
             return loss.to("cpu") if self._loss_to_cpu else loss
         self._planned_steps += 1
         recording = not self._recorded and self._planned_steps >= 2  # the first one warms up
@@ -138,6 +139,7 @@ class Trainer:
             if recording:
                 cuda.stop_recording(self._plan_device)
             raise
+        self._captured.forget_skipped_state()
         if recording:
             self._install_recorded_plan()
         return loss
