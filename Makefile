@@ -101,8 +101,12 @@ sanitize-build: $(SAN_BINS)
 sanitize: sanitize-build
 	RANDOM_RUN_OPS=$(RANDOM_RUN_OPS) JOBS=$(JOBS) tests/cpp/run_all.sh $(BIN)
 
+# The Python suite on every core (pytest-xdist): a test file's tests run in
+# one worker, in their order, as they would alone.
+PYTEST := $(PY) -m pytest -q -n $(JOBS) --dist loadfile
+
 test-python: build
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # The sanitizer build, then its runs beside the Python suite: neither reads
 # the other's files. A failure of either fails `make test`.
@@ -114,7 +118,7 @@ test:
 test-side-by-side:
 	@mkdir -p $(BIN); \
 	( $(MAKE) --no-print-directory sanitize > $(BIN)/sanitize.log 2>&1; echo $$? > $(BIN)/sanitize.rc ) & \
-	$(PY) -m pytest -q 2>&1 | tee $(BIN)/pytest.log; py=$${PIPESTATUS[0]}; wait; \
+	$(PYTEST) 2>&1 | tee $(BIN)/pytest.log; py=$${PIPESTATUS[0]}; wait; \
 	echo "---- sanitizer runs (tests/cpp/run_all.sh) ----"; cat $(BIN)/sanitize.log; \
 	san=$$(cat $(BIN)/sanitize.rc); \
 	echo "make test: pytest exit $$py, sanitizer runs exit $$san; pytest's summary:"; \

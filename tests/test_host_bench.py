@@ -64,6 +64,13 @@ def test_the_job_train_benchmark_measures_both_ways_and_reports(tmp_path):
     split = res["rows"][2]
     assert split["train_team"] == split["eager_threads_team"] == max(1, cores // 2)
     assert split["eager_team"] == two["eager_team"] == two["train_team"] == torch_threads()
+    # --quick measures in its own process; a full run measures each in a fresh one, so:
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "train_host.py"),
+                        "--one", "mlp", "2", "1", "train", "split"], capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fresh = json.loads(r.stdout.strip().splitlines()[-1])
+    assert fresh["seconds"] > 0 and fresh["team"] == max(1, cores // 2)
 
 
 def test_the_throughput_benchmark_simulates_every_schedule_and_reports(tmp_path):

@@ -217,6 +217,21 @@ MALLOC = {"default": {}, "no-trim": {"MALLOC_TRIM_THRESHOLD_": str(4 << 30),
                                      "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}}
 
 
+def measure_here(model_name: str, jobs: int, steps: int, mode: str, malloc: str = "default",
+                 teams: str = "default") -> dict:
+    """One measurement in this process (``--quick``: the suite's check that
+    the benchmark runs and reports; its figures are not comparable, since
+    each measurement runs beside what the ones before left behind). The
+    OpenMP team is put back afterwards."""
+    if malloc != "default":
+        raise ValueError("glibc's malloc settings are read at process start: measure() them")
+    threads = torch.get_num_threads()
+    try:
+        return run_mode(model_name, jobs, steps, mode, teams)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure(model_name: str, jobs: int, steps: int, mode: str, malloc: str = "default",
             teams: str = "default") -> dict:
     """One measurement, in a fresh process, under the ``malloc`` settings."""
@@ -243,7 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", nargs="+", type=int)
     ap.add_argument("--tag", default="", help="write train_host_TAG.{json,md}")
     ap.add_argument("--quick", action="store_true",
-                    help="one model, 1 and 2 jobs, 3 steps, default malloc")
+                    help="one model, 1 and 2 jobs, 3 steps, default malloc, all in this "
+                         "process (a check that it runs: figures not comparable)")
     ap.add_argument("--one", nargs=5, metavar=("MODEL", "JOBS", "STEPS", "MODE", "TEAMS"),
                     help=argparse.SUPPRESS)  # one measurement: what measure() runs
     args = ap.parse_args(argv)
@@ -258,6 +274,7 @@ def main(argv=None) -> int:
     repeats = 1 if args.quick else args.repeats
     mallocs = (["default"] if args.quick else
                list(MALLOC) if args.malloc == "both" else [args.malloc])
+    one = measure_here if args.quick else measure
     rows = []
     cases = [(m, j, a, t) for m in models for j in counts for a in mallocs for t in team_kinds
              if j > 1 or t == "default"]  # one job: one team either way
@@ -266,7 +283,7 @@ def main(argv=None) -> int:
         runs: dict[str, list[dict]] = {mode: [] for mode in modes}
         for _ in range(repeats):  # in turn, so that drift hits all alike
             for mode in modes:
-                runs[mode].append(measure(model_name, jobs, steps, mode, malloc, teams))
+                runs[mode].append(one(model_name, jobs, steps, mode, malloc, teams))
         row = {"model": model_name, "jobs": jobs, "malloc": malloc, "teams": teams,
                "steps_per_job": steps}
         for mode, got in runs.items():
@@ -300,7 +317,8 @@ def main(argv=None) -> int:
              f"Machine: {machine}; {time.strftime('%Y-%m-%d')}. Made by "
              "`python bench/concurrent/train_host.py`: per figure, the median of "
              f"{repeats} runs of {steps} steps per job, after a warm-up call, each run in a fresh "
-             "process.", "",
+             "process" + (" (--quick: all in one process; not comparable)" if args.quick else "")
+             + ".", "",
              "glibc malloc: `default`, or `no-trim` (MALLOC_TRIM_THRESHOLD_=4 GiB, "
              "MALLOC_MMAP_THRESHOLD_=32 MiB: freed memory stays in the process).", "",
              "OpenMP teams: `default`, every thread's team all cores; `split`, k threads' teams "
