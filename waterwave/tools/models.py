@@ -58,10 +58,11 @@ def check_input_size(name: str, input_size: int | None) -> None:
 
 def is_known(name: str) -> bool:
     return (name in TORCHVISION or name in TRANSFORMERS or _torchvision_classifier(name)
-            or name.startswith("hf:") or _is_callable_spec(name))
+            or name.startswith("hf:") or is_user_model(name))
 
 
-def _is_callable_spec(name: str) -> bool:
+def is_user_model(name: str) -> bool:
+    """A model from the user's own module (``module:function``), not the library's."""
     module, sep, attr = name.partition(":")
     return bool(sep and module and attr and all(p.isidentifier() for p in module.split("."))
                 and attr.isidentifier())
@@ -228,7 +229,7 @@ def _build(name: str, batch_size: int, device: str, side: int = 224):
                              f"model from this configuration{''.join(refusals[:1])}; check the "
                              "values given, or pass your own model as module:callable")
         return model, *_token_inputs(cfg, batch_size, device)
-    if _is_callable_spec(name):
+    if is_user_model(name):
         return _user_model(name, batch_size)
     if name in TRANSFORMERS:
         transformers = _transformers(name)

@@ -49,17 +49,27 @@ def _mib(b) -> str:
     return "-" if b is None else f"{b / 2**20:,.0f} MiB"
 
 
+# The library's models, captured once a process: a model's steps are the
+# same whichever command asks (a user's module is read afresh each time).
+_LIBRARY_JOB_MODELS: dict[tuple[str, int | None], JobModel] = {}
+
+
 def _job_models(names: list[str], input_size: int | None = None):
     for n in names:
         if not models.is_known(n):
             raise ValueError(f"unknown model {n!r}: choose one of {', '.join(models.names())}, "
                              "or any torchvision image classifier")
         models.check_input_size(n, input_size)
-    # At another input size a model is another model: its own name (so the
-    # kernel tables measured at 224x224 are not taken for it).
-    cache = {n: JobModel(n if input_size is None else f"{n}-{input_size}px",
-                         lambda b, n=n: models.build(n, b, input_size=input_size))
-             for n in set(names)}
+
+    def job_model(n: str) -> JobModel:
+        # At another input size a model is another model: its own name (so
+        # the kernel tables measured at 224x224 are not taken for it).
+        made = JobModel(n if input_size is None else f"{n}-{input_size}px",
+                        lambda b: models.build(n, b, input_size=input_size))
+        if models.is_user_model(n):
+            return made
+        return _LIBRARY_JOB_MODELS.setdefault((n, input_size), made)
+    cache = {n: job_model(n) for n in set(names)}
     return [cache[n] for n in names]
 
 
