@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "waterwave"
 # allocator's CUDA face, over alloc; ``trace`` is the face of sim.trace. The
 # simulator sees the pipeline, never the executors: both run its schedules.
 ALLOWED = {
-    "graph": set(),
+    "graph": {"_C"},
     "capturing": {"graph"},
     "alloc": {"_C"},
     "cuda": {"_C", "alloc"},

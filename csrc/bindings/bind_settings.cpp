@@ -151,6 +151,9 @@ void bind_settings(py::module_& m) {
   m.def("segment_size", [](std::size_t rounded, const AllocatorConfig& c) {
         return SizeRules{c}.segment_size(rounded);
       }, py::arg("rounded"), py::arg("config") = AllocatorConfig());
+  m.def("footprint", [](std::size_t n, const AllocatorConfig& c) { return SizeRules{c}.footprint(n); },
+        py::arg("nbytes"), py::arg("config") = AllocatorConfig(),
+        "What a request of nbytes costs the cache (SizeRules::footprint).");
 }
 
 }  // namespace waterwave::bindings

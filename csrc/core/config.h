@@ -79,6 +79,14 @@ struct SizeRules {
     return rounded <= kSmallSize ? kSmallPool : kLargePool;
   }
   std::size_t segment_size(std::size_t rounded) const;
+  // What a request of `bytes` costs the cache: its rounded block, which
+  // shares a segment, or from kMinLargeAlloc up the segment of its own it
+  // gets. The planner and the pipeline count tensors at this (bound for
+  // Python as waterwave._C.footprint).
+  std::size_t footprint(std::size_t bytes) const {
+    const std::size_t rounded = round_size(bytes);
+    return rounded < kMinLargeAlloc ? rounded : segment_size(rounded);
+  }
   bool should_split(PoolKind pool, std::size_t block_size, std::size_t request) const;
   // Oversize rules: may a request of `request` bytes take a free block of
   // `block_size` bytes? (Inert while max_split_size is unlimited.)

@@ -46,7 +46,6 @@ from .input_limits import input_limits, read_bytes
 FORMAT = "waterwave-graph"
 VERSION = 1
 KINDS = ("input", "param", "buffer", "grad", "optimizer_state", "activation")
-ALIGN = 512
 
 
 class GraphError(ValueError):
@@ -109,11 +108,6 @@ def check_header(d: object, fmt: str, version: int, error: type[ValueError], red
     if d.get("version") != version:
         raise error(f"{fmt} format version {d.get('version')!r} is not supported "
                     f"(this waterwave reads version {version}); {redo}")
-
-
-def round_size(nbytes: int) -> int:
-    """Round to PyTorch's 512-byte allocation granularity (0 stays 0)."""
-    return 0 if nbytes <= 0 else -(-nbytes // ALIGN) * ALIGN
 
 
 @dataclass

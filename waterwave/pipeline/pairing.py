@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..graph import Graph
+from ..graph import Graph, footprint
 from ..graph.lifetimes import lifetimes
 from .nodegroups import Partition
 
@@ -502,14 +502,6 @@ def graph_plan(job: int, g: Graph, part: Partition) -> JobPlan:
             level -= freed.get(v, 0)
         groups.append((level, rise))
     return JobPlan(job, sum(size[t] for t in kept), groups)
-
-
-def footprint(nbytes: int) -> int:
-    """What a tensor of ``nbytes`` costs the caching allocator: 512-byte
-    blocks, and a large tensor (over 10 MiB) its own segment in 2 MiB
-    steps (PyTorch's rules, both policies'). Plans count these, not bytes."""
-    rounded = -(-nbytes // 512) * 512
-    return -(-rounded // (2 << 20)) * (2 << 20) if rounded > 10 << 20 else rounded
 
 
 def step_peak(j: JobPlan) -> int:

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
-from ..pipeline.pairing import JobGroups, JobPlan, footprint, whole_run
+from ..graph import footprint
+from ..pipeline.pairing import JobGroups, JobPlan, whole_run
 from ..pipeline.pass_profile import START, Region, coarsen, gate_keys, split_for
 from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, choose
 from .trace import Trace
