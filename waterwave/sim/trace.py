@@ -63,6 +63,12 @@ class TraceError(ValueError):
     """A trace or snapshot that cannot be read, named with what is wrong."""
 
 
+def over_block_limit(where: str, size: int, limit: int) -> TraceError:
+    """The error for a block past ``InputLimits.block_bytes``, naming how to raise it."""
+    return TraceError(f"{where}: a block of {size:,} bytes is over the limit of {limit:,} for one "
+                      "block (waterwave.set_input_limits(block_bytes=...) raises it)")
+
+
 @dataclass
 class Op:
     name: str
@@ -140,9 +146,7 @@ class Trace:
                              "waterwave.set_input_limits(streams=...) if the trace is genuine")
         sizes = [n for _, n, _, _ in self.persistent] + [n for op in self.ops for _, n in op.alloc]
         if sizes and max(sizes) > limits.block_bytes:
-            raise TraceError(f"{where}: a block of {max(sizes):,} bytes is over the limit of "
-                             f"{limits.block_bytes:,} for one block (waterwave.set_input_limits("
-                             "block_bytes=...) raises it)")
+            raise over_block_limit(where, max(sizes), limits.block_bytes)
         seen: dict[int, bool] = {}  # block -> still live
         persistent = {p[0] for p in self.persistent}
         at = self.persistent_at()
@@ -343,7 +347,7 @@ def from_snapshot(path: str, device: int = 0) -> Trace:
                          "torch.cuda.memory._record_memory_history(enabled='all')")
     stream_ids: list[int] = []
     stream_index: dict[int, int] = {}
-    most_streams = input_limits().streams
+    most_streams, most_bytes = input_limits().streams, input_limits().block_bytes
     t = Trace(path.rsplit("/", 1)[-1], meta={"source": "snapshot", "device": device})
     block_at: dict[int, int] = {}  # address -> live block
     blocks = 0
@@ -366,6 +370,8 @@ def from_snapshot(path: str, device: int = 0) -> Trace:
             stream_index[stream] = len(stream_ids)
             stream_ids.append(stream)
         s = stream_index[stream]
+        if size > most_bytes:  # before rounding: the allocator's arithmetic stops at 2**62
+            raise over_block_limit(f"{path}: event {i}", size, most_bytes)
         if e["action"] == "alloc":
             if addr in block_at:
                 raise TraceError(f"{path}: event {i} allocates {addr:#x} twice without a free: "
