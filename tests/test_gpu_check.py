@@ -42,15 +42,23 @@ def stand_in(monkeypatch, scripts: dict) -> None:
         (name, [sys.executable, "-c", code]) for name, code in scripts.items()])
 
 
+def run_stand_in(monkeypatch, tmp_path, scripts: dict, *args: str) -> tuple[int, dict | None]:
+    """gpu_check's exit code and its report, run on ``stand_in(scripts)``
+    with ``args`` after ``--out tmp_path``."""
+    stand_in(monkeypatch, scripts)
+    code = gpu_check.main(["--out", str(tmp_path), *args])
+    report = tmp_path / "gpu_check.json"
+    return code, json.loads(report.read_text()) if report.exists() else None
+
+
 def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, monkeypatch):
-    stand_in(monkeypatch, {
+    code, report = run_stand_in(monkeypatch, tmp_path, {
         "quick": "pass",
         "broken": "raise SystemExit(3)",
         "slow": "import time; print('a first figure', flush=True); time.sleep(60)",
         "late": "pass",
-    })
-    assert gpu_check.main(["--out", str(tmp_path), "--budget-min", "0.1"]) == 1
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    }, "--budget-min", "0.1")
+    assert code == 1
     assert report["device"] == "a stand-in GPU"
     assert [p["status"] for p in report["parts"]] == [
         "passed", "failed (exit 3)", "stopped: budget spent", "not run: budget spent"]
@@ -62,14 +70,13 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
 
 
 def test_only_runs_the_parts_named_and_refuses_a_word_no_part_holds(tmp_path, monkeypatch, capsys):
-    stand_in(monkeypatch, {
+    code, report = run_stand_in(monkeypatch, tmp_path, {
         "GPU tests (pytest -m gpu)": "raise SystemExit(1)",
         "concurrent jobs under 12 GiB": "print('ran')",
         "ConcurrentTrainer's largest batch": "print('ran too')",
         "training under each allocator": "raise SystemExit(1)",
-    })
-    assert gpu_check.main(["--out", str(tmp_path), "--only", "CONCURRENT"]) == 0
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    }, "--only", "CONCURRENT")
+    assert code == 0
     assert [p["part"] for p in report["parts"]] == [
         "concurrent jobs under 12 GiB", "ConcurrentTrainer's largest batch"]
     assert (tmp_path / "gpu_part_concurrent_jobs_under_12_gib.log").read_text() == "ran\n"
