@@ -1,6 +1,7 @@
 """The graph of one training step: operators in program order, tensors as
 storages, sizes as the caching allocator rounds them, and its JSON format
-(``graph.py``), by the allocator's own rules (``sizes.py``); tensor lifetimes under an operator order and the peaks and
+(``graph.py``); those sizes by the allocator's own rules (``sizes.py``);
+tensor lifetimes under an operator order and the peaks and
 bounds they imply (``lifetimes.py``); the limits on files read from
 elsewhere (``input_limits.py``).
 Capture makes it; the planner, the executors and the simulator read it.

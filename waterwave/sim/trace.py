@@ -347,7 +347,8 @@ def from_snapshot(path: str, device: int = 0) -> Trace:
                          "torch.cuda.memory._record_memory_history(enabled='all')")
     stream_ids: list[int] = []
     stream_index: dict[int, int] = {}
-    most_streams, most_bytes = input_limits().streams, input_limits().block_bytes
+    limits = input_limits()
+    most_streams, most_bytes = limits.streams, limits.block_bytes
     t = Trace(path.rsplit("/", 1)[-1], meta={"source": "snapshot", "device": device})
     block_at: dict[int, int] = {}  # address -> live block
     blocks = 0
