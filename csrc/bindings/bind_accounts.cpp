@@ -3,6 +3,7 @@
 // (cuda_accounts()), the CPU's (cpu_accounts()), or a ledger of its own
 // (ThreadAccounts(), whose allocations are told to it: allocate/free).
 #include <cstdint>
+#include <utility>
 
 #include "../core/errors.h"
 #include "../runtime/cpu_accounts.h"
@@ -33,6 +34,16 @@ int gate_holding_the_gil_if_it_admits(ThreadAccounts& a, std::int64_t id,
 std::size_t rise_or_unknown(const py::object& rise) {
   return rise.is_none() ? kUnknownRise : rise.cast<std::size_t>();
 }
+
+// share_stats()'s fields by name, each named once: the bytes, then the counts.
+using Share = ShareStats;
+constexpr std::pair<const char*, std::size_t Share::*> kShareBytes[] = {
+    {"budget", &Share::budget}, {"outside", &Share::outside},
+    {"members_live", &Share::members_live}, {"peak", &Share::peak}, {"held", &Share::held},
+    {"active", &Share::active}, {"waiting", &Share::waiting}};
+constexpr std::pair<const char*, long long Share::*> kShareCounts[] = {
+    {"gate_waits", &Share::gate_waits}, {"allocation_waits", &Share::allocation_waits},
+    {"overshoots", &Share::overshoots}, {"forced", &Share::forced}, {"failed", &Share::failed}};
 
 }  // namespace
 
@@ -88,18 +99,8 @@ void bind_accounts(py::module_& m) {
       .def("share_stats", [](ThreadAccounts& a) {
         const ShareStats s = a.share_stats();
         py::dict d;
-        d["budget"] = s.budget;
-        d["outside"] = s.outside;
-        d["members_live"] = s.members_live;
-        d["peak"] = s.peak;
-        d["held"] = s.held;
-        d["active"] = s.active;
-        d["waiting"] = s.waiting;
-        d["gate_waits"] = s.gate_waits;
-        d["allocation_waits"] = s.allocation_waits;
-        d["overshoots"] = s.overshoots;
-        d["forced"] = s.forced;
-        d["failed"] = s.failed;
+        for (const auto& [name, field] : kShareBytes) d[name] = s.*field;
+        for (const auto& [name, field] : kShareCounts) d[name] = s.*field;
         return d;
       })
       .def("reset_share_peak", &ThreadAccounts::reset_share_peak)

@@ -34,24 +34,47 @@ void AllocatorStats::note_allocated_change() {
 }
 
 namespace {
+// A field of AllocatorStats with the name flatten() gives it: each field
+// named once, for every function that walks them.
+template <typename T>
+struct Field {
+  const char* name;
+  T AllocatorStats::*member;
+};
+using S = AllocatorStats;
+
 // Every Stat of PyTorch's kind: the nine StatArrays' three each, and the two
 // oversize counts.
-constexpr StatArray AllocatorStats::*kStatArrays[] = {
-    &AllocatorStats::allocation,   &AllocatorStats::allocated_bytes,
-    &AllocatorStats::requested_bytes, &AllocatorStats::active,
-    &AllocatorStats::active_bytes, &AllocatorStats::segment,
-    &AllocatorStats::reserved_bytes, &AllocatorStats::inactive_split,
-    &AllocatorStats::inactive_split_bytes};
-constexpr Stat AllocatorStats::*kStats[] = {&AllocatorStats::oversize_allocations,
-                                            &AllocatorStats::oversize_segments};
+constexpr Field<StatArray> kStatArrays[] = {
+    {"allocation", &S::allocation}, {"allocated_bytes", &S::allocated_bytes},
+    {"requested_bytes", &S::requested_bytes}, {"active", &S::active},
+    {"active_bytes", &S::active_bytes}, {"segment", &S::segment},
+    {"reserved_bytes", &S::reserved_bytes}, {"inactive_split", &S::inactive_split},
+    {"inactive_split_bytes", &S::inactive_split_bytes}};
+constexpr Field<Stat> kStats[] = {{"oversize_allocations", &S::oversize_allocations},
+                                  {"oversize_segments", &S::oversize_segments}};
+// PyTorch's accumulated counts: add() sums them, reset_accumulated() zeroes them.
+constexpr Field<std::int64_t> kAccumulated[] = {
+    {"num_alloc_retries", &S::num_alloc_retries}, {"num_ooms", &S::num_ooms},
+    {"num_sync_all_streams", &S::num_sync_all_streams},
+    {"num_device_alloc", &S::num_device_alloc}, {"num_device_free", &S::num_device_free}};
+// The other figures flatten() reports as they stand.
+constexpr Field<std::int64_t> kFigures[] = {
+    {"num_page_moves", &S::num_page_moves}, {"max_split_size", &S::max_split_size},
+    {"num_sync_and_coalesce", &S::num_sync_and_coalesce},
+    {"num_stream_waits", &S::num_stream_waits}, {"num_events_recorded", &S::num_events_recorded},
+    {"num_event_queries", &S::num_event_queries},
+    {"num_host_event_syncs", &S::num_host_event_syncs}, {"num_oom_retries", &S::num_oom_retries},
+    {"allocated_bytes.at_peak_reserved", &S::allocated_at_peak_reserved},
+    {"largest_free_block", &S::largest_free_block}, {"synced_free_bytes", &S::synced_free_bytes},
+    {"pending_free_bytes", &S::pending_free_bytes}};
 
-// visit(Stat& in s, const Stat& the same one in t) for each of them.
 template <typename Visit>
 void for_each_stat(AllocatorStats& s, const AllocatorStats& t, Visit visit) {
-  for (auto member : kStatArrays) {
-    for (int i = 0; i < 3; ++i) visit((s.*member).s[i], (t.*member).s[i]);
+  for (const auto& field : kStatArrays) {
+    for (int i = 0; i < 3; ++i) visit((s.*field.member).s[i], (t.*field.member).s[i]);
   }
-  for (auto member : kStats) visit(s.*member, t.*member);
+  for (const auto& field : kStats) visit(s.*field.member, t.*field.member);
 }
 
 template <typename Visit>
@@ -67,11 +90,7 @@ void AllocatorStats::add(const AllocatorStats& other) {
     x.allocated += y.allocated;
     x.freed += y.freed;
   });
-  num_alloc_retries += other.num_alloc_retries;
-  num_ooms += other.num_ooms;
-  num_sync_all_streams += other.num_sync_all_streams;
-  num_device_alloc += other.num_device_alloc;
-  num_device_free += other.num_device_free;
+  for (const auto& field : kAccumulated) this->*field.member += other.*field.member;
 }
 
 void AllocatorStats::reset_peaks() {
@@ -81,7 +100,7 @@ void AllocatorStats::reset_peaks() {
 
 void AllocatorStats::reset_accumulated() {
   for_each_stat(*this, [](Stat& x) { x.reset_accumulated(); });
-  num_alloc_retries = num_ooms = num_sync_all_streams = num_device_alloc = num_device_free = 0;
+  for (const auto& field : kAccumulated) this->*field.member = 0;
 }
 
 double AllocatorStats::fragmentation_at_peak() const {
@@ -111,39 +130,15 @@ std::map<std::string, double> AllocatorStats::flatten(bool with_pools) const {
       put_stat(name + ".large_pool", a.s[2]);
     }
   };
-  put_array("allocation", allocation);
-  put_array("allocated_bytes", allocated_bytes);
-  put_array("requested_bytes", requested_bytes);
-  put_array("active", active);
-  put_array("active_bytes", active_bytes);
-  put_array("segment", segment);
-  put_array("reserved_bytes", reserved_bytes);
-  put_array("inactive_split", inactive_split);
-  put_array("inactive_split_bytes", inactive_split_bytes);
-  put_stat("oversize_allocations", oversize_allocations);
-  put_stat("oversize_segments", oversize_segments);
-  out["num_alloc_retries"] = num_alloc_retries;
-  out["num_ooms"] = num_ooms;
-  out["num_sync_all_streams"] = num_sync_all_streams;
-  out["num_device_alloc"] = num_device_alloc;
-  out["num_device_free"] = num_device_free;
-  out["num_page_moves"] = num_page_moves;
-  out["max_split_size"] = max_split_size;
+  for (const auto& field : kStatArrays) put_array(field.name, this->*field.member);
+  for (const auto& field : kStats) put_stat(field.name, this->*field.member);
+  for (const auto& field : kAccumulated) out[field.name] = this->*field.member;
+  for (const auto& field : kFigures) out[field.name] = this->*field.member;
   for (int i = 0; i < static_cast<int>(Served::kCount); ++i) {
     out[std::string("served.") + served_name(static_cast<Served>(i))] = served[i];
   }
-  out["num_sync_and_coalesce"] = num_sync_and_coalesce;
-  out["num_stream_waits"] = num_stream_waits;
-  out["num_events_recorded"] = num_events_recorded;
-  out["num_event_queries"] = num_event_queries;
-  out["num_host_event_syncs"] = num_host_event_syncs;
-  out["num_oom_retries"] = num_oom_retries;
   out["fragmentation.at_peak_reserved"] = fragmentation_at_peak();
   out["fragmentation.peak"] = peak_fragmentation();
-  out["allocated_bytes.at_peak_reserved"] = allocated_at_peak_reserved;
-  out["largest_free_block"] = largest_free_block;
-  out["synced_free_bytes"] = synced_free_bytes;
-  out["pending_free_bytes"] = pending_free_bytes;
   std::int64_t unsynced_total = 0;
   for (const auto& [stream, bytes] : unsynced_free_bytes) unsynced_total += bytes;
   out["unsynced_free_bytes"] = unsynced_total;
