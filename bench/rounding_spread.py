@@ -29,8 +29,10 @@ kernels, where ``job.train`` computes with other kernel forms than eager
 Adam's and so is expected to move within the perturbed runs' spread, not to
 be bit-identical. Writes FILE.json and FILE.md (default
 bench/results/rounding_spread_<device>.*), naming the device, torch and the
-date. ``--quick`` (the suite's check of this script): two steps, without the
-perturbed runs.
+date. ``--quick`` (the suite's check of this script): four steps on 2 images
+of 64x64, without the perturbed runs (float16 on the CPU is slow: a step
+of the full recipe takes about 4 s there); the scaler skips the first two
+steps and takes the last two, so both kinds are compared.
 
 May import: waterwave (the Job), torch, torchvision, bench/alloc_ab.py (the CPU's name).
 """
@@ -51,8 +53,9 @@ ULPS = 2.0 ** -22
 
 
 def train(device: str, mode: str, steps: int, lr: float = 1e-3, max_norm: float = 1.0,
-          foreach: bool | None = None) -> dict:
-    """One run of the recipe: ``mode`` "eager" or "job"."""
+          foreach: bool | None = None, batch: tuple[int, int] = (8, 64)) -> dict:
+    """One run of the recipe: ``mode`` "eager" or "job"; ``batch``: (images,
+    their side in pixels)."""
     import torch
     import torchvision
 
@@ -63,8 +66,9 @@ def train(device: str, mode: str, steps: int, lr: float = 1e-3, max_norm: float 
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     net = torchvision.models.resnet18().to(device)
-    x = torch.randn(8, 3, 64, 64, device=device)
-    y = torch.randint(0, 1000, (8,), device=device)
+    images, side = batch
+    x = torch.randn(images, 3, side, side, device=device)
+    y = torch.randint(0, 1000, (images,), device=device)
     opt = torch.optim.Adam(net.parameters(), lr=lr, foreach=foreach)
     scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 16, growth_interval=2)
     losses, scales = [], []
@@ -93,7 +97,8 @@ def train(device: str, mode: str, steps: int, lr: float = 1e-3, max_norm: float 
             "parameters": [p.detach().cpu() for p in net.parameters()]}
 
 
-def measure(device: str, steps: int, perturbed: bool = True) -> dict:
+def measure(device: str, steps: int, perturbed: bool = True,
+            batch: tuple[int, int] = (8, 64)) -> dict:
     flipped = device != "cuda"  # eager's own choice is foreach on CUDA, the loop on the CPU
     runs = {"eager": dict(mode="eager"),
             f"eager, foreach={flipped}": dict(mode="eager", foreach=flipped),
@@ -106,7 +111,7 @@ def measure(device: str, steps: int, perturbed: bool = True) -> dict:
         runs = {k: v for k, v in runs.items() if "2^-22" not in k}
     out, reference = {}, None
     for name, kw in runs.items():
-        out[name] = train(device, steps=steps, **kw)
+        out[name] = train(device, steps=steps, batch=batch, **kw)
         params = out[name].pop("parameters")
         if reference is None:  # the first run, eager's
             reference = params
@@ -127,10 +132,11 @@ def norm_difference(run: dict, ref: dict) -> float:
 
 def report(result: dict) -> str:
     runs, ref = result["runs"], result["runs"]["eager"]
+    images, side = result.get("batch", (8, 64))
     names = [n for n in runs if n != "eager"]
     lines = [f"# Rounding spread of float16 Adam on {result['device']}", "",
              f"Measured by `bench/rounding_spread.py` on {result['date']}, torch "
-             f"{result['torch']}. Each column is a run's loss at each step relative to the "
+             f"{result['torch']}, on a batch of {images} images of {side}x{side}. Each column is a run's loss at each step relative to the "
              "eager loop's (0 = bit-identical); the recipe and why in the script's opening.", "",
              "| step | eager loss | " + " | ".join(names) + " |",
              "|---:|---:|" + "---:|" * len(names)]
@@ -152,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
                     help="default: cuda where there is one, else cpu")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--quick", action="store_true", help="two steps, no perturbed runs")
+    ap.add_argument("--quick", action="store_true", help="four steps on 2 images, no perturbed runs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    steps = 2 if args.quick else args.steps
+    steps = 4 if args.quick else args.steps
+    batch = (2, 64) if args.quick else (8, 64)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -170,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         name = f"the CPU ({cpu_name()}, {torch.get_num_threads()} threads)"
     out = Path(args.out or ROOT / "bench" / "results" / f"rounding_spread_{device}.json")
     result = {"device": name, "torch": torch.__version__, "date": dt.date.today().isoformat(),
-              "steps": steps, "runs": measure(device, steps, perturbed=not args.quick)}
+              "steps": steps, "batch": list(batch),
+              "runs": measure(device, steps, perturbed=not args.quick, batch=batch)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     text = report(result)

@@ -1,6 +1,7 @@
 """bench/rounding_spread.py, quick, on the CPU: it runs the float16 Adam
 recipe eagerly and through job.train, reports both, and on the CPU
-job.train is bit-identical to the eager loop (so its column is all 0)."""
+job.train is bit-identical to the eager loop (so its column is all 0),
+over steps the scaler skipped and steps it took."""
 import json
 import subprocess
 import sys
@@ -22,7 +23,10 @@ def test_the_quick_run_reports_job_train_bit_identical_on_the_cpu(tmp_path):
     runs = result["runs"]
     assert list(runs) == ["eager", "eager, foreach=True", "job.train"]
     eager, ours = runs["eager"], runs["job.train"]
-    assert len(eager["losses"]) == 2 and all(v > 0 for v in eager["losses"])
+    assert len(eager["losses"]) == 4 and all(v > 0 for v in eager["losses"])
+    scales = eager["scales"]
+    assert any(b < a for a, b in zip(scales, scales[1:])), "no step was skipped"
+    assert eager["step_counts"], "no step was taken"
     assert ours["losses"] == eager["losses"] and ours["scales"] == eager["scales"]
     assert ours["step_counts"] == eager["step_counts"]
     assert ours["largest_parameter_difference"] == 0.0
