@@ -84,33 +84,3 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'waterwave' has no attribute {name!r}")
-
-
-def _chain_sigint() -> None:
-    """Wrap Python's own SIGINT handler (only that one, only on the main
-    thread, where a handler can be set: a search's trials train on worker
-    threads) so that Ctrl-C also stops every training session's jobs, which
-    run on other threads than the one the interrupt lands in."""
-    import signal
-    import sys
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except ValueError:
-        return
-    if previous is not signal.default_int_handler:
-        return
-
-    def on_interrupt(signum, frame):
-        sessions = sys.modules.get("waterwave.exec.session")
-        if sessions is not None:  # no session runs before the executors load
-            sessions.interrupt_all()
-        previous(signum, frame)
-
-    signal.signal(signal.SIGINT, on_interrupt)
-
-
-_chain_sigint()

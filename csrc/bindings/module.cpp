@@ -1,4 +1,5 @@
 // waterwave._C: the module, its exceptions, and the layers bound in turn.
+#include "../runtime/sigint_relay.h"
 #include "bindings.h"
 
 namespace waterwave::bindings {
@@ -36,4 +37,10 @@ PYBIND11_MODULE(_C, m) {
   bind_accounts(m);
   bind_planner(m);
   bind_bench(m);
+  // Ctrl-C for threads that train off the main thread (waterwave/exec/ctrl_c.py).
+  m.def("relay_sigint", &waterwave::relay_sigint, py::arg("write_fd"),
+        "Put a C-level SIGINT relay in front of the process's handler: each SIGINT writes a "
+        "byte to write_fd, then reaches the previous handler. False where there is none to "
+        "relay to, or a relay is in place already.");
+  m.def("sigints_relayed", &waterwave::sigints_relayed, "SIGINTs the relay has seen.");
 }

@@ -22,11 +22,12 @@ the jobs run side by side freely. On a GPU a job's first step in a session
 runs alone, group by group, and the allocator's counters give each group's
 bytes (cuDNN's workspaces included), as ``ConcurrentTrainer`` measures.
 
-Ctrl-C: the process's SIGINT handler, where it is Python's own when
-waterwave is imported on the main thread, is wrapped (``waterwave/__init__``)
-so that it also stops every session (``interrupt_all``): each job's thread leaves at its next group with
-``KeyboardInterrupt``, the main thread gets its ``KeyboardInterrupt`` as
-before, and the next ``train`` call starts a fresh feed.
+Ctrl-C: from the first job or member that trains here on, a SIGINT also
+stops every session (``interrupt_all``, arranged by ``ctrl_c.watch``
+where the process's handler is Python's own): each job's thread leaves at
+its next group with ``KeyboardInterrupt``, the main thread gets its
+``KeyboardInterrupt`` as before, and the next ``train`` call starts a
+fresh feed.
 
 May import: waterwave.pipeline, this package; torch (lazily).
 """
@@ -46,6 +47,7 @@ from ..pipeline.pairing import MemoryPairing
 from ..pipeline.pass_profile import GPU_MARGIN
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
+from . import ctrl_c
 from .between_calls import BetweenCalls
 from .job_loop import Measure, MemoryProbe, run_job
 from .pipeline_settings import PipelineSettings, SettingsView
@@ -116,6 +118,7 @@ class TrainingSession(SettingsView):
     def train(self, job, steps: int) -> None:
         """``steps`` steps of ``job`` on the calling thread, beside the others."""
         steps = whole_steps(steps)
+        ctrl_c.watch()
         job.check_context()  # its train/eval mode, autocast, hooks: the caller's
         job.step_fn.clear_step_outputs()
         on_cuda = job.step_fn.device == "cuda"
@@ -221,6 +224,7 @@ class TrainingSession(SettingsView):
     def join_sharing(self, member, base: int) -> int:
         """A member's block starts (``base``: its model's bytes); returns the
         budget it shares (0: none)."""
+        ctrl_c.watch()
         with self._lock:
             if self.device == "cpu":
                 self._count_cpu_memory()

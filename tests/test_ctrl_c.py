@@ -1,0 +1,117 @@
+"""Ctrl-C and the training sessions (waterwave/exec/ctrl_c.py): importing
+waterwave touches no signal handler; the first training arranges that a
+SIGINT stops every session, from the main thread or, as Optuna's n_jobs
+trains, from worker threads only; a program's own handler is kept."""
+import json
+
+from conftest import run_python
+
+# Python leaves SIGINT ignored when it starts ignored (a background job's, as
+# CI may run it): each script takes Ctrl-C as an interactive run does.
+PRELUDE = """
+    import json, os, signal, threading, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    watchdog = threading.Timer(60, os._exit, (3,))
+    watchdog.daemon = True
+    watchdog.start()
+    import torch
+"""
+
+JOB = """
+    def job(seed):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+        return ww.Job(net, (torch.randn(16, 32),), None, torch.optim.SGD(net.parameters(), lr=0.01))
+"""
+
+
+def last_json(r):
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "terminate called" not in r.stderr and "Aborted" not in r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_importing_waterwave_and_its_executors_sets_no_handler():
+    out = last_json(run_python(PRELUDE + """
+    import waterwave as ww, waterwave.exec
+    from waterwave.exec import ctrl_c
+    print(json.dumps({"default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                      "mode": ctrl_c.mode(), "relayed": ww._C.sigints_relayed()}))
+    """))
+    assert out == {"default": True, "mode": None, "relayed": 0}
+
+
+def test_ctrl_c_stops_trials_training_on_worker_threads_only():
+    """As study.optimize(n_jobs=2): the main thread waits while two worker
+    threads train, one job.train and one ww.sharing loop. Ctrl-C: the main
+    thread gets KeyboardInterrupt, each worker's training raises it within a
+    second, and the next training works."""
+    out = last_json(run_python(PRELUDE + """
+    import waterwave as ww
+    from waterwave.exec import ctrl_c
+    """ + JOB + """
+    caught, started = {}, threading.Barrier(3)
+
+    def captured():
+        j = job(1)
+        started.wait()
+        try:
+            j.train(10**7)
+        except KeyboardInterrupt:
+            caught["job.train"] = time.monotonic()
+
+    def sharing():
+        torch.manual_seed(2)
+        net = torch.nn.Linear(32, 8)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        started.wait()
+        try:
+            with ww.sharing(net):
+                while True:
+                    opt.zero_grad()
+                    net(torch.randn(16, 32)).sum().backward()
+                    opt.step()
+        except KeyboardInterrupt:
+            caught["sharing"] = time.monotonic()
+
+    workers = [threading.Thread(target=captured), threading.Thread(target=sharing)]
+    for t in workers:
+        t.start()
+    started.wait()
+    time.sleep(0.5)
+    mode = ctrl_c.mode()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        while any(t.is_alive() for t in workers):
+            time.sleep(0.01)
+        raise SystemExit("the workers ended without the main thread's KeyboardInterrupt")
+    except KeyboardInterrupt:
+        at = time.monotonic()
+    for t in workers:
+        t.join(10)
+    after = len(job(3).train(2))
+    print(json.dumps({"mode": mode, "after_interrupt": {k: v - at for k, v in caught.items()},
+                      "alive": [t.is_alive() for t in workers], "after": after,
+                      "relayed": ww._C.sigints_relayed(),
+                      "python_handler_kept": signal.getsignal(signal.SIGINT)
+                      is signal.default_int_handler}))
+    """))
+    assert out["mode"] == "relay" and out["relayed"] == 1 and out["python_handler_kept"]
+    assert sorted(out["after_interrupt"]) == ["job.train", "sharing"]
+    assert all(s < 1 for s in out["after_interrupt"].values()), out
+    assert out["alive"] == [False, False] and out["after"] == 2
+
+
+def test_a_handler_of_the_programs_own_is_kept():
+    out = last_json(run_python(PRELUDE + """
+    import waterwave as ww
+    from waterwave.exec import ctrl_c
+    """ + JOB + """
+    seen = []
+    def mine(signum, frame):
+        seen.append(signum)
+    signal.signal(signal.SIGINT, mine)
+    job(0).train(2)
+    print(json.dumps({"kept": signal.getsignal(signal.SIGINT) is mine, "mode": ctrl_c.mode()}))
+    """))
+    assert out == {"kept": True, "mode": "not ours"}
