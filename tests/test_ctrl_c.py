@@ -31,14 +31,22 @@ def last_json(r):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_importing_waterwave_and_its_executors_sets_no_handler():
+def test_importing_sets_no_handler_and_training_keeps_the_programs_own():
     out = last_json(run_python(PRELUDE + """
     import waterwave as ww, waterwave.exec
     from waterwave.exec import ctrl_c
-    print(json.dumps({"default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
-                      "mode": ctrl_c.mode(), "relayed": ww._C.sigints_relayed()}))
+    imported = {"default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                "mode": ctrl_c.mode(), "relayed": ww._C.sigints_relayed()}
+    """ + JOB + """
+    def mine(signum, frame):
+        pass
+    signal.signal(signal.SIGINT, mine)
+    job(0).train(2)
+    print(json.dumps({"imported": imported, "kept": signal.getsignal(signal.SIGINT) is mine,
+                      "mode": ctrl_c.mode()}))
     """))
-    assert out == {"default": True, "mode": None, "relayed": 0}
+    assert out["imported"] == {"default": True, "mode": None, "relayed": 0}
+    assert out["kept"] and out["mode"] == "not ours"
 
 
 def test_ctrl_c_stops_trials_training_on_worker_threads_only():
@@ -100,18 +108,3 @@ def test_ctrl_c_stops_trials_training_on_worker_threads_only():
     assert sorted(out["after_interrupt"]) == ["job.train", "sharing"]
     assert all(s < 1 for s in out["after_interrupt"].values()), out
     assert out["alive"] == [False, False] and out["after"] == 2
-
-
-def test_a_handler_of_the_programs_own_is_kept():
-    out = last_json(run_python(PRELUDE + """
-    import waterwave as ww
-    from waterwave.exec import ctrl_c
-    """ + JOB + """
-    seen = []
-    def mine(signum, frame):
-        seen.append(signum)
-    signal.signal(signal.SIGINT, mine)
-    job(0).train(2)
-    print(json.dumps({"kept": signal.getsignal(signal.SIGINT) is mine, "mode": ctrl_c.mode()}))
-    """))
-    assert out == {"kept": True, "mode": "not ours"}

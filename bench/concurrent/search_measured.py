@@ -149,9 +149,10 @@ def main(argv=None) -> int:
     if args.way:
         print(json.dumps(child(args.way, args)))
         return 0
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    on_gpu = args.device.startswith("cuda")
+    if on_gpu:  # only there: torch's import alone costs seconds, and each way imports it
+        import torch
+    if on_gpu and not torch.cuda.is_available():
         print("search_measured.py trains on a GPU: none is visible to torch here. "
               "bench/concurrent/search.py simulates the same search on the CPU; "
               "--device cpu checks this script.", file=sys.stderr)
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
         else:
             rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
-    where = (torch.cuda.get_device_name(0) if args.device.startswith("cuda")
+    where = (torch.cuda.get_device_name(0) if on_gpu
              else f"the CPU ({os.cpu_count()} cores)")
     report = {"measured": where, "date": time.strftime("%Y-%m-%d"), "family": args.family,
               "trials": args.trials, "jobs": args.jobs, "epochs": args.epochs,
