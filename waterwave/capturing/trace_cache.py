@@ -104,8 +104,10 @@ class TraceCache:
             hit = self._find(key, modules)
             if hit is not None:
                 gm = copy.deepcopy(hit.gm)
+                # Its graph takes this optimizer's numbers. Its code is not
+                # regenerated: a step runs reordered copies of the graph,
+                # never this module's code (CapturedStep.modules).
                 hit.sites.patch(gm.graph, optimizers.constants(optimizer))
-                gm.recompile()
                 outputs = [(modules[name], attr, marker) for name, attr, marker in hit.outputs]
                 return ((gm, list(hit.roles), list(hit.names), list(hit.grads), hit.sites),
                         Reads(list(hit.read), outputs)), True

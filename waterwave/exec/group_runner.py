@@ -144,14 +144,14 @@ class GroupRunner:
         if n.op == "call_function":
             return n.target(*args, **kwargs)
         if n.op == "get_attr":
-            obj = self.module
+            obj = self.module.root
             for part in n.target.split("."):
                 obj = getattr(obj, part)
             return obj
         if n.op == "call_method":
             return getattr(args[0], n.target)(*args[1:], **kwargs)
         if n.op == "call_module":
-            return self.module.get_submodule(n.target)(*args, **kwargs)
+            return self.module.root.get_submodule(n.target)(*args, **kwargs)
         raise ValueError(f"the captured step has an FX node {n.name!r} of kind {n.op!r}, "
                          "which the trainer cannot run")
 

@@ -287,7 +287,7 @@ class CapturedStep:
         operator's in-place overload, writing into their first argument (a
         plan's in-place pairs: that argument dies there). ``compiled``: the
         module will be called (its code is recompiled when a hyperparameter
-        changes), not run node by node."""
+        changes); else a ``NodeByNode``, run node by node."""
         from torch import fx
 
         old = self.gm.graph
@@ -321,9 +321,20 @@ class CapturedStep:
             elif n.op == "output":
                 new.output(fx.map_arg(n.args[0], lambda x: env[x]))
         new.lint()
-        module = fx.GraphModule(self.gm, new)
+        # Run node by node, the graph needs no module: making one generates
+        # and compiles its Python code, a third of a short trial's set-up.
+        module = fx.GraphModule(self.gm, new) if compiled else NodeByNode(new, self.gm)
         self.modules[module] = compiled  # its constants follow the optimizer's too
         return module
+
+
+class NodeByNode:
+    """A reordered copy of a capture's graph that is run node by node
+    (``GroupRunner``), never called as a module: the graph, and the module
+    its ``get_attr`` and ``call_module`` nodes read (``root``)."""
+
+    def __init__(self, graph, root):
+        self.graph, self.root = graph, root
 
 
 def _same_value(a, b) -> bool:
