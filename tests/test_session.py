@@ -278,6 +278,38 @@ def test_ctrl_c_stops_every_thread_training_and_the_next_call_works():
     assert out["after"] == [2, 3] and out["training"] == 0
 
 
+def test_ctrl_c_reaches_a_session_made_directly_too():
+    """What Ctrl-C runs (``interrupt_all``) stops the jobs of a session a
+    user made and passed to ``train``, not only the devices' sessions."""
+    from waterwave.exec.session import interrupt_all
+
+    session = ww.TrainingSession("cpu")
+    job = mlp_job(9)
+    caught = {}
+
+    def worker():
+        try:
+            job.train(10**7, session=session)
+        except KeyboardInterrupt:
+            caught["at"] = time.monotonic()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not job.losses and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.losses, "the job did not start training"
+    asked = time.monotonic()
+    interrupt_all()
+    t.join(10)
+    stopped = not t.is_alive()
+    if not stopped:  # never leave it training past the test
+        session.interrupt()
+        t.join(10)
+    assert stopped and caught["at"] - asked < 1
+    assert session.training == [] and len(job.train(2, session=session)) == 2
+
+
 def test_no_stale_gradient_is_left_in_grad_after_training():
     """The captured step's gradients live inside the step, so a ``.grad``
     from before (here an eager backward) would silently outlive training:

@@ -412,8 +412,9 @@ def _device_key(device) -> str:
 
 
 def interrupt_all() -> None:
-    """Stop every session's jobs at their next group."""
-    with _SESSIONS_LOCK:
-        sessions = list(_SESSIONS.values())
+    """Stop every session's jobs at their next group: the devices' sessions
+    and any made directly (``TrainingSession(...)``, passed to ``train``)."""
+    with _LIVE_LOCK:
+        sessions = list(_LIVE)
     for session in sessions:
         session.interrupt()
