@@ -390,6 +390,46 @@ def test_ctrl_c_reaches_the_caller_and_stops_every_job(schedule):
     assert out["after"] == [n + 2 for n in out["steps"]]
 
 
+@pytest.mark.parametrize("schedule", ["waterwave", "session"])
+def test_interrupt_stops_a_run_on_another_thread_and_the_next_run_works(schedule):
+    """trainer.interrupt() from another thread (what Ctrl-C runs for a
+    trainer whose caller is off the main thread): the caller gets
+    KeyboardInterrupt within a second, nothing trains on, the next run
+    works. The session schedule is stopped in whichever phase it is."""
+    import time
+
+    jobs = []
+    for k in range(2):
+        net = mlp(k)
+        jobs.append(ww.Job(net, (torch.randn(16, 32),), None,
+                           torch.optim.SGD(net.parameters(), lr=0.01)))
+    trainer = ww.ConcurrentTrainer(jobs, schedule=schedule)
+    caught = {}
+
+    def run():
+        try:  # long enough to be interrupted, short enough to end if it is not
+            trainer.run(20_000)
+        except KeyboardInterrupt as e:
+            caught["at"], caught["message"] = time.monotonic(), str(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while min(len(j.losses) for j in jobs) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    asked = time.monotonic()
+    trainer.interrupt()
+    t.join(10)
+    stopped = not t.is_alive()
+    t.join(120)  # a run the interrupt missed ends by itself
+    assert stopped and caught["at"] - asked < 1 and "interrupted" in caught["message"]
+    steps = [len(j.losses) for j in jobs]
+    time.sleep(0.2)
+    assert [len(j.losses) for j in jobs] == steps  # nothing trains on
+    assert [len(x) for x in trainer.run(2)] == [n + 2 for n in steps]
+    assert not any(j.failed for j in jobs)
+
+
 def test_removing_a_job_that_is_not_there_names_the_jobs_that_are():
     torch = pytest.importorskip("torch")
     net = torch.nn.Linear(4, 2)

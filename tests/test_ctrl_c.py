@@ -50,15 +50,17 @@ def test_importing_sets_no_handler_and_training_keeps_the_programs_own():
 
 
 def test_ctrl_c_stops_trials_training_on_worker_threads_only():
-    """As study.optimize(n_jobs=2): the main thread waits while two worker
-    threads train, one job.train and one ww.sharing loop. Ctrl-C: the main
-    thread gets KeyboardInterrupt, each worker's training raises it within a
-    second, and the next training works."""
+    """As study.optimize(n_jobs=3): the main thread waits while three
+    worker threads train: job.train, a ww.sharing loop and a
+    ConcurrentTrainer's run. Ctrl-C: the main thread gets KeyboardInterrupt,
+    each worker's training raises it within a second, and the next training
+    works."""
     out = last_json(run_python(PRELUDE + """
     import waterwave as ww
     from waterwave.exec import ctrl_c
     """ + JOB + """
-    caught, started = {}, threading.Barrier(3)
+    caught, started = {}, threading.Barrier(4)
+    trainer = ww.ConcurrentTrainer([job(4), job(5)])
 
     def captured():
         j = job(1)
@@ -82,7 +84,14 @@ def test_ctrl_c_stops_trials_training_on_worker_threads_only():
         except KeyboardInterrupt:
             caught["sharing"] = time.monotonic()
 
-    workers = [threading.Thread(target=captured), threading.Thread(target=sharing)]
+    def together():
+        started.wait()
+        try:
+            trainer.run(10**7)
+        except KeyboardInterrupt:
+            caught["ConcurrentTrainer"] = time.monotonic()
+
+    workers = [threading.Thread(target=f) for f in (captured, sharing, together)]
     for t in workers:
         t.start()
     started.wait()
@@ -97,7 +106,7 @@ def test_ctrl_c_stops_trials_training_on_worker_threads_only():
         at = time.monotonic()
     for t in workers:
         t.join(10)
-    after = len(job(3).train(2))
+    after = [len(job(3).train(2)), len(trainer.step())]
     print(json.dumps({"mode": mode, "after_interrupt": {k: v - at for k, v in caught.items()},
                       "alive": [t.is_alive() for t in workers], "after": after,
                       "relayed": ww._C.sigints_relayed(),
@@ -105,6 +114,6 @@ def test_ctrl_c_stops_trials_training_on_worker_threads_only():
                       is signal.default_int_handler}))
     """))
     assert out["mode"] == "relay" and out["relayed"] == 1 and out["python_handler_kept"]
-    assert sorted(out["after_interrupt"]) == ["job.train", "sharing"]
+    assert sorted(out["after_interrupt"]) == ["ConcurrentTrainer", "job.train", "sharing"]
     assert all(s < 1 for s in out["after_interrupt"].values()), out
-    assert out["alive"] == [False, False] and out["after"] == 2
+    assert out["alive"] == [False, False, False] and out["after"] == [2, 2]

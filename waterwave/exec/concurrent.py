@@ -51,15 +51,20 @@ A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
 Ctrl-C reaches the caller of ``run`` as ``KeyboardInterrupt`` within a
 tenth of a second of the jobs' current groups ending; every job stops, and
-the next run starts clean.
+the next run starts clean. A caller off the main thread (a trial of
+Optuna's ``n_jobs``) gets it too: Ctrl-C stops every trainer's run
+(``interrupt_all``, from ``ctrl_c``), as it stops the training sessions;
+``interrupt()`` stops one trainer's.
 
 May import: waterwave.pipeline, waterwave.graph, waterwave.cuda, this
 package; torch.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -78,6 +83,7 @@ from ..pipeline.schedules import (
     Schedule,
 )
 from ..pipeline.session_choice import Choice, MeasuredAlone, choose
+from . import ctrl_c
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
@@ -108,6 +114,11 @@ class ConcurrentTrainer(SettingsView):
         self.syncs = 0
         self.budget: int | None = None  # bytes the last run planned for (None: no limit)
         self._forget_choice()  # the session schedule's choice, until jobs or limit change
+        self._running: list[RoundFeed] = []  # the feeds of the run in progress
+        self._interrupted = False
+        self._running_lock = threading.Lock()
+        with _TRAINERS_LOCK:
+            _TRAINERS.add(self)
         for job in jobs:
             self.add(job)
 
@@ -189,6 +200,8 @@ class ConcurrentTrainer(SettingsView):
         members = self.active
         if not members:
             return
+        ctrl_c.watch()
+        self._interrupted = False
         for m in members:  # on the caller's thread: its train/eval mode, autocast, hooks
             m.job.check_context()
         for i, m in enumerate(self.members):  # a job trained elsewhere since: cut again
@@ -229,18 +242,44 @@ class ConcurrentTrainer(SettingsView):
                         self._sync_and_coalesce(members)
                         opened[0] = round_
 
-        tasks = [POOL.submit(lambda m=m, k=k: run_job(m, feed, k, enter),
-                             f"waterwave job {m.name}") for k, m in enumerate(members)]
-        try:
-            wait_tasks(tasks)
-        except BaseException:  # Ctrl-C (or another signal's error) in the caller
-            # Every job stops at its next group, its step's tensors dropped;
-            # nothing trains on behind the caller's back, and the next run
-            # starts clean. The jobs' losses keep the steps they finished.
-            feed.barrier.close()
-            wait_tasks(tasks, interruptible=False)
-            raise
+        with self._tracked(feed):
+            tasks = [POOL.submit(lambda m=m, k=k: run_job(m, feed, k, enter),
+                                 f"waterwave job {m.name}") for k, m in enumerate(members)]
+            try:
+                wait_tasks(tasks)
+            except BaseException:  # Ctrl-C (or another signal's error) in the caller
+                # Every job stops at its next group, its step's tensors dropped;
+                # nothing trains on behind the caller's back, and the next run
+                # starts clean. The jobs' losses keep the steps they finished.
+                feed.barrier.close()
+                wait_tasks(tasks, interruptible=False)
+                raise
         self.rounds_run += 1 + feed.last_round
+
+    @contextlib.contextmanager
+    def _tracked(self, feed: RoundFeed):
+        """``feed`` runs while the block runs, for ``interrupt()`` to stop;
+        after it, a run ``interrupt()`` stopped raises ``KeyboardInterrupt``
+        in the caller."""
+        with self._running_lock:
+            if self._interrupted:
+                feed.barrier.close()
+            self._running.append(feed)
+        try:
+            yield
+        finally:
+            with self._running_lock:
+                self._running.remove(feed)
+        if self._interrupted:
+            raise KeyboardInterrupt("the trainer's run stopped: training was interrupted")
+
+    def interrupt(self) -> None:
+        """Stop the run in progress at its jobs' next groups (Ctrl-C): its
+        caller gets ``KeyboardInterrupt``, and the next run starts clean."""
+        with self._running_lock:
+            self._interrupted = True
+            for feed in self._running:
+                feed.barrier.close()
 
     def _run_session(self, members: list[PipelinedJob], steps: int) -> None:
         """The session schedule (see the module's opening): measure and
@@ -308,7 +347,8 @@ class ConcurrentTrainer(SettingsView):
             if readings is not None and len(readings) == groups:
                 member.measured = readings
 
-        run_job(member, feed, 0, measure=None if probe is None else Measure(probe, report))
+        with self._tracked(feed):
+            run_job(member, feed, 0, measure=None if probe is None else Measure(probe, report))
 
     def _memory_probe(self, members: list[PipelinedJob]) -> MemoryProbe | None:
         """What measures the jobs' groups: the allocator serving their GPU;
@@ -343,3 +383,16 @@ class ConcurrentTrainer(SettingsView):
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()
         return out
+
+
+# Every trainer alive, for Ctrl-C to stop (ctrl_c).
+_TRAINERS: weakref.WeakSet = weakref.WeakSet()
+_TRAINERS_LOCK = threading.Lock()
+
+
+def interrupt_all() -> None:
+    """Stop every trainer's run in progress at its jobs' next groups."""
+    with _TRAINERS_LOCK:
+        trainers = list(_TRAINERS)
+    for trainer in trainers:
+        trainer.interrupt()

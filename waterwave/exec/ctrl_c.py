@@ -3,9 +3,11 @@
 A SIGINT lands on the main thread only, as ``KeyboardInterrupt``; jobs and
 sharing members that train on other threads (Optuna's ``n_jobs`` runs
 trials on worker threads) would train on. So, the first time anything
-trains in a training session (``watch()``, from ``Job.train`` and
-``waterwave.sharing``), Waterwave arranges that a SIGINT also stops every
-session (``session.interrupt_all``). Importing waterwave changes nothing.
+trains in a training session or a trainer (``watch()``, from ``Job.train``,
+``waterwave.sharing`` and ``ConcurrentTrainer``), Waterwave arranges that a
+SIGINT also stops every session and every trainer's run
+(``session.interrupt_all``, ``concurrent.interrupt_all``). Importing
+waterwave changes nothing.
 
 - On the main thread, where Python lets a handler be set, Python's own
   handler is wrapped: the sessions stop, then the main thread gets its
@@ -65,9 +67,12 @@ def mode() -> str | None:
 
 
 def _stop_sessions() -> None:
-    sessions = sys.modules.get("waterwave.exec.session")
-    if sessions is not None:
-        sessions.interrupt_all()
+    """Every training session's jobs and members, and every
+    ``ConcurrentTrainer``'s run, stop at their next group or gate."""
+    for name in ("waterwave.exec.session", "waterwave.exec.concurrent"):
+        runs = sys.modules.get(name)  # not imported: nothing of its kind trains
+        if runs is not None:
+            runs.interrupt_all()
 
 
 def _wrap_python_handler() -> None:
