@@ -117,3 +117,52 @@ def test_ctrl_c_stops_trials_training_on_worker_threads_only():
     assert sorted(out["after_interrupt"]) == ["ConcurrentTrainer", "job.train", "sharing"]
     assert all(s < 1 for s in out["after_interrupt"].values()), out
     assert out["alive"] == [False, False, False] and out["after"] == [2, 2]
+
+
+def test_a_forked_child_relays_nothing_into_a_file_that_takes_the_pipes_number(tmp_path):
+    """The relay armed from a worker thread, then os.fork(): the child
+    closes the pipe it shares with its parent and its relay writes nowhere,
+    so a SIGINT in the child neither reaches the parent's sessions nor
+    writes into a file that took the pipe's number; the child's first
+    training arranges Ctrl-C afresh."""
+    out = last_json(run_python(PRELUDE + """
+    import waterwave as ww
+    from waterwave.exec import ctrl_c
+    """ + JOB + """
+    t = threading.Thread(target=lambda: job(0).train(2))
+    t.start(); t.join()
+    armed = ctrl_c.mode()
+    write_fd = ctrl_c._pipe[1]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        report = {"mode_after_fork": ctrl_c.mode()}
+        path = os.path.join(os.environ["OUT"], "file")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        os.dup2(fd, write_fd)  # the file now has the number the pipe's end had
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            report["interrupted"] = True
+        os.close(fd)
+        os.close(write_fd)
+        report["file_bytes"] = os.path.getsize(path)
+        worker = threading.Thread(target=lambda: job(1).train(2))
+        worker.start(); worker.join()
+        report["mode_after_training"] = ctrl_c.mode()
+        os.write(w, json.dumps(report).encode())
+        os._exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 4096))
+    os.waitpid(pid, 0)
+    time.sleep(0.2)
+    print(json.dumps({"armed": armed, "child": child, "parent_relayed": ww._C.sigints_relayed(),
+                      "parent_training_after": len(job(2).train(2))}))
+    """, OUT=str(tmp_path)))
+    assert out["armed"] == "relay"
+    child = out["child"]
+    assert child["mode_after_fork"] is None and child["interrupted"]
+    assert child["file_bytes"] == 0 and child["mode_after_training"] == "relay"
+    assert out["parent_relayed"] == 0 and out["parent_training_after"] == 2

@@ -40,7 +40,9 @@ PYBIND11_MODULE(_C, m) {
   // Ctrl-C for threads that train off the main thread (waterwave/exec/ctrl_c.py).
   m.def("relay_sigint", &waterwave::relay_sigint, py::arg("write_fd"),
         "Put a C-level SIGINT relay in front of the process's handler: each SIGINT writes a "
-        "byte to write_fd, then reaches the previous handler. False where there is none to "
-        "relay to, or a relay is in place already.");
+        "byte to write_fd, then reaches the previous handler; where one is in place, only "
+        "write_fd changes. False where there is no handler to relay to.");
+  m.def("detach_sigint_relay", &waterwave::detach_sigint_relay,
+        "The relay writes nowhere from now on (a forked child, before closing its pipe).");
   m.def("sigints_relayed", &waterwave::sigints_relayed, "SIGINTs the relay has seen.");
 }

@@ -36,13 +36,17 @@ void on_sigint(int signum, siginfo_t* info, void* context) {
 }  // namespace
 
 bool relay_sigint(int write_fd) {
-  if (relay_fd.load() >= 0) return false;
   struct sigaction current;
   if (sigaction(SIGINT, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &on_sigint) {
+    relay_fd.store(write_fd);  // in place already (a forked child re-arming it)
+    return true;
+  }
   const bool has_handler = (current.sa_flags & SA_SIGINFO)
                                ? current.sa_sigaction != nullptr
                                : current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN;
   if (!has_handler) return false;
+  // The handler in place is not ours, so nothing reads this meanwhile.
   previous_action = current;
   relay_fd.store(write_fd);
   struct sigaction relay;
@@ -57,6 +61,8 @@ bool relay_sigint(int write_fd) {
   }
   return true;
 }
+
+void detach_sigint_relay() { relay_fd.store(-1); }
 
 unsigned long sigints_relayed() { return relayed.load(); }
 

@@ -12,11 +12,17 @@
 namespace waterwave {
 
 // Puts the relay in front of the process's SIGINT handler, writing to
-// `write_fd` (which should not block). Returns false, changing nothing,
-// where there is no handler to relay to (SIGINT ignored or at its default)
-// or one is in place already. Not async-signal-safe; call from one thread
+// `write_fd` (which should not block); where it is in place already (a
+// forked child re-arming it), only the file descriptor changes. Returns
+// false, changing nothing, where there is no handler to relay to (SIGINT
+// ignored or at its default). Not async-signal-safe; call from one thread
 // at a time.
 bool relay_sigint(int write_fd);
+
+// The relay writes nowhere from now on; it still hands every SIGINT on. A
+// forked child calls it before closing the pipe it inherited, so that a
+// file later given that descriptor never receives the relay's bytes.
+void detach_sigint_relay();
 
 // SIGINTs the relay has seen since it was put in place.
 unsigned long sigints_relayed();

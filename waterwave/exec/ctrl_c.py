@@ -19,7 +19,10 @@ waterwave changes nothing.
   sessions, within milliseconds.
 
 Either way only where the handler in place is Python's own default: a
-program that set its own SIGINT handler keeps it, and decides itself.
+program that set its own SIGINT handler keeps it, and decides itself. A
+forked child (a ``multiprocessing`` worker) keeps the relay in place but
+writes nowhere, closes the pipe it shares with its parent, and arranges
+Ctrl-C afresh when it first trains.
 
 May import: this package (lazily); waterwave._C.
 """
@@ -33,7 +36,8 @@ import threading
 from .. import _C
 
 _lock = threading.Lock()
-_watching: str | None = None  # "python", "relay", or None: not yet (or not possible)
+_watching: str | None = None  # "python", "relay", "not ours", or None: not yet
+_pipe: tuple[int, int] | None = None  # the relay's (read, write) ends
 
 
 def watch() -> None:
@@ -86,12 +90,14 @@ def _wrap_python_handler() -> None:
 
 
 def _start_relay() -> bool:
+    global _pipe
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)  # a signal handler must never block
     if not _C.relay_sigint(write_fd):
         os.close(read_fd)
         os.close(write_fd)
         return False
+    _pipe = (read_fd, write_fd)
 
     def relay() -> None:
         while True:
@@ -104,3 +110,21 @@ def _start_relay() -> bool:
 
     threading.Thread(target=relay, name="waterwave Ctrl-C relay", daemon=True).start()
     return True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has the relay but not the thread reading its pipe,
+    whose ends it shares with the parent: the relay writes nowhere and the
+    child closes its ends (a file it opens later may take their numbers);
+    its first training arranges Ctrl-C afresh."""
+    global _watching, _pipe, _lock
+    _lock = threading.Lock()  # another thread of the parent's may have held it
+    if _pipe is not None:
+        _C.detach_sigint_relay()
+        for fd in _pipe:
+            os.close(fd)
+        _pipe = None
+        _watching = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
