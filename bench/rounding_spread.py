@@ -136,8 +136,9 @@ def report(result: dict) -> str:
     names = [n for n in runs if n != "eager"]
     lines = [f"# Rounding spread of float16 Adam on {result['device']}", "",
              f"Measured by `bench/rounding_spread.py` on {result['date']}, torch "
-             f"{result['torch']}, on a batch of {images} images of {side}x{side}. Each column is a run's loss at each step relative to the "
-             "eager loop's (0 = bit-identical); the recipe and why in the script's opening.", "",
+             f"{result['torch']}, on a batch of {images} images of {side}x{side}. Each column "
+             "is a run's loss at each step relative to the eager loop's (0 = bit-identical); "
+             "the recipe and why in the script's opening.", "",
              "| step | eager loss | " + " | ".join(names) + " |",
              "|---:|---:|" + "---:|" * len(names)]
     columns = [relative(runs[n], ref) for n in names]
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
                     help="default: cuda where there is one, else cpu")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--quick", action="store_true", help="four steps on 2 images, no perturbed runs")
+    ap.add_argument("--quick", action="store_true",
+                    help="four steps on 2 images, no perturbed runs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     steps = 4 if args.quick else args.steps

@@ -152,11 +152,12 @@ def main(argv=None) -> int:
     on_gpu = args.device.startswith("cuda")
     if on_gpu:  # only there: torch's import alone costs seconds, and each way imports it
         import torch
-    if on_gpu and not torch.cuda.is_available():
-        print("search_measured.py trains on a GPU: none is visible to torch here. "
-              "bench/concurrent/search.py simulates the same search on the CPU; "
-              "--device cpu checks this script.", file=sys.stderr)
-        return 2
+
+        if not torch.cuda.is_available():
+            print("search_measured.py trains on a GPU: none is visible to torch here. "
+                  "bench/concurrent/search.py simulates the same search on the CPU; "
+                  "--device cpu checks this script.", file=sys.stderr)
+            return 2
     rows = []
     for way in WAYS:
         r = subprocess.run([sys.executable, __file__, "--way", way, "--device", args.device,
