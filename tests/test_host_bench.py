@@ -147,6 +147,21 @@ def test_the_search_benchmark_runs_optuna_in_simulated_time_and_counts_what_fail
                for line in lines)
 
 
+def test_a_ways_process_keeps_the_pythonpath_it_was_given(monkeypatch):
+    """make gpu-check installs Optuna into a folder on PYTHONPATH: each way's
+    process (search_measured, trial_cost) keeps it, behind the repository.
+    On an H200 the four ways failed with "No module named 'optuna'" when
+    the children's PYTHONPATH was the repository alone."""
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import search_measured
+
+    monkeypatch.setenv("PYTHONPATH", "/extras/site")
+    path = search_measured.child_env()["PYTHONPATH"].split(os.pathsep)
+    assert path == [str(ROOT), "/extras/site"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert search_measured.child_env()["PYTHONPATH"] == str(ROOT)
+
+
 def test_the_measured_search_runs_each_way_in_its_own_process_and_reports(tmp_path):
     """bench/concurrent/search_measured.py, as make gpu-check runs it on a
     GPU, here on the CPU with tiny settings: every way trains its trials

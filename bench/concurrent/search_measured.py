@@ -135,6 +135,14 @@ class _nothing:
         return False
 
 
+def child_env() -> dict:
+    """This process's environment for a way's process, with the repository
+    first on PYTHONPATH and what was there kept (make gpu-check puts the
+    extras it installed, Optuna among them, there)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -164,7 +172,7 @@ def main(argv=None) -> int:
                             "--family", args.family, "--trials", str(args.trials), "--jobs",
                             str(args.jobs), "--epochs", str(args.epochs), "--steps",
                             str(args.steps)], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env=child_env())
         if r.returncode != 0:
             rows.append({"way": way, "error": r.stderr.strip().splitlines()[-1:]})
         else:

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from search_measured import child_env  # noqa: E402  (one way to start a way's process)
 MODES = ("eager", "job.train")
 
 
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
                 out = subprocess.run([sys.executable, __file__, "--trials", str(args.trials),
                                       "--epochs", str(args.epochs), "--child", mode, str(jobs)],
                                      capture_output=True, text=True, check=True,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                     env=child_env())
                 seconds.setdefault(f"{jobs}", {}).setdefault(mode, []).append(
                     json.loads(out.stdout.strip().splitlines()[-1]))
     rows = []
