@@ -1,7 +1,9 @@
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -34,6 +36,23 @@ if _profile not in ("gate", "explore"):
     raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_profile!r}: choose gate (the default: the "
                             "same examples every run) or explore (new examples every run)")
 settings.load_profile(_profile)
+
+
+
+def pytest_configure(config):
+    """One capture cache (waterwave/sim/capture_cache.py) for the whole run,
+    fresh: its workers and the processes tests start share it (they inherit
+    the environment), and nothing is read from, or left in, the user's."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the run's is inherited
+        return
+    config.capture_cache = tempfile.mkdtemp(prefix="waterwave-test-captures-")
+    os.environ["WATERWAVE_CACHE_DIR"] = config.capture_cache
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "capture_cache", None):
+        shutil.rmtree(config.capture_cache, ignore_errors=True)
+
 
 MiB = 1024**2
 KiB = 1024

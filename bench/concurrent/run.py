@@ -59,7 +59,8 @@ def measured(out: Path) -> dict:
 
 def job_model(name: str, cache: dict) -> JobModel:
     if name not in cache:
-        cache[name] = JobModel(name, lambda b, name=name: models.build(name, b))
+        cache[name] = JobModel(name, lambda b, name=name: models.build(name, b),
+                               cache_key=models.cache_key(name))
     return cache[name]
 
 

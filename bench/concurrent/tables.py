@@ -42,7 +42,8 @@ class Lab:
 
     def model(self, name: str) -> JobModel:
         if name not in self.models:
-            self.models[name] = JobModel(name, lambda b, name=name: models.build(name, b))
+            self.models[name] = JobModel(name, lambda b, name=name: models.build(name, b),
+                                         cache_key=models.cache_key(name))
         return self.models[name]
 
     def search(self, names, schedule="lockstep", policy="pytorch", config="", sync=False,

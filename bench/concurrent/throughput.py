@@ -52,7 +52,8 @@ def job_model(label: str, name: str, side: int | None) -> JobModel:
     at 224x224 the kernel tables measured on the H100 apply."""
     known = name if not name.startswith("hf:") else label.replace(" ", "-")
     return JobModel(known if side is None else f"{name}-{side}px",
-                    lambda b: models.build(name, b, input_size=side))
+                    lambda b: models.build(name, b, input_size=side),
+                    cache_key=models.cache_key(name, side))
 
 
 def one(model: JobModel, jobs: int, batch: int, gpu: str, schedule: str, kernels) -> dict:

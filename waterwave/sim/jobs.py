@@ -7,7 +7,9 @@ graph at any batch by linear interpolation: an activation's bytes and an
 operator's FLOPs are affine in the batch (same operators, same tensors);
 parameters, buffers and optimizer state do not change. Where the two
 captures differ in structure, ``JobModel`` captures each batch it is asked
-for instead.
+for instead. A ``JobModel`` with a ``cache_key`` (a library model's name
+and input size) keeps its captures on disk for the next run
+(``capture_cache``).
 
 A job is a model's name and a builder of ``(model, example inputs, loss)``
 for a batch size (``waterwave.tools.models.build`` for the models the CLI
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from ..capturing import capture
 from ..graph import Graph, round_size
+from . import capture_cache
 from .eager import eager_trace
 from .gpus import GPU
 from .kernels import NONE, KernelModel
@@ -32,14 +35,22 @@ from .trace import Trace
 Builder = Callable[[int], tuple]  # batch -> (model, example inputs, loss_fn)
 
 
-def capture_step(name: str, batch: int, build: Builder) -> Graph:
+def capture_step(name: str, batch: int, build: Builder, cache_key: str | None = None) -> Graph:
     """The training step of ``build(batch)``, captured on the CPU with CUDA's
-    kernels, named after the model."""
-    import torch
+    kernels, named after the model; with a ``cache_key``, read from the
+    capture cache when it holds it."""
+    def fresh() -> Graph:
+        import torch
 
-    net, inputs, loss = build(batch)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    return capture(net, inputs, loss, opt, name=f"{name}-bs{batch}")
+        net, inputs, loss = build(batch)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        return capture(net, inputs, loss, opt, name=f"{name}-bs{batch}")
+
+    if cache_key is None:
+        return fresh()
+    graph = capture_cache.captured(cache_key, batch, fresh)
+    graph.name = f"{name}-bs{batch}"
+    return graph
 
 
 @dataclass
@@ -51,11 +62,14 @@ class JobModel:
     _pair: tuple[Graph, Graph] | None = None
     _exact: dict[int, Graph] = field(default_factory=dict)
     linear: bool = True
+    # What identifies the model ``build`` makes, for the capture cache (a
+    # library model's name and input size); None: captured every run.
+    cache_key: str | None = None
 
     def _captures(self) -> tuple[Graph, Graph]:
         if self._pair is None:
-            small = capture_step(self.name, self.b0, self.build)
-            large = capture_step(self.name, 2 * self.b0, self.build)
+            small = capture_step(self.name, self.b0, self.build, self.cache_key)
+            large = capture_step(self.name, 2 * self.b0, self.build, self.cache_key)
             self.linear = _same_structure(small, large)
             self._pair = (small, large)
         return self._pair
@@ -66,7 +80,7 @@ class JobModel:
         small, large = self._captures()
         if not self.linear:
             if batch not in self._exact:
-                self._exact[batch] = capture_step(self.name, batch, self.build)
+                self._exact[batch] = capture_step(self.name, batch, self.build, self.cache_key)
             return self._exact[batch]
         g = copy.deepcopy(small)
         g.name = f"{self.name}-bs{batch}"

@@ -68,6 +68,13 @@ def is_user_model(name: str) -> bool:
                 and attr.isidentifier())
 
 
+def cache_key(name: str, input_size: int | None = None) -> str | None:
+    """What identifies ``build(name, ..., input_size=input_size)``'s model to
+    the capture cache (``waterwave.sim.capture_cache``); None for a user's
+    own model, whose module may change between runs."""
+    return None if is_user_model(name) else f"{name}@{input_size or 224}px"
+
+
 def _user_model(spec: str, batch_size: int):
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
