@@ -14,7 +14,7 @@ import waterwave as ww
 from waterwave.sim import trace
 
 FUZZ = Path(__file__).resolve().parent / "fuzz" / "fuzz_inputs.py"
-SECONDS = int(os.environ.get("WATERWAVE_FUZZ_SECONDS", "6"))
+SECONDS = int(os.environ.get("WATERWAVE_FUZZ_SECONDS", "3"))
 
 
 @pytest.mark.parametrize("target", ["config", "slots", "snapshot", "trace", "graph", "plan", "csv",
