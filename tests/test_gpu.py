@@ -444,3 +444,104 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
     for losses in out["losses"]:
         assert losses == pytest.approx(eager, rel=1e-3)
     assert out["bad_frees"] == 0
+
+
+TEXT = textwrap.dedent("""
+    import json, torch
+    import torch.nn.functional as F
+    DEV = "cuda"
+    def batches(n=6, size=16, seed=1):
+        # Dynamic padding: each batch padded to its own longest sentence, so
+        # every batch has a shape of its own, as a shuffled NLP loader gives.
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for _ in range(n):
+            lengths = torch.randint(8, 129, (size,), generator=g)
+            width = int(lengths.max())
+            pad = torch.arange(width)[None, :] >= lengths[:, None]
+            ids = torch.randint(1, 1000, (size, width), generator=g).masked_fill(pad, 0)
+            out.append((ids, pad, torch.randint(0, 4, (size,), generator=g)))
+        return out
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(1000, 256, padding_idx=0)
+            layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(256, 4)
+        def forward(self, ids, pad):
+            h = self.encoder(self.embed(ids), src_key_padding_mask=pad)
+            keep = (~pad).unsqueeze(-1).float()
+            return self.head((h * keep).sum(1) / keep.sum(1))
+    def setup():
+        torch.manual_seed(0)
+        net = Classifier().to(DEV)
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-4), batches()
+    def loop(net, opt, data, losses):
+        for ids, pad, labels in data:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(net(ids.to(DEV), pad.to(DEV)), labels.to(DEV))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+""")
+SHARE_TEXT = textwrap.dedent("""
+    import threading, time
+    import waterwave as ww
+    session = ww.training_session(DEV, memory_limit=None)
+    alone = setup()
+    with ww.sharing(alone[0]) as member:  # every batch once: the trial's own peak
+        loop(*alone, [])
+    peak, held = member.stats()["peak_bytes"], member.stats()["bytes"]
+    del alone, member
+    limit = 4 * held + int(1.5 * (peak - held))
+    session.configure(memory_limit=limit)
+    session.reset_peak()
+    losses, errors = [[] for _ in range(4)], []
+    trials = [setup() for _ in range(4)]  # seeded on this thread: each the same trial
+    def trial(k):
+        try:
+            net, opt, data = trials[k]
+            with ww.sharing(net):
+                loop(net, opt, data, losses[k])
+        except BaseException as e:
+            errors.append(repr(e))
+    start = time.perf_counter()
+    threads = [threading.Thread(target=trial, args=(k,)) for k in range(4)]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+""")
+
+
+def test_sharing_transformer_trials_with_dynamic_padding_train_as_alone_under_a_limit(capsys):
+    """Issue 39, item 6, on a GPU: four trials of a small transformer
+    classifier whose batches are padded each to its own longest sentence
+    (no two of the same shape), each its own eager loop under
+    ``with ww.sharing(model):`` from its own thread, under a session
+    memory_limit below what the four need side by side: no out of memory,
+    each trial's losses its eager loop's, the counted peak under the limit,
+    the allocator sound; the trials' samples per second reported."""
+    eager = run(TEXT + "losses = []; loop(*setup(), losses); print(json.dumps({'losses': losses}))")
+    out = run(TEXT + textwrap.dedent("""
+    import waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    """) + SHARE_TEXT + textwrap.dedent("""
+    wc.check_invariants(0)
+    print(json.dumps({'losses': losses, 'errors': errors, 'limit': limit,
+                      'side_by_side': 4 * peak, 'stats': session.stats(), 'seconds': seconds,
+                      'samples': 4 * sum(len(b[0]) for b in batches()),
+                      'bad_frees': wc.free_errors()[0]}))
+    """))
+    with capsys.disabled():
+        print(f"\nsharing transformers, dynamic padding: {out['samples'] / out['seconds']:.0f} "
+              f"samples/s for 4 trials under {out['limit'] / 2**20:.1f} MiB (side by side "
+              f"{out['side_by_side'] / 2**20:.1f} MiB), counted peak "
+              f"{out['stats']['peak_bytes'] / 2**20:.1f} MiB, waits {out['stats']['waits']}")
+    assert out["errors"] == []
+    assert out["limit"] < out["side_by_side"]
+    assert out["stats"]["peak_bytes"] <= out["limit"]
+    for losses in out["losses"]:
+        assert losses == pytest.approx(eager, rel=1e-3)
+    assert out["bad_frees"] == 0

@@ -4,8 +4,9 @@ size bucket from the latest passes, scaled past every size seen."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waterwave.pipeline.pass_profile import (RECENT, START, PassRecorder, Profiles, Region,
-                                             coarsen, gate_keys, rise_of, split_for)
+from waterwave.pipeline.pass_profile import (RECENT, REST_SLACK, START, PassRecorder, Profiles,
+                                             Region, coarsen, gate_keys, rise_of, split_for,
+                                             with_slack)
 
 
 def test_a_recorder_turns_readings_into_regions():
@@ -76,3 +77,8 @@ def test_a_prediction_at_a_gate_sums_what_is_left_of_the_pass():
     assert prediction.at(("g", 2)) == (50, 50, -250)
     # A point the latest pass did not reach: bounded by the whole pass.
     assert prediction.at(("other", 0)) == (400, 400, 50)
+
+
+def test_the_rest_of_a_pass_is_asked_with_a_little_slack():
+    assert with_slack(0) == 0 and with_slack(-5) == -5
+    assert with_slack(1600) == 1600 + int(1600 * REST_SLACK) > 1600

@@ -355,6 +355,25 @@ def test_members_under_a_budget_below_their_sum_match_eager_and_stay_under(sessi
     assert stats["waits"]["failed"] == 0
 
 
+def test_a_pass_ends_for_the_others_no_lower_than_after_its_step(session):
+    """A block can end after any batch, with its gradients alive (no
+    ``zero_grad`` follows the last step): so a pass counts, for the others'
+    gates, as ending no lower than its optimizer's step left it. (Four
+    transformer trials under a tight limit once failed one of them with out
+    of memory: each last pass left its member 13 MiB of gradients above what
+    the others' gates had counted on.)"""
+    from waterwave.pipeline.pass_profile import START
+
+    session.configure(memory_limit=256 << 20)
+    model, data = wide_member(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no state: a pass's net is 0 by the next call
+    with ww.sharing(model) as member:
+        mlp_loop(model, opt, data)  # zero_grad(set_to_none=True) after each step
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    _, _, net = member.profiles.predict((True, True), data[0][0].numel()).at(START)
+    assert net >= gradients
+
+
 def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):
     big, data = wide_member(0, batch=2048)
     small, small_data = wide_member(1, batch=64)

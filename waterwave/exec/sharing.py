@@ -21,8 +21,10 @@ another's backward frees.
 What a region needs is learned from the allocator's own counts of earlier
 passes (``pipeline/pass_profile.py``). A member's first pass of each kind
 (training, evaluating) runs alone and is measured at every module; the gates
-are then chosen by measured memory, as node groups are cut by size. A pass larger
-than any seen is predicted scaled; an allocation past a prediction waits for
+are then chosen by measured memory, as node groups are cut by size. A pass
+counts as ending no lower than its optimizer's step left it: a block can end
+after any batch, its gradients alive. A pass larger than any seen is
+predicted scaled; an allocation past a prediction waits for
 the others' frees, and if every member waits, one fails with
 ``torch.OutOfMemoryError`` naming the budget while the others go on.
 
@@ -45,7 +47,7 @@ from collections.abc import Mapping
 
 from ..alloc.thread_account import ThreadAccount
 from ..pipeline.pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen,
-                                     gate_keys, split_for)
+                                     gate_keys, split_for, with_slack)
 
 ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
 GATE_POLL_MS = 100  # a waiting gate returns to Python this often (Ctrl-C lands)
@@ -102,6 +104,10 @@ class Member:
         self._prediction = None
         self._occurrences: Counter = Counter()
         self._as_predicted = 0  # single-region passes in a row within their prediction
+        # The most the account held just after an optimizer's step in this
+        # pass, and the peak read there (carried to the next point's read).
+        self._after_step = 0
+        self._carried_peak = 0
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int) -> None:
@@ -201,8 +207,9 @@ class Member:
             self._wait(None, 0, live, boundary=True)
         else:
             rise, rest, net = prediction.at(START)
-            self._wait(rise, rest, live + net, boundary=True)
+            self._wait(rise, with_slack(rest), live + net, boundary=True)
         self._recorder = PassRecorder(live)  # waiting, it allocated nothing
+        self._after_step = 0
         self._signature, self._size, self._prediction = signature, size, prediction
         self._gates_now = self.gates.get(signature, frozenset())
         self._occurrences.clear()
@@ -214,7 +221,7 @@ class Member:
             # No point inside (a small model's pass): one region. As predicted,
             # there is nothing new to learn but every RECENT-th pass, which
             # lets a first pass's one-time costs age out.
-            rise, net = max(0, peak - recorder.start), live - recorder.start
+            rise, net = max(0, peak - recorder.start), max(live, self._after_step) - recorder.start
             predicted_rise, _, predicted_net = prediction.at(START)
             self._as_predicted += 1
             if rise <= predicted_rise and net <= predicted_net and self._as_predicted < RECENT:
@@ -222,7 +229,7 @@ class Member:
             self._as_predicted = 0
             self.profiles.learn(signature, self._size, [Region(START, rise, net)])
             return
-        recorder.at(END, live, peak)
+        recorder.at(END, max(live, self._after_step), peak)
         regions = recorder.regions
         if self._prediction is None:  # measured at every module: choose the gates
             self.gates[signature] = frozenset(gate_keys(regions, split_for(regions, self.budget)))
@@ -243,13 +250,25 @@ class Member:
         recorder.at(key, live, peak)
         if prediction is not None and threading.get_ident() == self.thread:
             rise, rest, net = prediction.at(key)
-            self._wait(rise, rest, live + net, boundary=False)
+            self._wait(rise, with_slack(rest), live + net, boundary=False)
 
     def _read(self) -> tuple[int, int]:
         """The account's (bytes live, most since the last read)."""
         live, peak = self.ledger.take_peak(self.account.id)
+        peak = max(peak, self._carried_peak)
+        self._carried_peak = 0
         self.most = max(self.most, peak)
         return live, peak
+
+    def optimizer_stepped(self) -> None:
+        """An optimizer's step ended: a pass's end is counted at least as high
+        as what is held here (the gradients), since the block can end here,
+        after its last batch, with no ``zero_grad`` to free them: the others'
+        gates count on what a member holds when its pass ends."""
+        if self._recorder is not None:
+            live, peak = self.ledger.take_peak(self.account.id)
+            self._carried_peak = max(self._carried_peak, peak)
+            self._after_step = max(self._after_step, live)
 
     def _wait(self, rise, rest: int, end: int, boundary: bool) -> None:
         """Wait at a gate until the session admits the region (``rise`` None:
@@ -412,11 +431,13 @@ def _optimizer_hooks_on() -> None:
     """The global optimizer hooks (an optimizer's step is a point of the
     member stepping it), while any block runs."""
     global _blocks_running
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
 
     with _members_lock:
         if _blocks_running == 0:
             _optimizer_hooks.append(register_optimizer_step_pre_hook(_optimizer_stepping))
+            _optimizer_hooks.append(register_optimizer_step_post_hook(_optimizer_stepped))
         _blocks_running += 1
 
 
@@ -437,9 +458,17 @@ def _optimizer_stepping(optimizer, args, kwargs):
     return None
 
 
+def _optimizer_stepped(optimizer, args, kwargs):
+    member = getattr(_local, "member", None)
+    if member is not None and member.gating:
+        member.optimizer_stepped()
+    return None
+
+
 # A captured step (job.train) runs no step hooks and refuses optimizers that
-# have some; this one acts only in a member's thread, where steps are eager.
+# have some; these act only in a member's thread, where steps are eager.
 _optimizer_stepping.waterwave_not_in_captured_steps = True
+_optimizer_stepped.waterwave_not_in_captured_steps = True
 
 
 def _grad_enabled() -> bool:

@@ -44,7 +44,7 @@ from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..graph import footprint
 from ..pipeline.pairing import JobGroups, JobPlan, whole_run
-from ..pipeline.pass_profile import START, Region, coarsen, gate_keys, split_for
+from ..pipeline.pass_profile import START, Region, coarsen, gate_keys, split_for, with_slack
 from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, choose
 from .trace import Trace
 
@@ -183,7 +183,7 @@ class SharingSchedule:
                 for later in coarse[i:]:
                     rest = max(rest, level + later.rise)
                     level += later.net
-                asks.append((r.rise, rest, level))
+                asks.append((r.rise, with_slack(rest), level))  # as a member asks
             segments = []
             for step in range(steps):
                 for i, (first, last) in enumerate(spans):
