@@ -14,6 +14,12 @@ import waterwave as ww
 from waterwave import _C
 from waterwave.alloc import torch_bridge
 
+# The suite runs several processes that use torch at once on few cores
+# (pytest's workers, the processes tests start, the sanitizer runs beside):
+# OpenMP threads that spin while they wait for work would burn the cores the
+# others need. They sleep instead (numerics are unchanged).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # One CP-SAT worker in the suite: deterministic searches. (OR-Tools 9.15
 # aborts now and then even so; every solve runs in a child process for that:
 # waterwave/planner/cpsat_child.py.)
@@ -40,18 +46,20 @@ settings.load_profile(_profile)
 
 
 def pytest_configure(config):
-    """One capture cache (waterwave/sim/capture_cache.py) for the whole run,
-    fresh: its workers and the processes tests start share it (they inherit
-    the environment), and nothing is read from, or left in, the user's."""
+    """One Waterwave cache folder (``WATERWAVE_CACHE_DIR``: the capture cache,
+    waterwave/sim/capture_cache.py, and bridges built there) for the whole
+    run, fresh: its workers and the processes tests start share it (they
+    inherit the environment), and nothing is read from, or left in, the
+    user's."""
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the run's is inherited
         return
-    config.capture_cache = tempfile.mkdtemp(prefix="waterwave-test-captures-")
-    os.environ["WATERWAVE_CACHE_DIR"] = config.capture_cache
+    config.waterwave_cache = tempfile.mkdtemp(prefix="waterwave-test-cache-")
+    os.environ["WATERWAVE_CACHE_DIR"] = config.waterwave_cache
 
 
 def pytest_unconfigure(config):
-    if getattr(config, "capture_cache", None):
-        shutil.rmtree(config.capture_cache, ignore_errors=True)
+    if getattr(config, "waterwave_cache", None):
+        shutil.rmtree(config.waterwave_cache, ignore_errors=True)
 
 
 MiB = 1024**2

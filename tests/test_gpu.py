@@ -398,6 +398,18 @@ def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
     assert ours["losses"][:3] == pytest.approx(eager["losses"][:3], rel=5e-3), out
 
 
+def assert_shared_as_alone(out: dict, eager: list[float]) -> None:
+    """Sharing trials under a limit below their sum side by side: none failed,
+    the counted peak under the limit, each trial's losses its eager loop's,
+    the allocator sound."""
+    assert out["errors"] == []
+    assert out["limit"] < out["side_by_side"]
+    assert out["stats"]["peak_bytes"] <= out["limit"]
+    for losses in out["losses"]:
+        assert losses == pytest.approx(eager, rel=1e-3)
+    assert out["bad_frees"] == 0
+
+
 def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
     """Issue 39 on a GPU: four resnet18 trials, each its own eager loop under
     ``with ww.sharing(model):`` from its own thread, under a session
@@ -438,12 +450,7 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
                       'seconds': time.perf_counter() - start,
                       'bad_frees': wc.free_errors()[0]}))
     """))
-    assert out["errors"] == []
-    assert out["limit"] < out["side_by_side"]
-    assert out["stats"]["peak_bytes"] <= out["limit"]
-    for losses in out["losses"]:
-        assert losses == pytest.approx(eager, rel=1e-3)
-    assert out["bad_frees"] == 0
+    assert_shared_as_alone(out, eager)
 
 
 TEXT = textwrap.dedent("""
@@ -539,9 +546,4 @@ def test_sharing_transformer_trials_with_dynamic_padding_train_as_alone_under_a_
               f"samples/s for 4 trials under {out['limit'] / 2**20:.1f} MiB (side by side "
               f"{out['side_by_side'] / 2**20:.1f} MiB), counted peak "
               f"{out['stats']['peak_bytes'] / 2**20:.1f} MiB, waits {out['stats']['waits']}")
-    assert out["errors"] == []
-    assert out["limit"] < out["side_by_side"]
-    assert out["stats"]["peak_bytes"] <= out["limit"]
-    for losses in out["losses"]:
-        assert losses == pytest.approx(eager, rel=1e-3)
-    assert out["bad_frees"] == 0
+    assert_shared_as_alone(out, eager)

@@ -366,7 +366,8 @@ def test_a_pass_ends_for_the_others_no_lower_than_after_its_step(session):
 
     session.configure(memory_limit=256 << 20)
     model, data = wide_member(0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no state: a pass's net is 0 by the next call
+    # No state: by the next call a pass's net is 0.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with ww.sharing(model) as member:
         mlp_loop(model, opt, data)  # zero_grad(set_to_none=True) after each step
     gradients = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -3,11 +3,12 @@ benchmarks capture the same library models at the same batches run after
 run (resnet18 costs seconds a capture, resnet50 more), so a step captured
 once is read back next time.
 
-Where: ``$WATERWAVE_CACHE_DIR``, else ``$XDG_CACHE_HOME/waterwave``, else
-``~/.cache/waterwave``; ``WATERWAVE_CACHE_DIR=off`` keeps nothing. Only
-steps whose model a name identifies are kept (``JobModel(cache=True)``:
-the models ``waterwave.tools.models`` builds by name), never a user's own
-model file or builder.
+Where: ``captures/`` in Waterwave's cache folder, the one the torch bridge
+is built into (``$WATERWAVE_CACHE_DIR``, else ``~/.cache/waterwave``);
+``WATERWAVE_CAPTURE_CACHE=off`` keeps nothing. Only steps whose model a
+name identifies are kept (a ``JobModel`` with a ``cache_key``: the models
+``waterwave.tools.models`` builds by name), never a user's own model file
+or builder.
 
 An entry's name digests what the capture depends on: the model's name and
 batch, the versions of torch, torchvision and transformers, and the
@@ -17,7 +18,7 @@ program's file) is captured again and rewritten, with a warning in the
 ``waterwave`` log; a write goes to a temporary file renamed into place, so
 processes capturing side by side never read half a file.
 
-May import: waterwave.graph; the standard library.
+May import: waterwave.graph, waterwave.alloc (the cache folder); the standard library.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from ..alloc.torch_bridge import cache_dir
 from ..graph import Graph, GraphError
 
 log = logging.getLogger(__name__)
@@ -40,11 +42,9 @@ _PACKAGE = Path(__file__).resolve().parent.parent  # waterwave/
 
 def folder() -> Path | None:
     """The cache's folder (see the module's opening); None when it is off."""
-    chosen = os.environ.get("WATERWAVE_CACHE_DIR")
-    if chosen is not None:
-        return None if chosen.strip().lower() in (OFF, "") else Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "waterwave"
+    if os.environ.get("WATERWAVE_CAPTURE_CACHE", "").strip().lower() == OFF:
+        return None
+    return cache_dir() / "captures"
 
 
 @functools.lru_cache(maxsize=1)
