@@ -14,12 +14,6 @@ import waterwave as ww
 from waterwave import _C
 from waterwave.alloc import torch_bridge
 
-# The suite runs several processes that use torch at once on few cores
-# (pytest's workers, the processes tests start, the sanitizer runs beside):
-# OpenMP threads that spin while they wait for work would burn the cores the
-# others need. They sleep instead (numerics are unchanged).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 # One CP-SAT worker in the suite: deterministic searches. (OR-Tools 9.15
 # aborts now and then even so; every solve runs in a child process for that:
 # waterwave/planner/cpsat_child.py.)
