@@ -38,7 +38,6 @@ if _profile not in ("gate", "explore"):
 settings.load_profile(_profile)
 
 
-
 def pytest_configure(config):
     """One Waterwave cache folder (``WATERWAVE_CACHE_DIR``: the capture cache,
     waterwave/sim/capture_cache.py, and bridges built there) for the whole
