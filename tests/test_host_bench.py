@@ -162,10 +162,11 @@ def test_a_ways_process_keeps_the_pythonpath_it_was_given(monkeypatch):
     assert search_measured.child_env()["PYTHONPATH"] == str(ROOT)
 
 
-def test_the_measured_search_runs_each_way_in_its_own_process_and_reports(tmp_path):
+def test_the_measured_search_runs_each_way_and_reports(tmp_path):
     """bench/concurrent/search_measured.py, as make gpu-check runs it on a
-    GPU, here on the CPU with tiny settings: every way trains its trials
-    (real training, the synthetic curve's values) and is reported."""
+    GPU (each way in a process of its own), here on the CPU with tiny
+    settings (the ways in one process): every way trains its trials (real
+    training, the synthetic curve's values) and is reported."""
     pytest.importorskip("optuna")
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "search_measured.py"),
                         "--device", "cpu", "--trials", "2", "--jobs", "2", "--epochs", "1",

@@ -59,8 +59,7 @@ def measured(out: Path) -> dict:
 
 def job_model(name: str, cache: dict) -> JobModel:
     if name not in cache:
-        cache[name] = JobModel(name, lambda b, name=name: models.build(name, b),
-                               cache_key=models.cache_key(name))
+        cache[name] = models.job_model(name)
     return cache[name]
 
 

@@ -90,9 +90,7 @@ def accuracy(lr: float, weight_decay: float, epoch: int) -> float:
 
 def job_model(family: Family) -> JobModel:
     """The family's trial, its step captured once for every way."""
-    return JobModel(f"{family.model}-{family.side}px",
-                    lambda b: models.build(family.model, b, input_size=family.side),
-                    cache_key=models.cache_key(family.model, family.side))
+    return models.job_model(family.model, family.side)
 
 
 def rates(family: Family, model: JobModel, schedule: str, k: int,

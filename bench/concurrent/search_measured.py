@@ -4,7 +4,10 @@ train for real, K at a time as ``study.optimize(n_jobs=K)`` runs them.
     python bench/concurrent/search_measured.py [--device cuda] [--family small|memory-bound]
         [--trials 8] [--jobs 4] [--epochs 2] [--steps 20] [--out bench/results]
 
-Each way runs in a fresh process (a process's CUDA allocator is chosen once):
+On a GPU each way runs in a fresh process (a process's CUDA allocator is
+chosen once); on the CPU, where nothing is chosen once, they run one after
+another in this one (the PyTorch ways first, before Waterwave's CPU
+allocator counts the sharing trials):
 
 - one at a time: ``n_jobs=1``, PyTorch's allocator, an eager loop;
 - side by side (PyTorch): ``n_jobs=K``, eager loops; a trial that runs out
@@ -158,9 +161,9 @@ def main(argv=None) -> int:
         print(json.dumps(child(args.way, args)))
         return 0
     on_gpu = args.device.startswith("cuda")
-    if on_gpu:  # only there: torch's import alone costs seconds, and each way imports it
-        import torch
+    import torch
 
+    if on_gpu:
         if not torch.cuda.is_available():
             print("search_measured.py trains on a GPU: none is visible to torch here. "
                   "bench/concurrent/search.py simulates the same search on the CPU; "
@@ -168,6 +171,10 @@ def main(argv=None) -> int:
             return 2
     rows = []
     for way in WAYS:
+        if not on_gpu:
+            rows.append(child(way, args))
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         r = subprocess.run([sys.executable, __file__, "--way", way, "--device", args.device,
                             "--family", args.family, "--trials", str(args.trials), "--jobs",
                             str(args.jobs), "--epochs", str(args.epochs), "--steps",

@@ -42,8 +42,7 @@ class Lab:
 
     def model(self, name: str) -> JobModel:
         if name not in self.models:
-            self.models[name] = JobModel(name, lambda b, name=name: models.build(name, b),
-                                         cache_key=models.cache_key(name))
+            self.models[name] = models.job_model(name)
         return self.models[name]
 
     def search(self, names, schedule="lockstep", policy="pytorch", config="", sync=False,

@@ -50,10 +50,8 @@ STEPS = 3
 def job_model(label: str, name: str, side: int | None) -> JobModel:
     """The model's step at any batch; named as the simulator names it, so that
     at 224x224 the kernel tables measured on the H100 apply."""
-    known = name if not name.startswith("hf:") else label.replace(" ", "-")
-    return JobModel(known if side is None else f"{name}-{side}px",
-                    lambda b: models.build(name, b, input_size=side),
-                    cache_key=models.cache_key(name, side))
+    known = label.replace(" ", "-") if name.startswith("hf:") and side is None else None
+    return models.job_model(name, side, label=known)
 
 
 def one(model: JobModel, jobs: int, batch: int, gpu: str, schedule: str, kernels) -> dict:

@@ -92,8 +92,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     trials, rungs, k = (8, 3, 2) if args.quick else (32, 5, 4)
     epochs = halving_epochs(trials, rungs)
-    model = JobModel(f"resnet18-{SIDE}px", lambda b: models.build("resnet18", b, input_size=SIDE),
-                     cache_key=models.cache_key("resnet18", SIDE))
+    model = models.job_model("resnet18", SIDE)
     kernels = KernelModel.load()
     runs = {"one at a time": search(epochs, 1, rates(model, 1, "lockstep", kernels))}
     for label, schedule in ((f"{k} side by side (PyTorch)", "lockstep"),

@@ -17,7 +17,6 @@ import json
 import os
 
 from ..sim.eager import eager_trace
-from ..sim.jobs import JobModel
 from ..sim.kernels import KernelModel
 from ..sim.maxbatch import max_batch, simulate_models
 from ..sim.multijob import simulate
@@ -33,7 +32,7 @@ SCHEDULES = {name: (name, *ALLOCATORS[name]) for name in ("lockstep", "phased", 
 def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",
         memory_limit: int = 3 * GiB, steps: int = 3, plot: bool = True) -> dict:
     os.makedirs(out_dir, exist_ok=True)
-    jm = JobModel(model, lambda b: models.build(model, b), cache_key=models.cache_key(model))
+    jm = models.job_model(model)
     kernels = KernelModel.load()
     sole = max_batch([jm], gpu, memory_limit, "lockstep", "pytorch", kernels, steps)
     results = {"model": model, "gpu": gpu, "memory_limit": memory_limit, "simulated": True,

@@ -68,6 +68,20 @@ def is_user_model(name: str) -> bool:
                 and attr.isidentifier())
 
 
+def job_model(name: str, input_size: int | None = None, label: str | None = None):
+    """The simulator's ``JobModel`` of ``build(name, ..., input_size=input_size)``,
+    its captures kept in the capture cache where the model is a library's.
+    ``label``: its name in reports; by default ``name``, or ``name-<side>px``
+    at another input size (another model: the kernel tables measured at
+    224x224 are not taken for it)."""
+    from ..sim.jobs import JobModel
+
+    if label is None:
+        label = name if input_size is None else f"{name}-{input_size}px"
+    return JobModel(label, lambda b: build(name, b, input_size=input_size),
+                    cache_key=cache_key(name, input_size))
+
+
 def cache_key(name: str, input_size: int | None = None) -> str | None:
     """What identifies ``build(name, ..., input_size=input_size)``'s model to
     the capture cache (``waterwave.sim.capture_cache``); None for a user's

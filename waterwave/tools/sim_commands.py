@@ -62,11 +62,7 @@ def _job_models(names: list[str], input_size: int | None = None):
         models.check_input_size(n, input_size)
 
     def job_model(n: str) -> JobModel:
-        # At another input size a model is another model: its own name (so
-        # the kernel tables measured at 224x224 are not taken for it).
-        made = JobModel(n if input_size is None else f"{n}-{input_size}px",
-                        lambda b: models.build(n, b, input_size=input_size),
-                        cache_key=models.cache_key(n, input_size))
+        made = models.job_model(n, input_size)
         if models.is_user_model(n):
             return made
         return _LIBRARY_JOB_MODELS.setdefault((n, input_size), made)
