@@ -437,3 +437,71 @@ def test_removing_a_job_that_is_not_there_names_the_jobs_that_are():
     trainer = ww.ConcurrentTrainer([])
     with pytest.raises(ValueError, match="is not training here: this trainer has no jobs"):
         trainer.remove(job)
+
+
+@pytest.fixture
+def cpu_session():
+    """The CPU's training session, its limit lifted again after the test."""
+    session = ww.training_session("cpu")
+    yield session
+    session.configure(memory_limit=None)
+
+
+def test_a_trainer_is_its_device_sessions_fixed_set_of_jobs_under_one_budget(cpu_session,
+                                                                            monkeypatch):
+    """A trainer's jobs are its device's session's fixed set (issue 39,
+    item 4): a run may hold the session's memory_limit less what the
+    session's other jobs hold (here one that trained by job.train keeps its
+    parameters and optimizer state between calls); the session, and so its
+    sharing members' budget, counts the run's budget while it runs and the
+    jobs' persistent bytes between runs; and they train as alone."""
+    limit = 4 << 20
+    cpu_session.configure(memory_limit=limit)
+    ps = pairs()
+    ps[0].check(ps[0].job.train(2), 2)
+    others = cpu_session.stats()["held_between_calls"]  # the job.train job, and any left here
+    assert others >= ps[0].job.persistent_bytes()
+    holds = []
+    hold = cpu_session.hold_for_trainer
+    monkeypatch.setattr(cpu_session, "hold_for_trainer",
+                        lambda t, held, running=0: (holds.append((held, running)),
+                                                    hold(t, held, running)))
+    trainer = ww.ConcurrentTrainer([ps[1].job, ps[2].job], split_size=4096)
+    between = sum(m.held() for m in trainer.members)
+    assert between > 0 and holds[-1] == (between, 0)
+    stats = cpu_session.stats()
+    assert {"training": 0, "bytes": between} in stats["trainers"]
+    assert stats["held_between_calls"] == others + between
+    assert cpu_session.ledger().share_stats()["outside"] == others + between  # members see it
+
+    losses = trainer.run(3)
+    for p, got in zip(ps[1:], losses):
+        p.check(got, 3)
+    assert trainer.stats()["budget"] == limit - others
+    peaks = sum(m.step_peak() for m in trainer.members)
+    assert (min(limit - others, peaks), 2) in holds  # while it ran: both jobs, their budget
+    assert holds[-1] == (between, 0) and cpu_session.stats()["held_between_calls"] == \
+        others + between
+
+    trainer.memory_limit = 2 * limit  # its own limit, above what the session leaves
+    trainer.run(1)
+    assert trainer.stats()["budget"] == limit - others
+    trainer.memory_limit = limit - others - 1024  # below it: its own
+    trainer.run(1)
+    assert trainer.stats()["budget"] == limit - others - 1024
+
+
+def test_a_trainer_the_session_leaves_too_little_is_refused_naming_the_session(cpu_session):
+    ps = pairs()
+    ps[0].job.train(1)
+    others = cpu_session.stats()["held_between_calls"]
+    trainer = ww.ConcurrentTrainer([ps[1].job], memory_limit=1 << 30)
+    one_step = trainer.members[0].step_peak()
+    cpu_session.configure(memory_limit=others + one_step - 1)
+    with pytest.raises(ValueError, match=r"the training session of cpu has memory_limit=.* other "
+                                         r"jobs and sharing members hold [0-9,]+ of them, so "
+                                         r"this trainer may hold [0-9,]+: .*below one step"):
+        trainer.run(1)
+    assert ps[1].job.losses == []  # nothing ran
+    cpu_session.configure(memory_limit=others + one_step)
+    ps[1].check(trainer.run(1)[0], 1)

@@ -2,7 +2,11 @@
 that memory one job frees serves the next job's allocations (the Waterwave
 paper's NodeGroup pipeline, sections 4.3 and 4.4): ``ConcurrentTrainer``
 trains a fixed set of ``waterwave.Job``s together (``Job.train`` joins the
-device's training session instead, ``session.py``).
+device's training session instead, ``session.py``). The trainer is that
+session's fixed set: its runs may hold the session's ``memory_limit`` less
+what the session's other jobs and sharing members hold, or its own
+``memory_limit`` where that is less, and the session counts what the
+trainer's jobs hold (``TrainingSession.hold_for_trainer``).
 
 Each job's training step is captured once (``step.CapturedStep``) and cut
 into node groups (``waterwave.pipeline.nodegroups``). Each job runs on a
@@ -88,7 +92,7 @@ from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
-from .session import whole_steps
+from .session import training_session, whole_steps
 from .workers import POOL
 
 PROBE_STEPS = 2  # steps of every job each way a session probes
@@ -117,6 +121,9 @@ class ConcurrentTrainer(SettingsView):
         self._running: list[RoundFeed] = []  # the feeds of the run in progress
         self._interrupted = False
         self._running_lock = threading.Lock()
+        # What the device's training session leaves this run: (bytes, bytes
+        # the others hold there), or None where it sets no limit.
+        self._room: tuple[int, int] | None = None
         with _TRAINERS_LOCK:
             _TRAINERS.add(self)
         for job in jobs:
@@ -146,10 +153,45 @@ class ConcurrentTrainer(SettingsView):
             raise ValueError(f"{job!r} is already training here")
         self.members.append(PipelinedJob(job, self.settings))
         self._forget_choice()
+        self._hold_between_runs()
 
     def remove(self, job: Job) -> None:
         self.members.remove(self.member(job))
         self._forget_choice()
+        self._hold_between_runs()
+
+    # One budget per device: the trainer is its session's fixed set of jobs -
+    def _session(self, members: list[PipelinedJob]):
+        """The training session of the device the jobs train on (one device:
+        jobs on several have no one session's budget to share)."""
+        devices = {str(m.job.device) for m in members}
+        return training_session(devices.pop()) if len(devices) == 1 else None
+
+    def _hold_between_runs(self) -> None:
+        """The device's session counts what the jobs keep between runs."""
+        session = self._session(self.members)
+        if session is not None:
+            session.hold_for_trainer(self, sum(m.held() for m in self.active))
+
+    def _limit(self) -> int | None:
+        """The bytes a run may hold: ``memory_limit``, or less where the
+        device's session leaves less (``_room``); None: neither limits it."""
+        limits = [x for x in (self.memory_limit, None if self._room is None else self._room[0])
+                  if x is not None]
+        return min(limits) if limits else None
+
+    def _refuse_past_limit(self, members: list[PipelinedJob]) -> None:
+        limit = self._limit()
+        try:
+            refuse_past_limit(limit, members)
+        except ValueError as e:
+            if self._room is None or limit == self.memory_limit:
+                raise
+            session = self._session(members)
+            raise ValueError(
+                f"the training session of {session.device} has memory_limit="
+                f"{session.memory_limit:,} bytes, and other jobs and sharing members hold "
+                f"{self._room[1]:,} of them, so this trainer may hold {limit:,}: {e}") from None
 
     @property
     def active(self) -> list[PipelinedJob]:
@@ -186,11 +228,13 @@ class ConcurrentTrainer(SettingsView):
         return sched.round_planner(steps, limit, jobs)
 
     def _budget(self, members: list[PipelinedJob]) -> int | None:
-        """The bytes the jobs may hold together: ``memory_limit``; else, on a
-        GPU, what the allocator can still give (``MemoryProbe.available``)
+        """The bytes the jobs may hold together: ``memory_limit``, or what
+        the device's session leaves where that is less (``_limit``); else, on
+        a GPU, what the allocator can still give (``MemoryProbe.available``)
         plus what the jobs hold already; else (the CPU) no limit."""
-        if self.memory_limit is not None:
-            return self.memory_limit
+        limit = self._limit()
+        if limit is not None:
+            return limit
         probe = self._memory_probe(members)
         if probe is None:
             return None
@@ -208,10 +252,28 @@ class ConcurrentTrainer(SettingsView):
             if not m.current:
                 self.members[i] = PipelinedJob(m.job, self.settings)
         members = self.active
+        session = self._session(members)
+        room = session.room_for_trainer(self) if session is not None else None
+        self._room = None if room is None else (max(0, room[0]), room[1])
         if self.plan_schedule.pairing in (MEMORY, ALGORITHM1, TURNS, SEQUENTIAL, SESSION):
-            refuse_past_limit(self.memory_limit, members)
+            self._refuse_past_limit(members)
         for m in members:  # every check passed: nothing is touched by a refused run
             m.step_fn.clear_step_outputs()
+        if session is None:
+            self._run_steps(members, steps)
+            return
+        # The session counts the run's budget, at most every step side by
+        # side, while it runs; what the jobs keep after it.
+        peaks = sum(m.step_peak() for m in members)
+        budget = None if self.plan_schedule.pairing == FREE else self._budget(members)
+        session.hold_for_trainer(self, peaks if budget is None else min(budget, peaks),
+                                 len(members))
+        try:
+            self._run_steps(members, steps)
+        finally:
+            self._hold_between_runs()
+
+    def _run_steps(self, members: list[PipelinedJob], steps: int) -> None:
         if self.plan_schedule.pairing == SESSION:
             self._run_session(members, steps)
             return

@@ -15,6 +15,12 @@ the budget, and so does what it allocates between calls, evaluating: see
 ``between_calls.py``). When the last job leaves, the next one starts a
 fresh feed.
 
+A ``ConcurrentTrainer`` (``concurrent.py``) is the session's fixed set of
+jobs: it plans its own rounds, by any schedule, and the session counts
+what its jobs hold against the same budget (the run's budget while it
+runs, what they keep between runs), and leaves its runs the rest: one
+budget per device, whichever way jobs train there.
+
 The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
 allocator could give when the feed started plus what the session's jobs
 held then (their tensors between calls included); else (the CPU) none, and
@@ -37,7 +43,7 @@ import gc
 import operator
 import threading
 import weakref
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .. import _C
 from ..alloc import cpu_allocator
@@ -85,6 +91,9 @@ class TrainingSession(SettingsView):
         # between calls is counted against the budget.
         self._pipelined: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._sharing: dict[int, object] = {}  # id -> waterwave.sharing members in blocks now
+        # Each ConcurrentTrainer whose jobs are on this device -> what they
+        # hold here (TrainerHold): its fixed set is one more member.
+        self._trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._next_k = 0
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
         self.steps_run = 0
@@ -98,8 +107,10 @@ class TrainingSession(SettingsView):
                   order=_UNSET) -> TrainingSession:
         """Change the settings given; only while no job trains here."""
         with self._lock:
-            if self._members or self._sharing:
-                raise RuntimeError(f"{len(self._members) + len(self._sharing)} job(s) train in "
+            running = len(self._members) + len(self._sharing) + sum(
+                hold.running for hold in list(self._trainers.values()))
+            if running:
+                raise RuntimeError(f"{running} job(s) train in "
                                    f"the session of {self.device} now: change its settings "
                                    "between trainings")
             now = self.settings
@@ -141,7 +152,7 @@ class TrainingSession(SettingsView):
             k = self._next_k
             self._next_k += 1
             self._members[k] = (member, feed)
-            self.most_training = max(self.most_training, len(self._members) + len(self._sharing))
+            self._count_training_locked()
             solo = (probe is not None and member.measured is None
                     and self.plan_schedule.pairing == MEMORY)
             groups = list(member.measured or member.plan.groups)
@@ -236,7 +247,7 @@ class TrainingSession(SettingsView):
             else:
                 self._claim_cuda_ledger(member)
             self.ledger().join(member.account.id, base)
-            self.most_training = max(self.most_training, len(self._members) + len(self._sharing))
+            self._count_training_locked()
             budget = self._share_budget_locked()
             if self._feed is not None:
                 self._feed.set_limit(*self._budget(self._feed))
@@ -294,10 +305,47 @@ class TrainingSession(SettingsView):
         ledger.set_budget(limit, self._feed_peaks(self._feed) + self._between_calls(self._feed))
         return limit
 
-    def _between_calls(self, feed: RoundFeed | None) -> int:
+    def _between_calls(self, feed: RoundFeed | None, trainer=None) -> int:
+        """What the session's jobs not training in ``feed`` hold between their
+        calls, with what the trainers other than ``trainer`` hold."""
         inside = {id(m) for m, f in self._members.values() if f is feed}
         return sum(m.held() + m.reserve() for m in list(self._pipelined.values())
-                   if id(m) not in inside)
+                   if id(m) not in inside) + sum(
+            hold.bytes for t, hold in list(self._trainers.items()) if t is not trainer)
+
+    def _count_training_locked(self) -> None:
+        running = sum(hold.running for hold in list(self._trainers.values()))
+        self.most_training = max(self.most_training,
+                                 len(self._members) + len(self._sharing) + running)
+
+    # ConcurrentTrainer's fixed sets of jobs (concurrent.py) -----------------
+    def hold_for_trainer(self, trainer, held: int, running: int = 0) -> None:
+        """``trainer``'s jobs hold ``held`` bytes on this device, ``running``
+        of them training now: while it runs, the budget its run plans for;
+        between runs, what its jobs keep. Counted against the session's budget
+        as what a job keeps between its calls is; 0 bytes: nothing."""
+        with self._lock:
+            if held > 0:
+                self._trainers[trainer] = TrainerHold(held, running)
+            else:
+                self._trainers.pop(trainer, None)
+            self._count_training_locked()
+            self._share_budget_locked()
+            if self._feed is not None:
+                self._feed.set_limit(*self._budget(self._feed))
+
+    def room_for_trainer(self, trainer) -> tuple[int, int] | None:
+        """(bytes ``trainer``'s run may hold here, bytes everything else
+        here holds): the session's ``memory_limit`` less the jobs training
+        in its feed at their step peaks, what the others keep between calls
+        (other trainers' jobs among them) and what sharing members hold.
+        None where the session sets no limit."""
+        with self._lock:
+            if self.memory_limit is None:
+                return None
+            others = (self._feed_peaks(self._feed) + self._between_calls(self._feed, trainer)
+                      + self.ledger().share_stats()["members_live"])
+            return self.memory_limit - others, others
 
     def member(self, job) -> PipelinedJob:
         """How this session runs ``job``: its groups, runners and
@@ -345,12 +393,21 @@ class TrainingSession(SettingsView):
                                                     "overshoots", "forced", "failed")},
                     "jobs_known": len(self._pipelined), "steps_run": self.steps_run,
                     "held_between_calls": self._between_calls(feed),
+                    "trainers": [{"training": hold.running, "bytes": hold.bytes}
+                                 for hold in list(self._trainers.values())],
                     "most_training": self.most_training,
                     "rounds_planned": None if feed is None else feed.last_round + 1}
 
     def __repr__(self) -> str:
         return (f"TrainingSession({str(self.device)!r}, schedule={self.schedule!r}, "
                 f"memory_limit={self.memory_limit!r}, training={len(self._members)})")
+
+
+@dataclass(frozen=True)
+class TrainerHold:
+    """What a ``ConcurrentTrainer``'s jobs hold on a session's device."""
+    bytes: int
+    running: int  # its jobs training now (0 between runs)
 
 
 def _session_settings(settings: PipelineSettings) -> PipelineSettings:
