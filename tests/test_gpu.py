@@ -51,6 +51,10 @@ TRAIN = textwrap.dedent("""
         losses = []
         loop(net, opt, x, y, steps, losses)
         return losses
+    def forwards(net, opt, x, y, steps=6):  # each step's loss, for its backward
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            yield torch.nn.functional.cross_entropy(net(x), y)
     def two_jobs(ww):
         return [ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
                        name=f"job{k}") for k, (net, opt, x, y) in enumerate(setup() for _ in "ab")]
@@ -398,6 +402,53 @@ def test_float16_with_a_grad_scaler_trains_as_the_eager_recipe():
     assert ours["losses"][:3] == pytest.approx(eager["losses"][:3], rel=5e-3), out
 
 
+# Four trials side by side under PyTorch's own allocator, capped at a
+# sharing test's limit: each step's forward runs, then all four wait for each
+# other (a barrier) so that they hold their activations at once, as trials
+# side by side do at some point, and only then go backward. Prefixed with
+# the trials' script (setup() -> (net, opt, ...), forwards(*trial)), DEV and
+# LIMIT.
+NATIVE_SIDE_BY_SIDE = textwrap.dedent("""
+    import threading
+    if DEV == "cuda":
+        torch.cuda.set_per_process_memory_fraction(
+            LIMIT / torch.cuda.get_device_properties(0).total_memory, 0)
+    ooms, errors = [], []
+    try:
+        trials = [setup() for _ in range(4)]  # seeded on this thread
+    except torch.OutOfMemoryError:
+        trials, ooms = [], ["setup"]
+    gate = threading.Barrier(max(1, len(trials)))
+    def trial(k):
+        net, opt = trials[k][:2]
+        try:
+            for loss in forwards(*trials[k]):
+                gate.wait(timeout=300)
+                loss.backward()
+                opt.step()
+        except torch.OutOfMemoryError:
+            ooms.append(k)
+            gate.abort()
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as e:
+            errors.append(repr(e))
+            gate.abort()
+    threads = [threading.Thread(target=trial, args=(k,)) for k in range(len(trials))]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    print(json.dumps({'ooms': ooms, 'errors': errors}))
+""")
+
+
+def assert_native_runs_out(script: str, limit: int) -> dict:
+    """The four trials side by side under PyTorch's allocator at ``limit``
+    (``NATIVE_SIDE_BY_SIDE``) run out of memory: the cap is one where
+    sharing is needed."""
+    native = run(script + f"\nDEV = 'cuda'\nLIMIT = {limit}\n" + NATIVE_SIDE_BY_SIDE)
+    assert native["errors"] == [] and native["ooms"], native
+    return native
+
+
 def assert_shared_as_alone(out: dict, eager: list[float]) -> None:
     """Sharing trials under a limit below their sum side by side: none failed,
     the counted peak under the limit, each trial's losses its eager loop's,
@@ -415,7 +466,9 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
     ``with ww.sharing(model):`` from its own thread, under a session
     memory_limit below what the four need side by side (each trial's own
     peak measured alone first): no out of memory, each trial's losses its
-    eager loop's, the counted peak under the limit, the allocator sound."""
+    eager loop's, the counted peak under the limit, the allocator sound; and
+    the four side by side under PyTorch's allocator capped there run out of
+    memory."""
     eager = run(TRAIN + "print(json.dumps({'losses': train(6)}))")["losses"]
     out = run(TRAIN + textwrap.dedent("""
     import threading, time
@@ -451,6 +504,7 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
                       'bad_frees': wc.free_errors()[0]}))
     """))
     assert_shared_as_alone(out, eager)
+    assert_native_runs_out(TRAIN, out["limit"])
 
 
 TEXT = textwrap.dedent("""
@@ -491,6 +545,10 @@ TEXT = textwrap.dedent("""
             loss.backward()
             opt.step()
             losses.append(loss.item())
+    def forwards(net, opt, data):  # each step's loss, for its backward
+        for ids, pad, labels in data:
+            opt.zero_grad(set_to_none=True)
+            yield F.cross_entropy(net(ids.to(DEV), pad.to(DEV)), labels.to(DEV))
 """)
 SHARE_TEXT = textwrap.dedent("""
     import threading, time
@@ -529,7 +587,9 @@ def test_sharing_transformer_trials_with_dynamic_padding_train_as_alone_under_a_
     ``with ww.sharing(model):`` from its own thread, under a session
     memory_limit below what the four need side by side: no out of memory,
     each trial's losses its eager loop's, the counted peak under the limit,
-    the allocator sound; the trials' samples per second reported."""
+    the allocator sound; the four side by side under PyTorch's allocator
+    capped there run out of memory; the trials' samples per second
+    reported."""
     eager = run(TEXT + "losses = []; loop(*setup(), losses); print(json.dumps({'losses': losses}))")
     out = run(TEXT + textwrap.dedent("""
     import waterwave as ww, waterwave.cuda as wc
@@ -541,9 +601,12 @@ def test_sharing_transformer_trials_with_dynamic_padding_train_as_alone_under_a_
                       'samples': 4 * sum(len(b[0]) for b in batches()),
                       'bad_frees': wc.free_errors()[0]}))
     """))
+    native = assert_native_runs_out(TEXT, out["limit"])
     with capsys.disabled():
         print(f"\nsharing transformers, dynamic padding: {out['samples'] / out['seconds']:.0f} "
               f"samples/s for 4 trials under {out['limit'] / 2**20:.1f} MiB (side by side "
               f"{out['side_by_side'] / 2**20:.1f} MiB), counted peak "
-              f"{out['stats']['peak_bytes'] / 2**20:.1f} MiB, waits {out['stats']['waits']}")
+              f"{out['stats']['peak_bytes'] / 2**20:.1f} MiB, waits {out['stats']['waits']}; "
+              f"side by side under PyTorch's allocator at that cap: {len(native['ooms'])} of 4 "
+              "ran out of memory")
     assert_shared_as_alone(out, eager)
