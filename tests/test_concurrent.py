@@ -461,11 +461,14 @@ def test_a_trainer_is_its_device_sessions_fixed_set_of_jobs_under_one_budget(cpu
     ps[0].check(ps[0].job.train(2), 2)
     others = cpu_session.stats()["held_between_calls"]  # the job.train job, and any left here
     assert others >= ps[0].job.persistent_bytes()
-    holds = []
+    holds, outside = [], []  # each hold, and the sharing members' ledger after it
     hold = cpu_session.hold_for_trainer
-    monkeypatch.setattr(cpu_session, "hold_for_trainer",
-                        lambda t, held, running=0: (holds.append((held, running)),
-                                                    hold(t, held, running)))
+
+    def spy(trainer, held, running=0):
+        hold(trainer, held, running)
+        holds.append((held, running))
+        outside.append(cpu_session.ledger().share_stats()["outside"])
+    monkeypatch.setattr(cpu_session, "hold_for_trainer", spy)
     trainer = ww.ConcurrentTrainer([ps[1].job, ps[2].job], split_size=4096)
     between = sum(m.held() for m in trainer.members)
     assert between > 0 and holds[-1] == (between, 0)
@@ -479,7 +482,8 @@ def test_a_trainer_is_its_device_sessions_fixed_set_of_jobs_under_one_budget(cpu
         p.check(got, 3)
     assert trainer.stats()["budget"] == limit - others
     peaks = sum(m.step_peak() for m in trainer.members)
-    assert (min(limit - others, peaks), 2) in holds  # while it ran: both jobs, their budget
+    running = holds.index((min(limit - others, peaks), 2))  # while it ran: both, their budget
+    assert outside[running] == others + min(limit - others, peaks)
     assert holds[-1] == (between, 0) and cpu_session.stats()["held_between_calls"] == \
         others + between
 
