@@ -509,3 +509,23 @@ def test_a_trainer_the_session_leaves_too_little_is_refused_naming_the_session(c
     assert ps[1].job.losses == []  # nothing ran
     cpu_session.configure(memory_limit=others + one_step)
     ps[1].check(trainer.run(1)[0], 1)
+
+
+def test_a_gpu_sessions_free_memory_counts_a_trainers_bytes_once():
+    """A GPU session without a limit takes its budget from what the
+    allocator can still give, which already leaves out what a trainer's jobs
+    hold; the trainer's bytes, also counted as taken, are added back, as
+    a job.train job's are, so that nothing is taken twice."""
+    session = ww.TrainingSession("cuda:0")
+    trainer = object.__new__(ww.ConcurrentTrainer)  # only a key for its hold here
+
+    class Probe:
+        def available(self):
+            return 5 << 20
+
+    assert session._probe_capacity(Probe()) == 5 << 20
+    session.hold_for_trainer(trainer, 3 << 20)
+    assert session._probe_capacity(Probe()) == 8 << 20
+    assert session.stats()["trainers"] == [{"training": 0, "bytes": 3 << 20}]
+    session.hold_for_trainer(trainer, 0)
+    assert session.stats()["trainers"] == []

@@ -193,8 +193,10 @@ class TrainingSession(SettingsView):
 
     def _probe_capacity(self, probe: MemoryProbe | None) -> int | None:
         """On a GPU without a limit: what the allocator can still give plus
-        what the session's jobs hold (they are all between steps now) and
-        its sharing members (out of their blocks now) hold."""
+        what the session's jobs hold (they are all between steps now), what
+        trainers' jobs hold and its sharing members (out of their blocks
+        now) hold: the budget counts those as taken again, so they are not
+        taken twice."""
         if probe is None or self.memory_limit is not None:
             return None
         # Jobs of finished trials can outlive them in reference cycles (the
@@ -202,6 +204,7 @@ class TrainingSession(SettingsView):
         # give their tensors back before measuring what is free.
         gc.collect()
         return (probe.available() + sum(m.held() for m in list(self._pipelined.values()))
+                + sum(hold.bytes for hold in list(self._trainers.values()))
                 + self.ledger().share_stats()["members_live"])
 
     def _limit(self) -> int | None:
