@@ -14,6 +14,17 @@ import waterwave as ww
 from waterwave import _C
 from waterwave.alloc import torch_bridge
 
+# One OpenMP thread in each test process: pytest-xdist runs a worker per
+# core, with the sanitizer runs beside them, so a team of several per worker
+# only oversubscribes the cores, its idle threads spinning on them (pytest
+# took 425 s instead of 455 s). The processes tests start keep torch's
+# default (the benchmarks measure with it); a test of teams sets its own; a
+# run given OMP_NUM_THREADS keeps it.
+import torch  # noqa: E402
+
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
+
 # One CP-SAT worker in the suite: deterministic searches. (OR-Tools 9.15
 # aborts now and then even so; every solve runs in a child process for that:
 # waterwave/planner/cpsat_child.py.)
