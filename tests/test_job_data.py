@@ -3,7 +3,6 @@ a DataLoader or a list, epoch after epoch, a short last batch from a capture
 of its own; a batch the job's plan cannot hold, or data that runs out, is a
 clear error naming the fix."""
 import copy
-import os
 
 import pytest
 
@@ -429,8 +428,6 @@ def test_a_thread_with_a_smaller_openmp_team_trains_as_an_eager_loop_with_it():
     import threading
 
     torchvision = pytest.importorskip("torchvision")
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("needs two cores, for an OpenMP team of 2 to compare with")
 
     def train(how, team):
         out = []
