@@ -416,7 +416,7 @@ NATIVE_SIDE_BY_SIDE = textwrap.dedent("""
         trials, ooms = [], ["setup"]
     gate = threading.Barrier(max(1, len(trials)))
     def trial(k):
-        net, opt = trials[k][:2]
+        opt = trials[k][1]
         try:
             for loss in forwards(*trials[k]):
                 gate.wait(timeout=300)

@@ -262,11 +262,13 @@ class ConcurrentTrainer(SettingsView):
         if session is None:
             self._run_steps(members, steps)
             return
-        # The session counts the run's budget, at most every step side by
-        # side, while it runs; what the jobs keep after it.
+        # The session counts the run's limit, at most every step side by
+        # side (all of them where nothing limits the run: a GPU's free
+        # memory is probed once, by the planner), while it runs; what the
+        # jobs keep after it.
         peaks = sum(m.step_peak() for m in members)
-        budget = None if self.plan_schedule.pairing == FREE else self._budget(members)
-        session.hold_for_trainer(self, peaks if budget is None else min(budget, peaks),
+        limit = None if self.plan_schedule.pairing == FREE else self._limit()
+        session.hold_for_trainer(self, peaks if limit is None else min(limit, peaks),
                                  len(members))
         try:
             self._run_steps(members, steps)
