@@ -587,7 +587,8 @@ def test_sharing_transformer_trials_with_dynamic_padding_train_as_alone_under_a_
     capped there run out of memory (measured on the CPU, four of these
     trials hold 1.5 times the cap at their forwards' ends); the trials'
     samples per second reported."""
-    eager = run(TEXT + "losses = []; loop(*setup(), losses); print(json.dumps({'losses': losses}))")
+    eager = run(TEXT + "losses = []; loop(*setup(), losses); print(json.dumps({'losses': losses}))")[
+        "losses"]
     out = run(TEXT + textwrap.dedent("""
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)

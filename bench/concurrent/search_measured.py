@@ -63,10 +63,17 @@ def child(way: str, args) -> dict:
 
         if device.type == "cuda":
             ww.install_allocator()
-        ww.training_session(args.device).configure(memory_limit=family.memory_limit)
-    elif device.type == "cuda" and family.memory_limit is not None:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(family.memory_limit / total, device)
+    if device.type == "cuda" and family.memory_limit is not None:
+        # Every way under the same cap on what the process reserves (the
+        # allocator's cache included), as nvidia-smi would show it.
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(family.memory_limit / total, index)
+    if ww is not None:
+        # On a GPU the session's budget is then what the allocator can still
+        # give under that cap; the CPU has no cap but the session's limit.
+        ww.training_session(args.device).configure(
+            memory_limit=None if device.type == "cuda" else family.memory_limit)
     side = family.side if device.type == "cuda" else 16
     batch = family.batch if device.type == "cuda" else 4
 
@@ -189,29 +196,40 @@ def main(argv=None) -> int:
              else f"the CPU ({os.cpu_count()} cores)")
     report = {"measured": where, "date": time.strftime("%Y-%m-%d"), "family": args.family,
               "trials": args.trials, "jobs": args.jobs, "epochs": args.epochs,
-              "steps": args.steps, "rows": rows}
+              "steps": args.steps,
+              "cap_bytes": FAMILIES[args.family].memory_limit if on_gpu else None, "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"search_measured_{args.family}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = [f"# {FAMILIES[args.family].name}: an Optuna search measured on {where}", "",
-             f"{report['date']}, `python bench/concurrent/search_measured.py`: {args.trials} "
-             f"trials, {args.jobs} at a time but one at a time, {args.epochs} epochs of "
-             f"{args.steps} batches.", "",
-             "| how | trials per hour | best | s to best | OOMs | peak GiB |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
+    text = markdown(report)
+    (out / f"{stem}.md").write_text(text)
+    print(text, end="")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def markdown(report: dict) -> str:
+    """``report`` (what main writes as JSON) as the markdown table."""
+    family = FAMILIES[report["family"]]
+    cap = ("" if report.get("cap_bytes") is None else
+           f" Every way under one cap on what the process reserves, the allocator's cache "
+           f"included ({report['cap_bytes'] / 2**30:g} GiB: `per_process_memory_fraction`).")
+    lines = [f"# {family.name}: an Optuna search measured on {report['measured']}", "",
+             f"{report['date']}, `python bench/concurrent/search_measured.py`: "
+             f"{report['trials']} trials, {report['jobs']} at a time (one at a time: one), "
+             f"{report['epochs']} epochs of {report['steps']} batches.{cap}", "",
+             "| how | trials per hour | trained | best | s to best | OOMs | peak GiB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
         if "error" in r:
-            lines.append(f"| {r['way']} | failed: {' '.join(r['error'])} | | | | |")
+            lines.append(f"| {r['way']} | failed: {' '.join(r['error'])} | | | | | |")
             continue
         peak = "-" if r["peak_reserved"] is None else f"{r['peak_reserved'] / 2**30:.2f}"
         best = "-" if r["best"] is None else f"{r['best']:.4f}"
         to_best = "-" if r["seconds_to_best"] is None else f"{r['seconds_to_best']:.1f}"
-        lines.append(f"| {r['way']} | {r['trials_per_hour']:,.1f} | {best} | {to_best} | "
-                     f"{r['ooms']} | {peak} |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if all("error" not in r for r in rows) else 1
+        lines.append(f"| {r['way']} | {r['trials_per_hour']:,.1f} | {r['trained']} | {best} | "
+                     f"{to_best} | {r['ooms']} | {peak} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
