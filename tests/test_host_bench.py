@@ -182,3 +182,13 @@ def test_the_measured_search_runs_each_way_and_reports(tmp_path):
         assert row["trials_per_hour"] > 0 and row["jobs"] == (1 if row["way"] == "one at a time"
                                                                else 2)
     assert "| job.train |" in (tmp_path / "search_measured_small.md").read_text()
+    assert res["cap_bytes"] is None and all(row["oom_messages"] == [] for row in res["rows"])
+    # A GPU run's report names its cap and what each way's first failures said.
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import search_measured
+
+    res.update(measured="a GPU", family="memory-bound", cap_bytes=12 << 30)
+    res["rows"][2].update(ooms=1, oom_messages=["CUDA out of memory. Tried to allocate 2 MiB"])
+    text = search_measured.markdown(res)
+    assert "under one cap on what the process reserves" in text and "(12 GiB" in text
+    assert "- ww.sharing: CUDA out of memory. Tried to allocate 2 MiB" in text

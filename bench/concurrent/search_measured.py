@@ -89,6 +89,7 @@ def child(way: str, args) -> dict:
 
     started = time.perf_counter()
     best = {"value": None, "at": None}
+    oom_messages: list[str] = []
 
     def objective(trial):
         lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
@@ -101,14 +102,22 @@ def child(way: str, args) -> dict:
         acc = None
         for epoch in range(1, args.epochs + 1):
             model.train()
-            if job is not None:
-                job.train(steps=len(data))
-            else:
-                with (ww.sharing(model) if way == "ww.sharing" else _nothing()):
-                    for x, y in data:
-                        opt.zero_grad()
-                        F.cross_entropy(model(x), y).backward()
-                        opt.step()
+            try:
+                if job is not None:
+                    job.train(steps=len(data))
+                else:
+                    with (ww.sharing(model) if way == "ww.sharing" else _nothing()):
+                        for x, y in data:
+                            opt.zero_grad()
+                            F.cross_entropy(model(x), y).backward()
+                            opt.step()
+            except torch.OutOfMemoryError as e:
+                # Which allocation ran out, and under what: the study only
+                # counts the failure.
+                first = str(e).splitlines()[0][:300] if str(e) else repr(e)
+                if first not in oom_messages and len(oom_messages) < 3:
+                    oom_messages.append(first)
+                raise
             acc = accuracy(lr, wd, epoch)
             trial.report(acc, epoch)
             if trial.should_prune():
@@ -134,7 +143,8 @@ def child(way: str, args) -> dict:
             "ooms": states.count("FAIL"),
             "trials_per_hour": (states.count("COMPLETE") + states.count("PRUNED"))
             / (seconds / 3600),
-            "best": best["value"], "seconds_to_best": best["at"], "peak_reserved": peak}
+            "best": best["value"], "seconds_to_best": best["at"], "peak_reserved": peak,
+            "oom_messages": oom_messages}
 
 
 class _nothing:
@@ -229,6 +239,9 @@ def markdown(report: dict) -> str:
         to_best = "-" if r["seconds_to_best"] is None else f"{r['seconds_to_best']:.1f}"
         lines.append(f"| {r['way']} | {r['trials_per_hour']:,.1f} | {r['trained']} | {best} | "
                      f"{to_best} | {r['ooms']} | {peak} |")
+    said = [f"- {r['way']}: {m}" for r in report["rows"] for m in r.get("oom_messages", [])]
+    if said:
+        lines += ["", "Out of memory, as the first failures said it:", "", *said]
     return "\n".join(lines) + "\n"
 
 
