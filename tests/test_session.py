@@ -405,3 +405,47 @@ def test_sharing_on_a_second_cuda_device_at_once_is_refused_and_the_first_keeps_
         assert second._share_budget_locked() == 0  # cuda:0's budget stays in the ledger
     finally:
         first._sharing.clear()
+
+
+def test_a_gpu_session_without_a_limit_probes_what_is_free_at_every_block_start(monkeypatch):
+    """On a GPU with no memory_limit, the members' budget is what the
+    allocator can still give plus what the members hold. It is probed again
+    whenever a block starts, not only when the first does: memory a thread
+    took outside every block since (a new trial's model and data on the
+    GPU) is in no account, and a budget probed before it would count it as
+    free, so that the allocator, not the gates, ran out (4 resnet50 trials
+    under a 12 GiB cap on an H200 lost 3 of 8 trials that way). The joining
+    member's model is counted once, in the ledger."""
+    import types
+
+    import waterwave.exec.session as session_module
+    from waterwave.alloc.thread_account import ThreadAccount
+    from waterwave.pipeline.pass_profile import GPU_MARGIN
+
+    MiB = 1 << 20
+    free = [100 * MiB]
+
+    class Probe:  # what the allocator can still give, as set here
+        def __init__(self, device):
+            pass
+
+        def available(self):
+            return free[0]
+
+    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    session = ww.TrainingSession("cuda:0")
+    ledger = session.ledger()
+    members = [types.SimpleNamespace(account=ThreadAccount(ledger), name=f"trial {k}")
+               for k in range(2)]
+    try:
+        first = session.join_sharing(members[0], 4 * MiB)
+        assert first == int((100 + 4) * MiB * (1 - GPU_MARGIN))
+        free[0] = 60 * MiB  # another trial built its model (8 MiB) and data (32 MiB)
+        second = session.join_sharing(members[1], 8 * MiB)
+        assert second == int((60 + 4 + 8) * MiB * (1 - GPU_MARGIN))
+        assert ledger.share_stats()["budget"] == second
+        assert session.stats()["budget"] == (60 + 4 + 8) * MiB
+    finally:
+        for member in members:
+            session.leave_sharing(member)
+            member.account.close()

@@ -194,9 +194,9 @@ class TrainingSession(SettingsView):
     def _probe_capacity(self, probe: MemoryProbe | None) -> int | None:
         """On a GPU without a limit: what the allocator can still give plus
         what the session's jobs hold (they are all between steps now), what
-        trainers' jobs hold and its sharing members (out of their blocks
-        now) hold: the budget counts those as taken again, so they are not
-        taken twice."""
+        trainers' jobs hold and what its sharing members' accounts hold (in
+        their blocks or out): the budget counts those as taken again, so
+        they are not taken twice."""
         if probe is None or self.memory_limit is not None:
             return None
         # Jobs of finished trials can outlive them in reference cycles (the
@@ -242,14 +242,20 @@ class TrainingSession(SettingsView):
         with self._lock:
             if self.device == "cpu":
                 self._count_cpu_memory()
-            elif self.memory_limit is None and not self._sharing and self._feed is None:
-                # On a GPU with no limit: the free memory now, as a feed's start probes it.
-                self._capacity = self._probe_capacity(MemoryProbe(self.device))
-            if self.device == "cpu":
                 self._sharing[id(member)] = member
             else:
                 self._claim_cuda_ledger(member)
             self.ledger().join(member.account.id, base)
+            if self.device != "cpu" and self.memory_limit is None and self._feed is None:
+                # On a GPU with no limit: what the allocator can still give
+                # now (the joining member's model counted in the ledger), as a
+                # feed's start probes it, at every block's start and not only
+                # the first. What threads took outside the members' blocks
+                # since (a new trial's model and data, an evaluation) is in no
+                # account: a budget probed before it would count that memory
+                # as free. (While a feed trains, its jobs' activations are in
+                # no account either: the feed's probe stands.)
+                self._capacity = self._probe_capacity(MemoryProbe(self.device))
             self._count_training_locked()
             budget = self._share_budget_locked()
             if self._feed is not None:
