@@ -470,3 +470,26 @@ def test_a_thread_with_a_smaller_openmp_team_trains_as_an_eager_loop_with_it():
     assert all(torch.equal(a, b) for a, b in zip(one_eager, one_job))
     full_eager = train("eager", 2)  # the suite's own processes run a team of 1 (conftest)
     assert not all(torch.equal(a, b) for a, b in zip(one_eager, full_eager))
+
+
+def test_batches_already_on_the_device_are_counted_as_held_beside_the_steps():
+    """A job's data of batches put on its device beforehand is memory the
+    job holds between steps that no step allocates (on a GPU, a session's
+    budget must count it): its storages' bytes, views of one storage once,
+    less the largest batch (the step's input, counted by its capture). A
+    DataLoader's batches are made as they are drawn: nothing is held."""
+    from waterwave.exec.batches import BatchFeed
+
+    cpu = torch.device("cpu")
+    xs = [torch.zeros(8, 16) for _ in range(3)]
+    ys = [torch.zeros(8, dtype=torch.long) for _ in range(3)]
+    batch = 8 * 16 * 4 + 8 * 8
+    assert BatchFeed(list(zip(xs, ys)), device=cpu).resident_bytes() == 2 * batch
+    whole = torch.zeros(4, 8, 16)  # four batches, views of one storage
+    assert BatchFeed([(whole[i], ys[0]) for i in range(4)], device=cpu).resident_bytes() == (
+        whole.untyped_storage().nbytes() + ys[0].untyped_storage().nbytes() - 8 * 16 * 4 - 8 * 8)
+    dicts = [{"x": x, "y": y} for x, y in zip(xs, ys)]
+    assert BatchFeed(dicts, device=cpu, target_keys=["y"]).resident_bytes() == 2 * batch
+    assert BatchFeed(list(zip(xs, ys)), device=torch.device("meta")).resident_bytes() == 0
+    assert BatchFeed(DataLoader(dataset(), batch_size=8), device=cpu).resident_bytes() == 0
+    assert BatchFeed(list(zip(xs, ys))).resident_bytes() == 0  # no device: nothing moved

@@ -112,6 +112,35 @@ class BatchFeed:
         except StopIteration:
             raise ValueError("the job's data yields no batch") from None
 
+    def resident_bytes(self) -> int:
+        """Bytes of the data's tensors that are on the job's device already
+        (batches put on the GPU beforehand), less the largest batch, which
+        the captured step counts as its input: memory the job holds between
+        steps that none of its steps allocates. 0 where the data is no
+        sequence (a ``DataLoader`` makes each batch as it is drawn)."""
+        import torch
+
+        if self.device is None or not isinstance(self.data, Sequence) or isinstance(
+                self.data, (str, bytes)):
+            return 0
+        device = torch.device(self.device)
+        seen: set[int] = set()
+        total = largest = 0
+        for batch in self.data:
+            items = (batch.values() if isinstance(batch, Mapping)
+                     else batch if isinstance(batch, (tuple, list)) else (batch,))
+            here = 0  # the batch's own bytes
+            for x in items:
+                if (isinstance(x, torch.Tensor) and x.device.type == device.type
+                        and device.index in (None, x.device.index)):
+                    here += x.nbytes
+                    storage = x.untyped_storage()
+                    if storage.data_ptr() not in seen:  # views of one storage count once
+                        seen.add(storage.data_ptr())
+                        total += storage.nbytes()
+            largest = max(largest, here)
+        return max(0, total - largest)
+
     def _to_device(self, xs: tuple) -> tuple:
         import torch
 

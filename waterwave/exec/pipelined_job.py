@@ -33,6 +33,11 @@ class PipelinedJob:
         self.runner = GroupRunner(job.step_fn, self.partition)
         self.plan: JobPlan = graph_plan(0, job.graph, self.partition)
         self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
+        # Its data's batches already on the GPU: held beside every step, and
+        # in no step's allocations (on the CPU a dataset in memory is the
+        # user's, not the training's).
+        on_gpu = job.batches is not None and str(job.device).startswith("cuda")
+        self.data_bytes = job.batches.resident_bytes() if on_gpu else 0
         self._runners: dict[int, tuple[object, GroupRunner]] = {}  # other shapes' captures
         self.stale = False  # the run's settings changed: cut it again
 
@@ -68,12 +73,17 @@ class PipelinedJob:
     def step_peak(self) -> int:
         """The most it holds over one step alone, as planned, with what its
         thread keeps between calls."""
-        return step_peak(self.plan) + self.between.kept
+        return step_peak(self.plan) + self.beside()
 
     def held(self) -> int:
-        """What it holds between steps: its persistent bytes, and what its
-        thread kept from evaluating."""
-        return self.plan.persistent + self.between.kept
+        """What it holds between steps: its persistent bytes, and what it
+        holds beside its steps (``beside``)."""
+        return self.plan.persistent + self.beside()
+
+    def beside(self) -> int:
+        """What it holds beside its steps: what its thread kept from
+        evaluating, and its data's batches on the GPU."""
+        return self.between.kept + self.data_bytes
 
     def reserve(self) -> int:
         """What a session keeps for its evaluation between its calls."""

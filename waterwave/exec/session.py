@@ -157,7 +157,7 @@ class TrainingSession(SettingsView):
                     and self.plan_schedule.pairing == MEMORY)
             groups = list(member.measured or member.plan.groups)
             plan = replace(member.plan, job=k, groups=groups,
-                           persistent=member.plan.persistent + job.between.kept,
+                           persistent=member.plan.persistent + member.beside(),
                            after=job.between.reserve(groups))
             feed.join(k, job, plan, steps, solo_first=solo)
             feed.set_limit(*self._budget(feed))
