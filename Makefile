@@ -138,12 +138,14 @@ bench: build
 # Through the device tool (10-minute calls, files back from $OUT):
 #   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=9
 # GPU_PARTS="concurrent trainer": only the parts whose names hold one of
-# these words (what an earlier check's budget left out).
+# these words (what an earlier check's budget left out); GPU_TESTS=sharing:
+# only the GPU tests pytest -k selects (GPU_PARTS="pytest Optuna"
+# GPU_TESTS=sharing: the sharing tests and the Optuna searches).
 RESULTS ?= bench/results
 GPU_BUDGET_MIN ?= 25
 gpu-check: build
 	$(PY) bench/gpu_check.py --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN) \
-		$(if $(GPU_PARTS),--only $(GPU_PARTS))
+		$(if $(GPU_PARTS),--only $(GPU_PARTS)) $(if $(GPU_TESTS),--tests '$(GPU_TESTS)')
 
 bench-gpu: build
 	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)

@@ -29,7 +29,8 @@ run stopped from outside still leaves what it measured), the GPU tests'
 output in ``gpu_tests.log`` and each benchmark's in ``gpu_part_<name>.log``
 (what a benchmark stopped by the budget printed before it wrote its
 files). ``--only WORD ...`` runs the parts whose names hold one of the
-words (``--only concurrent``: what a previous check's budget left out). A
+words (``--only concurrent``: what a previous check's budget left out);
+``--tests EXPR`` runs the GPU tests pytest's ``-k EXPR`` selects. A
 part still running when the budget (25 minutes by default) is spent is
 stopped and reported as such, so the whole ends within the budget. Without a CUDA GPU it says so and exits 2 before
 running anything: a GPU check that skips everything proves nothing.
@@ -50,11 +51,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parts(out: Path) -> list[tuple[str, list[str]]]:
+def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
+    """Every part, in order; ``tests``: a pytest ``-k`` expression choosing
+    among the GPU tests (None: all of them)."""
     py = sys.executable
     return [
         ("GPU tests (pytest -m gpu)",
-         [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider"]),
+         [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+          *(["-k", tests] if tests else [])]),
         ("rounding spread of float16 Adam",
          [py, "bench/rounding_spread.py", "--device", "cuda",
           "--out", str(out / "rounding_spread_cuda.json")]),
@@ -178,12 +182,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop whatever still runs after this many minutes (default 25)")
     ap.add_argument("--only", nargs="+", metavar="WORD",
                     help="only the parts whose names hold one of these words (case ignored)")
+    ap.add_argument("--tests", metavar="EXPR",
+                    help="only the GPU tests pytest -k EXPR selects (make gpu-check GPU_TESTS=)")
     ap.add_argument("--wheels", default=str(ROOT / "build" / "gpu-wheels"),
                     help="wheels of the extras to install first when missing "
                          "(make gpu-wheels; default build/gpu-wheels)")
     args = ap.parse_args(argv)
     try:
-        todo = chosen(parts(Path(args.out)), args.benchmarks_only, args.only)
+        todo = chosen(parts(Path(args.out), args.tests), args.benchmarks_only, args.only)
     except ValueError as e:
         print(f"gpu-check: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,10 @@ def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
     assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py",
             "bench/concurrent/search_measured.py"} <= benches
     assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)
+    assert "-k" not in commands[0]
+    # --tests: the GPU tests pytest -k selects (the others' commands unchanged).
+    chosen = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path, "sharing")]
+    assert chosen[0].endswith("-k sharing") and chosen[1:] == commands[1:]
 
 
 def stand_in(monkeypatch, scripts: dict) -> None:
@@ -38,7 +42,7 @@ def stand_in(monkeypatch, scripts: dict) -> None:
     Python code), each run by this interpreter."""
     pytest.importorskip("torch")
     monkeypatch.setattr(gpu_check, "device_name", lambda: "a stand-in GPU")
-    monkeypatch.setattr(gpu_check, "parts", lambda out: [
+    monkeypatch.setattr(gpu_check, "parts", lambda out, tests=None: [
         (name, [sys.executable, "-c", code]) for name, code in scripts.items()])
 
 
