@@ -116,13 +116,12 @@ class BatchFeed:
         """Bytes of the data's tensors that are on the job's device already
         (batches put on the GPU beforehand), less the largest batch, which
         the captured step counts as its input: memory the job holds between
-        steps that none of its steps allocates. 0 where the data is no
-        sequence (a ``DataLoader`` makes each batch as it is drawn)."""
+        steps that none of its steps allocates. 0 where the data is no list
+        or tuple (a ``DataLoader`` makes each batch as it is drawn)."""
         import torch
 
-        if self.device is None or not isinstance(self.data, Sequence) or isinstance(
-                self.data, (str, bytes)):
-            return 0
+        if self.device is None or not isinstance(self.data, (list, tuple)):
+            return 0  # not a Sequence's: one that loads each item it is asked for would load all
         device = torch.device(self.device)
         seen: set[int] = set()
         total = largest = 0
