@@ -502,10 +502,8 @@ TEXT = textwrap.dedent("""
             opt.zero_grad(set_to_none=True)
             yield F.cross_entropy(net(ids.to(DEV), pad.to(DEV)), labels.to(DEV))
 """)
-# Trials of resnet18 at batch 32 on 128x128 images: on the CPU four of them
-# hold 1.44 times the sharing cap at their forwards' ends (at batch 8 on
-# 64x64, 0.74: parameters, momentum and gradients were most of what each
-# held, and PyTorch's allocator did not run out).
+# resnet18 trials: on the CPU four hold 1.44 times the sharing cap at their
+# forwards' ends (0.74 at batch 8 on 64x64, where PyTorch would not run out).
 RESNET = textwrap.dedent("""
     import json, torch, torchvision
     import torch.nn.functional as F
@@ -533,10 +531,8 @@ RESNET = textwrap.dedent("""
             opt.zero_grad(set_to_none=True)
             yield F.cross_entropy(net(x.to(DEV)), y.to(DEV))
 """)
-# Four trials of a script (setup() -> (net, opt, data), loop(net, opt,
-# data, losses)), each its own eager loop in ww.sharing on its own thread,
-# under a session limit below their sum side by side: each trial's own peak
-# measured alone first.
+# Four trials of a script (setup(), loop()), each in ww.sharing on a thread
+# of its own, under a limit below their sum (each one's peak measured alone).
 SHARE = textwrap.dedent("""
     import threading, time
     import waterwave as ww
