@@ -192,3 +192,18 @@ def test_the_measured_search_runs_each_way_and_reports(tmp_path):
     text = search_measured.markdown(res)
     assert "under one cap on what the process reserves" in text and "(12 GiB" in text
     assert "- ww.sharing: CUDA out of memory. Tried to allocate 2 MiB" in text
+
+
+def test_the_trial_cost_benchmark_times_a_search_cold_or_warm():
+    """bench/concurrent/trial_cost.py's search in this process, both modes:
+    a time for the whole search, cold or warm (after a trial of another
+    structure, off the clock); the search's nine structures."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import trial_cost
+
+    assert {(w, d) for w, d, _ in trial_cost.configs(9)} == {
+        (w, d) for w in (64, 128, 256) for d in (1, 2, 3)}
+    for mode in trial_cost.MODES:
+        for warm in (False, True):
+            assert trial_cost.run_mode(mode, trials=2, epochs=1, jobs=2, warm=warm) > 0
