@@ -449,3 +449,27 @@ def test_a_gpu_session_without_a_limit_probes_what_is_free_at_every_block_start(
         for member in members:
             session.leave_sharing(member)
             member.account.close()
+
+
+def test_a_gpu_probe_collects_garbage_at_most_every_few_seconds(monkeypatch):
+    """Probing a GPU's free memory first collects reference cycles (a
+    finished trial's job can sit in one), but a full collection costs
+    0.2-0.4 s in a process holding torch and sharing probes at every
+    block's start: it collects at the first probe, then at most every
+    COLLECT_EVERY_S seconds."""
+    import waterwave.exec.session as session_module
+
+    collected = []
+    monkeypatch.setattr(session_module.gc, "collect", lambda: collected.append(1))
+
+    class Probe:
+        def available(self):
+            return 1 << 20
+
+    session = ww.TrainingSession("cuda:0")
+    assert session._probe_capacity(Probe()) == 1 << 20
+    assert session._probe_capacity(Probe()) == 1 << 20
+    assert len(collected) == 1
+    session._collected_at -= session_module.COLLECT_EVERY_S
+    session._probe_capacity(Probe())
+    assert len(collected) == 2

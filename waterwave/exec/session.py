@@ -42,6 +42,7 @@ from __future__ import annotations
 import gc
 import operator
 import threading
+import time
 import weakref
 from dataclasses import dataclass, replace
 
@@ -60,6 +61,10 @@ from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
 
 _UNSET = object()
+# A probe of a GPU's free memory collects garbage first at most this often:
+# a full collection in a process holding torch takes 0.2-0.4 s (2 cores,
+# 2026-11-27), and sharing probes at every block's start.
+COLLECT_EVERY_S = 10.0
 
 
 def whole_steps(steps) -> int:
@@ -96,6 +101,7 @@ class TrainingSession(SettingsView):
         self._trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._next_k = 0
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
+        self._collected_at = -COLLECT_EVERY_S  # when a probe last collected garbage
         self.steps_run = 0
         self.most_training = 0  # the most jobs that trained here at once
         self.settings = _session_settings(PipelineSettings(schedule, memory_limit, split_size,
@@ -201,8 +207,13 @@ class TrainingSession(SettingsView):
             return None
         # Jobs of finished trials can outlive them in reference cycles (the
         # first optimizer a process makes is held by torch's import frames):
-        # give their tensors back before measuring what is free.
-        gc.collect()
+        # give their tensors back before measuring what is free. Not at every
+        # probe (COLLECT_EVERY_S): memory a cycle still holds only counts as
+        # taken until a later probe.
+        now = time.monotonic()
+        if now - self._collected_at >= COLLECT_EVERY_S:
+            gc.collect()
+            self._collected_at = time.monotonic()
         return (probe.available() + sum(m.held() for m in list(self._pipelined.values()))
                 + sum(hold.bytes for hold in list(self._trainers.values()))
                 + self.ledger().share_stats()["members_live"])
