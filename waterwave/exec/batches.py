@@ -121,7 +121,7 @@ class BatchFeed:
         import torch
 
         if self.device is None or not isinstance(self.data, (list, tuple)):
-            return 0  # not a Sequence's: one that loads each item it is asked for would load all
+            return 0  # a Dataset or another Sequence may load each item it is asked for
         device = torch.device(self.device)
         seen: set[int] = set()
         total = largest = 0

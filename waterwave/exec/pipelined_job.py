@@ -71,8 +71,8 @@ class PipelinedJob:
         return self.job.eager_step(inputs, targets, self.session)
 
     def step_peak(self) -> int:
-        """The most it holds over one step alone, as planned, with what its
-        thread keeps between calls."""
+        """The most it holds over one step alone, as planned, with what it
+        holds beside its steps (``beside``)."""
         return step_peak(self.plan) + self.beside()
 
     def held(self) -> int:
