@@ -70,8 +70,9 @@ def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
          [py, "-m", "waterwave", "bench", "alloc", "--gpu", "--out", str(out / "alloc_gpu.json")]),
         ("allocator cost report",
          [py, "bench/alloc_report.py", str(out / "alloc_gpu.json"), str(out / "alloc_gpu.md")]),
+        # 40 steps a run: each run's median stands on 39 steps, not 5.
         ("resnet18's step under each allocator, 5 runs each, taking turns",
-         [py, "bench/gpu.py", "--models", "resnet18", "--repeats", "5",
+         [py, "bench/gpu.py", "--models", "resnet18", "--repeats", "5", "--steps", "40",
           "--out", str(out / "gpu.json")]),
         ("training report", [py, "bench/gpu.py", "--report", str(out / "gpu.json")]),
         ("concurrent jobs under 12 GiB", [py, "bench/concurrent/gpu.py", "--out", str(out)]),
