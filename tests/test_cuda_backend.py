@@ -9,6 +9,7 @@ paths. The driver is loaded once per process, so every test here shares it.
 import ctypes
 import random
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -585,3 +586,105 @@ def test_a_device_that_is_not_cuda_is_a_clear_error_not_device_0(device):
 
     with pytest.raises(ValueError, match="not a CUDA device"):
         wc.memory_allocated(device)
+
+
+def sharing_members(n):
+    """``n`` accounts of the CUDA runtime's ledger, each a sharing member
+    in its block (no budget: only the device can run out)."""
+    ledger = _C.cuda_accounts()
+    ids = [ledger.open() for _ in range(n)]
+    for i in ids:
+        ledger.join(i, 0)
+    return ledger, ids
+
+
+def leave_all(ledger, ids):
+    _C.ThreadAccounts.set_thread(0)
+    for i in ids:
+        ledger.leave(i)
+        ledger.close(i)
+
+
+def test_a_sharing_member_the_device_ran_out_for_waits_for_another_members_free(fake, policy):
+    """Where the device itself has no room (here its whole capacity; on a
+    GPU also a per-process cap, or a cache no member counts), a sharing
+    member's allocation waits for another member's free and then goes
+    through, instead of failing; a thread that is no member still fails at
+    once."""
+    use(fake, policy)
+    fake.fake_cuda_set_capacity(64 * MiB)
+    ledger, (a, b) = sharing_members(2)
+    before = ledger.share_stats()  # the runtime's ledger lives as long as the process
+    got = []
+    try:
+        _C.ThreadAccounts.set_thread(a)
+        p = _C.cuda_malloc(40 * MiB, 0, S1)
+        _C.ThreadAccounts.set_thread(0)
+        with pytest.raises(ww.OutOfMemoryError):  # no member: the device's error, at once
+            _C.cuda_malloc(40 * MiB, 0, S1)
+
+        def member_b():
+            _C.ThreadAccounts.set_thread(b)
+            try:
+                got.append(_C.cuda_malloc(40 * MiB, 0, S1))
+            except Exception as e:  # noqa: BLE001 (the test reads it)
+                got.append(e)
+            finally:
+                _C.ThreadAccounts.set_thread(0)
+
+        t = threading.Thread(target=member_b)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and ledger.share_stats()["waiting"] == 1  # waits, not fails
+        _C.cuda_free(p, 40 * MiB, 0, S1)
+        t.join(5)
+        assert not t.is_alive() and isinstance(got[0], int), got
+        _C.cuda_free(got[0], 40 * MiB, 0, S1)
+        stats = ledger.share_stats()
+        assert stats["device_waits"] == before["device_waits"] + 1
+        assert stats["waiting"] == 0 and stats["failed"] == before["failed"]
+    finally:
+        leave_all(ledger, (a, b))
+    wc.check_invariants(0)
+
+
+def test_sharing_members_all_waiting_for_the_device_fail_one_alone(fake):
+    """Two members each hold memory and ask for more than the device has
+    left: one fails with the device's out of memory and why, unwinds, and
+    the other then gets its memory. Never a hang."""
+    use(fake)
+    fake.fake_cuda_set_capacity(64 * MiB)
+    ledger, ids = sharing_members(2)
+    failed_before = ledger.share_stats()["failed"]
+    errors, started = [None, None], threading.Barrier(2)
+
+    def member(k):
+        _C.ThreadAccounts.set_thread(ids[k])
+        held = _C.cuda_malloc(28 * MiB, 0, S1 if k else S2)
+        try:
+            started.wait()
+            more = _C.cuda_malloc(20 * MiB, 0, S1 if k else S2)  # 96 MiB of 64: both wait
+            _C.cuda_free(more, 20 * MiB, 0, S1 if k else S2)
+        except ww.OutOfMemoryError as e:
+            errors[k] = e
+        finally:
+            _C.cuda_free(held, 28 * MiB, 0, S1 if k else S2)  # its thread unwinds
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    try:
+        threads = [threading.Thread(target=member, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads), "members hung"
+        failed = [e for e in errors if e is not None]
+        assert len(failed) == 1, errors
+        assert "out of memory" in str(failed[0])
+        assert "every trial sharing the device was waiting for another's memory" in str(failed[0])
+        assert ledger.share_stats()["failed"] == failed_before + 1
+    finally:
+        leave_all(ledger, ids)
+    fake.fake_cuda_complete_all()
+    wc.check_invariants(0)

@@ -24,8 +24,8 @@ class SimMember:
     """A member on a thread of its own: passes of (rise, actual) regions,
     each region's allocations told to the ledger, freed at the pass's end."""
 
-    def __init__(self, ledger, base=0):
-        self.ledger = ledger
+    def __init__(self, ledger, base=0, device=None):
+        self.ledger, self.device = ledger, device  # device: a Device its memory comes from
         self.id = ledger.open()
         ledger.join(self.id, base)
         self.error = None
@@ -38,15 +38,18 @@ class SimMember:
 
     def allocate(self, nbytes):
         ptr = next(_addresses)
-        self.ledger.allocate(ptr, nbytes)
+        (self.device or self.ledger).allocate(ptr, nbytes)
         return ptr
+
+    def free(self, ptr):
+        (self.device or self.ledger).free(ptr)
 
     def run(self, passes, kept=0):
         """``passes``: lists of (predicted rise, bytes actually allocated)
         per region; ``kept``: bytes allocated once in the first pass and
         held after (an optimizer's state)."""
         _C.ThreadAccounts.set_thread(self.id)
-        held = []
+        held, live = [], []
         try:
             for p, regions in enumerate(passes):
                 rest = sum(r for r, _ in regions)
@@ -60,11 +63,13 @@ class SimMember:
                     time.sleep(0.0005)
                 if p == 0 and kept:
                     held.append(self.allocate(kept))
-                for ptr in live:
-                    self.ledger.free(ptr)
+                while live:
+                    self.free(live.pop())
                 self.passes += 1
         except BaseException as e:  # noqa: BLE001 (the test reads it)
             self.error = e
+            while live:  # its thread unwinds: the pass's tensors go
+                self.free(live.pop())
         finally:
             _C.ThreadAccounts.set_thread(0)
             self.ledger.leave(self.id)
@@ -197,6 +202,124 @@ def test_every_member_waiting_fails_one_allocation_naming_the_budget():
     assert ledger.share_stats()["peak"] <= 1000
 
 
+class Device:
+    """A device of ``capacity`` bytes under the members' ledger, as the CUDA
+    runtime's allocation path uses it: where the device has no room, a
+    member's allocation waits for the others' frees (``wait_for_frees``)
+    and tries again, or fails with why."""
+
+    def __init__(self, ledger, capacity):
+        self.ledger, self.capacity, self.used = ledger, capacity, 0
+        self.lock = threading.Lock()
+        self.sizes: dict = {}
+
+    def allocate(self, ptr, nbytes):
+        waited = False
+        while True:
+            with self.lock:
+                room = self.used + nbytes <= self.capacity
+                if room:
+                    self.used += nbytes
+                    self.sizes[ptr] = nbytes
+            if room:
+                try:
+                    self.ledger.allocate(ptr, nbytes)  # the budget's wait, if any
+                except MemoryError:
+                    with self.lock:
+                        self.used -= self.sizes.pop(ptr)
+                    raise
+                if waited:
+                    self.ledger.done_waiting()
+                return
+            retry, why = self.ledger.wait_for_frees(nbytes)
+            if not retry:
+                raise MemoryError(f"the device is out of memory; {why}")
+            waited = True
+
+    def free(self, ptr):
+        with self.lock:
+            self.used -= self.sizes.pop(ptr)
+        self.ledger.free(ptr)
+
+
+def test_a_member_the_device_ran_out_for_waits_for_another_members_frees():
+    """The device, not the budget, has no room (nothing waits at a budget
+    here): the allocation waits, giving up the GIL, until another member
+    frees, then goes through."""
+    ledger, a, b = two_members(0)
+    device = Device(ledger, 1000)
+    _C.ThreadAccounts.set_thread(a)
+    device.allocate(1, 800)
+    done = threading.Event()
+
+    def member_b():
+        _C.ThreadAccounts.set_thread(b)
+        try:
+            device.allocate(2, 400)
+            done.set()
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+
+    t = threading.Thread(target=member_b)
+    t.start()
+    assert not done.wait(0.3)  # it waits, and this thread runs meanwhile
+    assert ledger.share_stats()["waiting"] == 1
+    device.free(1)
+    assert done.wait(5)
+    t.join()
+    _C.ThreadAccounts.set_thread(0)
+    stats = ledger.share_stats()
+    assert stats["device_waits"] == 1 and stats["waiting"] == 0 and stats["failed"] == 0
+
+
+def test_a_thread_that_is_no_member_never_waits_for_the_device():
+    """PyTorch's autograd thread runs every member's backward untagged: it
+    must not wait (it would hold up the backward passes that free)."""
+    ledger, a, _ = two_members(0)
+    assert ledger.wait_for_frees(100) == (False, "")  # untagged
+    other = ledger.open()  # an account that is no member (a job between its calls)
+    _C.ThreadAccounts.set_thread(other)
+    try:
+        assert ledger.wait_for_frees(100) == (False, "")
+    finally:
+        _C.ThreadAccounts.set_thread(0)
+    assert ledger.share_stats()["device_waits"] == 0
+
+
+def test_members_all_waiting_for_the_device_fail_one_and_the_other_goes_on():
+    """Both members hold memory and each asks for more than the device has
+    left: one of them fails (the one furthest past what it was admitted
+    to), naming why, unwinds and leaves; the other then gets its memory."""
+    ledger, *ids = two_members(0)
+    device = Device(ledger, 1000)
+    errors = [None, None]
+    started = threading.Barrier(2)
+
+    def member(k):
+        _C.ThreadAccounts.set_thread(ids[k])
+        try:
+            device.allocate(10 + k, 600 if k == 0 else 300)
+            started.wait()
+            device.allocate(20 + k, 200)  # 1,300 wanted of 1,000: both wait
+            device.free(20 + k)
+        except MemoryError as e:
+            errors[k] = e
+        finally:
+            device.free(10 + k)  # its thread unwinds
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    threads = [threading.Thread(target=member, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "members hung"
+    assert errors[1] is None and errors[0] is not None, errors
+    assert "every trial sharing the device was waiting for another's memory" in str(errors[0])
+    assert ledger.share_stats()["failed"] == 1 and ledger.share_stats()["device_waits"] == 2
+
+
 def test_members_at_gates_that_cannot_all_fit_break_the_tie_without_failing():
     # A pass predicted larger than the budget allows beside the others'
     # holdings still runs (a gate goes on with the room there is) and,
@@ -316,4 +439,34 @@ def test_random_members_end_and_never_pass_the_budget(specs, budget):
     room = budget - sum(bases)
     if all(sum(actual for _, actual in regions) <= room // len(specs)
            for _, regions, _ in specs):
+        assert all(m.error is None for m in members)
+
+
+@settings(max_examples=20)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 400),   # predicted rise
+                                             st.integers(0, 500)),  # actual bytes
+                                   min_size=1, max_size=4),
+                          st.integers(1, 5)),                # passes
+                min_size=2, max_size=4),
+       st.integers(500, 2500), st.sampled_from([0, 4000]))
+def test_random_members_on_a_device_that_runs_out_end_and_fail_only_with_out_of_memory(
+        specs, capacity, budget):
+    # The device binds, not the budget (none, or one above the device):
+    # members wait for each other's frees on the device. Every run ends,
+    # the device never gives more than it has, a member fails only with out
+    # of memory, and where every member's pass fits beside the others' at
+    # once nothing fails.
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(budget)
+    device = Device(ledger, capacity)
+    members = [SimMember(ledger, 0, device) for _ in specs]
+    plans = [[regions] * passes for regions, passes in specs]
+    run_members(members, plans, timeout=60)
+    assert device.used == 0
+    for m, (_, passes) in zip(members, specs):
+        if m.error is not None:
+            assert isinstance(m.error, MemoryError), m.error
+        else:
+            assert m.passes == passes
+    if sum(sum(actual for _, actual in regions) for regions, _ in specs) <= capacity:
         assert all(m.error is None for m in members)

@@ -43,7 +43,8 @@ constexpr std::pair<const char*, std::size_t Share::*> kShareBytes[] = {
     {"active", &Share::active}, {"waiting", &Share::waiting}};
 constexpr std::pair<const char*, long long Share::*> kShareCounts[] = {
     {"gate_waits", &Share::gate_waits}, {"allocation_waits", &Share::allocation_waits},
-    {"overshoots", &Share::overshoots}, {"forced", &Share::forced}, {"failed", &Share::failed}};
+    {"overshoots", &Share::overshoots}, {"forced", &Share::forced}, {"failed", &Share::failed},
+    {"device_waits", &Share::device_waits}};
 
 }  // namespace
 
@@ -115,6 +116,16 @@ void bind_accounts(py::module_& m) {
         if (!ok) throw OutOfMemoryError(ThreadAccounts::why());
         a.allocated(ptr, [bytes] { return bytes; });
       }, py::arg("ptr"), py::arg("bytes"))
+      .def("wait_for_frees", [](ThreadAccounts& a, std::size_t bytes) {
+        bool retry;
+        {
+          py::gil_scoped_release released;
+          retry = a.wait_for_frees(bytes);
+        }
+        return py::make_tuple(retry, ThreadAccounts::why());
+      }, py::arg("bytes"),
+         "As the allocation path after the device ran out for `bytes`: (try again, why not).")
+      .def("done_waiting", &ThreadAccounts::done_waiting)
       .def("free", [](ThreadAccounts& a, Addr ptr) { a.freed(ptr); }, py::arg("ptr"))
       .def("count", &ThreadAccounts::count, py::arg("id"), py::arg("ptr"), py::arg("bytes"),
            "An allocation of account `id`'s, told by its owner (the simulator): counted, "

@@ -80,6 +80,24 @@ void CudaRuntime::reset() {
   }
 }
 
+Addr CudaRuntime::allocate_or_wait(AllocatorStack& s, std::size_t bytes, StreamId stream) {
+  bool waited = false;
+  for (;;) {
+    try {
+      const Addr ptr = s.allocate(bytes, stream);
+      if (waited) accounts_.done_waiting();
+      return ptr;
+    } catch (const OutOfMemoryError& e) {
+      if (accounts_.wait_for_frees(bytes)) {
+        waited = true;
+        continue;
+      }
+      if (ThreadAccounts::why().empty()) throw;  // no member: the device's error as it was
+      throw OutOfMemoryError(std::string(e.what()) + "; " + ThreadAccounts::why());
+    }
+  }
+}
+
 void CudaRuntime::deallocate(Addr ptr, int device) {
   PerDevice* d = find(device);
   if (!d) {

@@ -59,10 +59,12 @@ class CudaRuntime {
   // The allocation path, as PyTorch's hooks call it.
   // A sharing member's allocation may wait for the others' frees, or fail
   // (thread_accounts.h).
+  // Where the device runs out, a member's allocation waits for the other
+  // members' frees and tries again (off the hot path: only after an error).
   Addr allocate(std::size_t bytes, int device, StreamId stream) {
     if (!accounts_.before_allocate(bytes)) throw OutOfMemoryError(ThreadAccounts::why());
     AllocatorStack& s = stack(device);
-    const Addr ptr = s.allocate(bytes, stream);
+    const Addr ptr = allocate_or_wait(s, bytes, stream);
     accounts_.allocated_on(stream, ptr, [&] { return s.allocation_size(ptr); });
     return ptr;
   }
@@ -130,6 +132,9 @@ class CudaRuntime {
   };
   PerDevice* find(int device) const;  // nullptr if none yet
   PerDevice& create(int device);
+  // s.allocate, and where it runs out of memory and the calling thread is
+  // a sharing member, the wait for the others' frees (thread_accounts.h).
+  Addr allocate_or_wait(AllocatorStack& s, std::size_t bytes, StreamId stream);
   PerDevice& stack_owner(int device) {
     if (PerDevice* d = find(device)) return *d;
     return create(device);

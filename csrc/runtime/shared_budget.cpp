@@ -26,6 +26,12 @@
 // the room there is. So nothing hangs, and the members' bytes never pass
 // the budget.
 //
+// The device itself can run out before the budget does (the cache holds
+// memory no member counts, or something outside the members took it). A
+// member's allocation then waits as one past its budget does, for the
+// members' frees (wait_for_frees), in the same tie-break: a member never
+// waits there alone, and a thread that is no member never waits.
+//
 // May include: core/.
 #include <algorithm>
 #include <chrono>
@@ -386,6 +392,90 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
   lk.unlock();
   if (gil != nullptr && g_acquire != nullptr) g_acquire(gil);
   return ok;
+}
+
+bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
+  t_why.clear();
+  const std::int64_t id = current_;
+  if (id == 0) return false;
+  std::unique_lock<std::mutex> lk(mu_);
+  auto it = accounts_.find(id);
+  if (it == accounts_.end() || !it->second.member || !it->second.active) return false;
+  if (it->second.waiting == Waiting::kNone) {  // this allocation's first wait
+    it->second.waiting = Waiting::kAllocation;
+    it->second.want = bytes;
+    ++counts_.device_waits;
+    changed_locked();
+  }
+  const std::uint64_t frees = member_frees_;
+  // Others must run to free memory: give up the GIL while waiting.
+  void* gil = nullptr;
+  if (g_release != nullptr) {
+    lk.unlock();
+    gil = g_release();
+    lk.lock();
+  }
+  bool retry = false;
+  for (;;) {
+    it = accounts_.find(id);
+    if (it == accounts_.end() || !it->second.active) break;  // it left: the device's error
+    Account& a = it->second;
+    if (interrupted_ || a.fail) {
+      t_why = device_refusal_locked(a, bytes, interrupted_);
+      a.waiting = Waiting::kNone;
+      a.want = 0;
+      a.fail = false;
+      changed_locked();
+      break;
+    }
+    if (member_frees_ != frees) {  // a member gave memory back: try again
+      retry = true;
+      break;
+    }
+    a.stuck_at = epoch_;
+    if (everyone_stuck_locked()) {
+      break_tie_locked();
+      continue;
+    }
+    ++waiters_;
+    const std::cv_status woke = cv_.wait_for(lk, kAllocationPoll);
+    --waiters_;
+    // Memory a thread that is no member freed wakes no one: try again
+    // after each poll. The thread stays waiting meanwhile (nothing moves
+    // the epoch), so a tie among members is still seen and broken.
+    if (woke == std::cv_status::timeout) {
+      retry = true;
+      break;
+    }
+  }
+  lk.unlock();
+  if (gil != nullptr && g_acquire != nullptr) g_acquire(gil);
+  return retry;
+}
+
+void ThreadAccounts::done_waiting() {
+  const std::int64_t id = current_;
+  if (id == 0) return;
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = accounts_.find(id);
+  if (it == accounts_.end() || it->second.waiting != Waiting::kAllocation) return;
+  it->second.waiting = Waiting::kNone;
+  it->second.want = 0;
+  it->second.fail = false;
+  changed_locked();
+}
+
+std::string ThreadAccounts::device_refusal_locked(const Account& a, std::size_t bytes,
+                                                  bool interrupted) const {
+  if (interrupted) {
+    return "training was interrupted (Ctrl-C) while an allocation of " + format_bytes(bytes) +
+           " waited for the other trials' memory";
+  }
+  return "every trial sharing the device was waiting for another's memory, so this one (" +
+         format_bytes(hold_locked(a)) + " held, asking " + format_bytes(bytes) +
+         ") fails and the others go on. Train fewer trials at once, use smaller batches, or "
+         "give the session a memory_limit below what the device holds, so that the trials "
+         "wait at their gates rather than on the device";
 }
 
 std::string ThreadAccounts::refusal_locked(const Account& a, std::size_t bytes,

@@ -131,6 +131,7 @@ void ThreadAccounts::forget(Addr ptr) {
     account->second.usage.allocated -= it->second.bytes;
     if (account->second.member) {
       members_live_ -= it->second.bytes;
+      ++member_frees_;
       changed_locked();  // room for a waiting member, perhaps
     }
   }

@@ -70,6 +70,7 @@ struct ShareStats {
   long long overshoots = 0;      // allocations past a region's prediction that fitted
   long long forced = 0;          // gates admitted to break a tie (every member waiting)
   long long failed = 0;          // allocations failed to break a tie
+  long long device_waits = 0;    // allocations that waited after the device ran out
 };
 
 class ThreadAccounts {
@@ -100,6 +101,17 @@ class ThreadAccounts {
     if (id == 0 || budget_on_.load(std::memory_order_relaxed) == 0 || bytes == 0) return true;
     return admit_allocation(id, bytes);
   }
+  // After the device itself (or its per-process cap) ran out of memory for
+  // the calling thread's allocation of `bytes`: where the thread is an
+  // active sharing member, waits until a member frees or a poll passes
+  // (true: try the allocation again; the thread counts as waiting until
+  // done_waiting), or until it is chosen to fail because every member
+  // waits, or training is interrupted (false, `why()` saying so). Any other
+  // thread gets false at once, `why()` empty: PyTorch's autograd thread,
+  // which runs every member's backward, must never wait here.
+  bool wait_for_frees(std::size_t bytes);
+  // The calling thread's allocation went through after wait_for_frees.
+  void done_waiting();
   // The message of the calling thread's last refused allocation.
   static const std::string& why();
   // `size` is asked for only when the block is noted; a zero-byte request
@@ -207,6 +219,7 @@ class ThreadAccounts {
   void break_tie_locked();
   void changed_locked();
   std::string refusal_locked(const Account& a, std::size_t bytes, bool interrupted) const;
+  std::string device_refusal_locked(const Account& a, std::size_t bytes, bool interrupted) const;
 
   static thread_local std::int64_t current_;
   static std::atomic<std::int64_t> next_id_;
@@ -225,6 +238,7 @@ class ThreadAccounts {
   std::size_t members_live_ = 0;
   std::size_t members_peak_ = 0;
   std::uint64_t epoch_ = 1;        // bumped whenever room may have appeared
+  std::uint64_t member_frees_ = 0; // frees of members' blocks
   std::uint64_t passes_ = 0;       // passes admitted at boundaries
   std::uint64_t arrivals_ = 0;     // members arrived at gates
   std::size_t waiters_ = 0;        // threads blocked on cv_

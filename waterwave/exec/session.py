@@ -410,7 +410,8 @@ class TrainingSession(SettingsView):
                     "sharing": [m.name for m in self._sharing.values()],
                     "peak_bytes": share["peak"], "members_bytes": share["members_live"],
                     "waits": {k: share[k] for k in ("gate_waits", "allocation_waits",
-                                                    "overshoots", "forced", "failed")},
+                                                    "device_waits", "overshoots", "forced",
+                                                    "failed")},
                     "jobs_known": len(self._pipelined), "steps_run": self.steps_run,
                     "held_between_calls": self._between_calls(feed),
                     "trainers": [{"training": hold.running, "bytes": hold.bytes}
