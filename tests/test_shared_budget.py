@@ -272,13 +272,20 @@ def test_a_member_the_device_ran_out_for_waits_for_another_members_frees():
     assert stats["device_waits"] == 1 and stats["waiting"] == 0 and stats["failed"] == 0
 
 
-def test_a_thread_that_is_no_member_never_waits_for_the_device():
+def test_a_thread_that_is_no_member_or_a_member_alone_never_waits_for_the_device():
     """PyTorch's autograd thread runs every member's backward untagged: it
-    must not wait (it would hold up the backward passes that free)."""
-    ledger, a, _ = two_members(0)
+    must not wait (it would hold up the backward passes that free). A
+    member alone has no one to wait for: the device's error stands."""
+    ledger, a, b = two_members(0)
     assert ledger.wait_for_frees(100) == (False, "")  # untagged
     other = ledger.open()  # an account that is no member (a job between its calls)
     _C.ThreadAccounts.set_thread(other)
+    try:
+        assert ledger.wait_for_frees(100) == (False, "")
+    finally:
+        _C.ThreadAccounts.set_thread(0)
+    _C.ThreadAccounts.set_thread(a)  # a member, but the other left: alone, it fails at once
+    ledger.leave(b)
     try:
         assert ledger.wait_for_frees(100) == (False, "")
     finally:

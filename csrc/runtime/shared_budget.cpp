@@ -401,6 +401,7 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
   std::unique_lock<std::mutex> lk(mu_);
   auto it = accounts_.find(id);
   if (it == accounts_.end() || !it->second.member || !it->second.active) return false;
+  if (!others_active_locked(id)) return false;  // alone: no one will free for it
   if (it->second.waiting == Waiting::kNone) {  // this allocation's first wait
     it->second.waiting = Waiting::kAllocation;
     it->second.want = bytes;
@@ -432,6 +433,12 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
       retry = true;
       break;
     }
+    if (!others_active_locked(id)) {  // the others left: the device's error, as it is
+      a.waiting = Waiting::kNone;
+      a.want = 0;
+      changed_locked();
+      break;
+    }
     a.stuck_at = epoch_;
     if (everyone_stuck_locked()) {
       break_tie_locked();
@@ -451,6 +458,11 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
   lk.unlock();
   if (gil != nullptr && g_acquire != nullptr) g_acquire(gil);
   return retry;
+}
+
+bool ThreadAccounts::others_active_locked(std::int64_t id) const {
+  return std::any_of(accounts_.begin(), accounts_.end(),
+                     [id](const auto& kv) { return kv.first != id && kv.second.active; });
 }
 
 void ThreadAccounts::done_waiting() {

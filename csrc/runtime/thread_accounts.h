@@ -103,7 +103,8 @@ class ThreadAccounts {
   }
   // After the device itself (or its per-process cap) ran out of memory for
   // the calling thread's allocation of `bytes`: where the thread is an
-  // active sharing member, waits until a member frees or a poll passes
+  // active sharing member beside others, waits until a member frees or a
+  // poll passes
   // (true: try the allocation again; the thread counts as waiting until
   // done_waiting), or until it is chosen to fail because every member
   // waits, or training is interrupted (false, `why()` saying so). Any other
@@ -216,6 +217,7 @@ class ThreadAccounts {
   std::size_t held_locked() const;
   bool boundary_blocked_locked(std::int64_t id, const Account& a) const;
   bool everyone_stuck_locked() const;
+  bool others_active_locked(std::int64_t id) const;  // another member in its block
   void break_tie_locked();
   void changed_locked();
   std::string refusal_locked(const Account& a, std::size_t bytes, bool interrupted) const;
