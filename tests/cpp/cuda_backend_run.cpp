@@ -11,7 +11,9 @@
 // under the sanitizers: an allocation then succeeds (a retry), is out of
 // memory, or fails with the driver's error, and nothing it mapped leaks or
 // is lost. Odd threads carry thread accounts (runtime/thread_accounts.h),
-// whose blocks other threads free too; each account ends at zero. Then one
+// whose blocks other threads free too; each account ends at zero. They are
+// sharing members: where the device runs out, they wait for each other's
+// frees (never alone, never hanging) or fail in a tie-break. Then one
 // thread records a step, packs it back to back (the plan
 // need not be optimal to be served) and replays it. Invariants and the
 // driver's bytes are checked at the end. Last, threads work on private
@@ -103,6 +105,12 @@ int main(int argc, char** argv) {
   auto fail_vmm = fake_driver && config.find("expandable_segments:True") != std::string::npos
                       ? reinterpret_cast<void (*)(const char*, int, int)>(dlsym(fake_driver, "fake_cuda_fail_vmm"))
                       : nullptr;
+  // A device smaller than the threads' blocks together, so that it runs
+  // out and the members wait for each other; the whole GiB again after.
+  auto set_capacity = fake_driver ? reinterpret_cast<void (*)(std::size_t)>(
+                                        dlsym(fake_driver, "fake_cuda_set_capacity"))
+                                  : nullptr;
+  if (set_capacity) set_capacity(96 * kMiB);
   std::atomic<std::uint64_t> injected{0}, driver_errors{0};
   // An allocation that failed with the driver's error: allowed only for an
   // injected failure, and it must name the call.
@@ -122,8 +130,14 @@ int main(int argc, char** argv) {
     if (!failed.exchange(true)) std::fprintf(stderr, "FAILED: %s\n", why.c_str());
   };
 
+  // Odd threads are sharing members (no budget): an allocation the device
+  // cannot serve waits for another member's free and tries again, or fails
+  // in their tie-break; each leaves when it is done, as a sharing block ends.
   std::vector<std::int64_t> accounts;
   for (int t = 0; t < threads; ++t) accounts.push_back(t % 2 ? rt.accounts().open() : 0);
+  for (std::int64_t id : accounts) {
+    if (id != 0) rt.accounts().join(id, 0);
+  }
 
   auto worker = [&](int tid) {
     std::mt19937_64 rng(seed * 7919 + tid);
@@ -196,6 +210,7 @@ int main(int argc, char** argv) {
       fail(e.what());
     }
     for (const Held& b : mine) waterwave_cuda_free(b.ptr, b.size, 0, b.stream);
+    if (accounts[tid] != 0) rt.accounts().leave(accounts[tid]);
   };
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
@@ -209,6 +224,8 @@ int main(int argc, char** argv) {
   }
 
   if (fail_vmm) fail_vmm("", 0, 0);  // disarm what no call took
+  if (set_capacity) set_capacity(1024 * kMiB);
+  const long long device_waits = rt.accounts().share_stats().device_waits;
   {
     AllocatorStack& stack = rt.stack(0);
     stack.check_invariants();
@@ -391,12 +408,14 @@ int main(int argc, char** argv) {
                              : nullptr;
   if (!counter) fail("cannot read the fake driver's counters");
   else if (counter("bytes_in_use") != 0) fail("driver memory leaked");
-  std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, %llu map failures injected "
+  std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, %lld device waits "
+              "of sharing members, %llu map failures injected "
               "(%llu allocations failed with the driver's error), plan of %zu slots served %lld "
               "allocations, %llu pool allocations in %llu captures, %s\n",
               policy.c_str(), config.empty() ? "" : " ", config.c_str(), threads,
               static_cast<unsigned long long>(ops),
-              static_cast<unsigned long long>(ooms.load()), static_cast<unsigned long long>(injected.load()),
+              static_cast<unsigned long long>(ooms.load()), device_waits,
+              static_cast<unsigned long long>(injected.load()),
               static_cast<unsigned long long>(driver_errors.load()), trace.size(),
               static_cast<long long>(ps.planned),
               static_cast<unsigned long long>(pool_allocs.load()),
