@@ -306,8 +306,10 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
 }
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
   if (!current) return INVALID_CONTEXT;
-  *free_bytes = capacity - in_use;
+  pthread_mutex_lock(&mu);  /* in_use moves under it (ThreadSanitizer saw the race) */
+  *free_bytes = capacity > in_use ? capacity - in_use : 0;
   *total = capacity;
+  pthread_mutex_unlock(&mu);
   return SUCCESS;
 }
 
