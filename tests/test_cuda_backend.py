@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import run_python
+from conftest import run_python, start_and_join
 
 import waterwave as ww
 import waterwave.cuda as wc
@@ -673,12 +673,8 @@ def test_sharing_members_all_waiting_for_the_device_fail_one_alone(fake):
             ledger.leave(ids[k])
 
     try:
-        threads = [threading.Thread(target=member, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
-        assert not any(t.is_alive() for t in threads), "members hung"
+        start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 20,
+                       "members hung")
         failed = [e for e in errors if e is not None]
         assert len(failed) == 1, errors
         assert "out of memory" in str(failed[0])

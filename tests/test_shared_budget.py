@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import start_and_join
+
 from waterwave import _C
 
 ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
@@ -316,12 +318,8 @@ def test_members_all_waiting_for_the_device_fail_one_and_the_other_goes_on():
             _C.ThreadAccounts.set_thread(0)
             ledger.leave(ids[k])
 
-    threads = [threading.Thread(target=member, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads), "members hung"
+    start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 10,
+                   "members hung")
     assert errors[1] is None and errors[0] is not None, errors
     assert "every trial sharing the device was waiting for another's memory" in str(errors[0])
     assert ledger.share_stats()["failed"] == 1 and ledger.share_stats()["device_waits"] == 2

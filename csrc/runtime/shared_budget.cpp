@@ -61,6 +61,21 @@ std::size_t add_sat(std::size_t a, std::size_t b) {
 }
 std::size_t sub_floor(std::size_t a, std::size_t b) { return a > b ? a - b : 0; }
 
+// Around a wait under `lk`: Python's GIL given up (if the thread holds it)
+// with `lk` let go meanwhile, so that no thread waits for one while holding
+// the other; and taken back once `lk` is let go for good.
+void* release_gil(std::unique_lock<std::mutex>& lk) {
+  if (g_release == nullptr) return nullptr;
+  lk.unlock();
+  void* gil = g_release();
+  lk.lock();
+  return gil;
+}
+void take_gil(std::unique_lock<std::mutex>& lk, void* gil) {
+  lk.unlock();
+  if (gil != nullptr && g_acquire != nullptr) g_acquire(gil);
+}
+
 }  // namespace
 
 const std::string& ThreadAccounts::why() { return t_why; }
@@ -355,13 +370,7 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
   ++counts_.allocation_waits;
   it->second.waiting = Waiting::kAllocation;
   changed_locked();
-  // Others must run to free memory: give up the GIL while waiting.
-  void* gil = nullptr;
-  if (g_release != nullptr) {
-    lk.unlock();
-    gil = g_release();
-    lk.lock();
-  }
+  void* gil = release_gil(lk);  // others must run to free memory
   bool ok = true;
   for (;;) {
     it = accounts_.find(id);
@@ -389,8 +398,7 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
     it->second.fail = false;
     changed_locked();
   }
-  lk.unlock();
-  if (gil != nullptr && g_acquire != nullptr) g_acquire(gil);
+  take_gil(lk, gil);
   return ok;
 }
 
@@ -409,13 +417,7 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
     changed_locked();
   }
   const std::uint64_t frees = member_frees_;
-  // Others must run to free memory: give up the GIL while waiting.
-  void* gil = nullptr;
-  if (g_release != nullptr) {
-    lk.unlock();
-    gil = g_release();
-    lk.lock();
-  }
+  void* gil = release_gil(lk);  // others must run to free memory
   bool retry = false;
   for (;;) {
     it = accounts_.find(id);
@@ -455,8 +457,7 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
       break;
     }
   }
-  lk.unlock();
-  if (gil != nullptr && g_acquire != nullptr) g_acquire(gil);
+  take_gil(lk, gil);
   return retry;
 }
 
