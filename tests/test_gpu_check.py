@@ -163,3 +163,10 @@ def test_the_training_benchmark_reports_the_median_of_interleaved_runs_and_their
     failed = gpu.combine_runs([{"error": "exit 1", "mode": "native"}])
     assert failed["error"] == "exit 1" and failed["failed_runs"] == 1
     assert gpu._ms(row) == "11.25 (±18%)"
+    # Against native run by run (the k-th runs shared a round of turns): the
+    # median ratio; a round where either failed is left out.
+    native = [run(10.0), run(10.0), {"error": "exit 1"}, run(12.0), run(11.0)]
+    mine = [run(11.0), run(9.0), run(50.0), run(12.6), {"error": "exit 1"}]
+    paired = gpu.paired_to_native(mine, native)
+    assert paired == {"to_native_paired": 1.05, "to_native_rounds": [1.1, 0.9, 1.05]}
+    assert gpu.paired_to_native([{"error": "x"}], native) == {}
