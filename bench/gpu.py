@@ -179,9 +179,9 @@ def combine_runs(runs: list[dict]) -> dict:
 def paired_to_native(runs: list[dict], native: list[dict]) -> dict:
     """An allocator's step time against native PyTorch's, run by run: the
     k-th run of each was made in the same round of turns, so their ratio
-    leaves out what drifts between rounds (clocks, other load), which moves
-    whole runs by 10-14% on an H200. The median ratio, and each round's;
-    empty where no round has both."""
+    leaves out whatever drifts from round to round (on an H200, 2026-11-27,
+    the ratios spread as widely as the runs: the noise was each run's). The
+    median ratio, and each round's; empty where no round has both."""
     ratios = [r["step_ms_median"] / n["step_ms_median"] for r, n in zip(runs, native)
               if "error" not in r and "error" not in n
               and r.get("step_ms_median") and n.get("step_ms_median")]
