@@ -150,15 +150,16 @@ gpu-check: build
 bench-gpu: build
 	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)
 
-# The GPU machines reach no package index and their Python lacks Optuna:
-# download it and its dependencies here, as wheels for their Python, into
-# build/gpu-wheels; carried along (the device tool's carry: build/gpu-wheels),
+# The GPU machines reach no package index and their Python lacks Optuna
+# (and perhaps pynvml, through which torch.cuda.utilization reads the GPU's
+# busy share): download them and their dependencies here, as wheels for
+# their Python, into build/gpu-wheels; carried along (the device tool's carry: build/gpu-wheels),
 # gpu-check installs those the machine lacks before the tests. Then:
 #   make gpu-wheels, and run with carry ["build/gpu-wheels"]:
 #   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=8
 GPU_PYTHON_VERSION ?= 3.12
 GPU_WHEELS := optuna alembic sqlalchemy colorlog tqdm PyYAML Mako MarkupSafe greenlet \
-	typing_extensions packaging
+	typing_extensions packaging nvidia-ml-py
 gpu-wheels: $(INSTALLED)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -c $(CONSTRAINTS) \
 		--python-version $(GPU_PYTHON_VERSION) --implementation cp \

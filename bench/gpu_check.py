@@ -87,7 +87,9 @@ def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
 
 
 # What the GPU parts import beyond torch: the module, and what provides it.
-EXTRAS = {"optuna": "make gpu-wheels here, then carry build/gpu-wheels"}
+EXTRAS = {"optuna": "make gpu-wheels here, then carry build/gpu-wheels",
+          "pynvml": "make gpu-wheels here, then carry build/gpu-wheels (the searches' GPU busy "
+                    "share reads NVML through it)"}
 
 
 def missing(modules) -> list[str]:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,13 +184,22 @@ def test_the_measured_search_runs_each_way_and_reports(tmp_path):
                                                                else 2)
     assert "| job.train |" in (tmp_path / "search_measured_small.md").read_text()
     assert res["cap_bytes"] is None and all(row["oom_messages"] == [] for row in res["rows"])
+    assert all(row["gpu_busy"] is None for row in res["rows"])  # no GPU, no busy share
     # A GPU run's report names its cap and what each way's first failures said.
     sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
     import search_measured
 
     res.update(measured="a GPU", family="memory-bound", cap_bytes=12 << 30)
-    res["rows"][2].update(ooms=1, oom_messages=["CUDA out of memory. Tried to allocate 2 MiB"])
+    res["rows"][2].update(ooms=1, oom_messages=["CUDA out of memory. Tried to allocate 2 MiB"],
+                          gpu_busy=0.456)
     text = search_measured.markdown(res)
+    assert "| GPU busy |" in text and text.count(" | 46% |") == 1 and " | - |" in text
+    # Where NVML cannot be read (here: no GPU), the busy share is unknown, not 0.
+    import torch
+
+    sampler = search_measured.BusySampler(torch.device("cpu"), period=0.01)
+    time.sleep(0.1)
+    assert sampler.stop() is None and sampler.failed
     assert "under one cap on what the process reserves" in text and "(12 GiB" in text
     assert "- ww.sharing: CUDA out of memory. Tried to allocate 2 MiB" in text
 

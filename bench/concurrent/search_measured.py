@@ -23,7 +23,8 @@ for, trains ``--epochs`` epochs of ``--steps`` batches of random images,
 and reports ``search.accuracy``'s synthetic curve after each, so every way
 makes the same decisions for the same trials; the median pruner stops
 trials. What is measured is the training: wall time, out-of-memory
-failures, the allocator's peak. ``make gpu-check`` runs it on a GPU; on
+failures, the allocator's peak, the GPU's busy share (NVML's, sampled).
+``make gpu-check`` runs it on a GPU; on
 the CPU (``--device cpu``, tiny settings) it checks itself. Writes
 search_measured_<family>.{json,md}.
 """
@@ -34,6 +35,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,8 +134,10 @@ def child(way: str, args) -> dict:
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=4,
                                                                    n_warmup_steps=1))
     jobs = 1 if way == "one at a time" else args.jobs
+    busy = BusySampler(device) if device.type == "cuda" else None
     study.optimize(objective, n_trials=args.trials, n_jobs=jobs, catch=(torch.OutOfMemoryError,))
     seconds = time.perf_counter() - started
+    gpu_busy = busy.stop() if busy is not None else None
     states = [t.state.name for t in study.trials]
     peak = None
     if device.type == "cuda":
@@ -144,7 +148,39 @@ def child(way: str, args) -> dict:
             "trials_per_hour": (states.count("COMPLETE") + states.count("PRUNED"))
             / (seconds / 3600),
             "best": best["value"], "seconds_to_best": best["at"], "peak_reserved": peak,
-            "oom_messages": oom_messages}
+            "oom_messages": oom_messages, "gpu_busy": gpu_busy}
+
+
+class BusySampler:
+    """The GPU's busy share while a way runs: NVML's utilization (the share
+    of each sample period in which some kernel ran), read every 0.1 s by
+    ``torch.cuda.utilization`` on a thread of its own, averaged; None where
+    NVML cannot be read (no pynvml: make gpu-wheels carries it)."""
+
+    def __init__(self, device, period: float = 0.1):
+        import torch
+
+        self.samples: list[float] = []
+        self.failed = False
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.wait(period):
+                try:
+                    self.samples.append(torch.cuda.utilization(device) / 100)
+                except Exception:  # noqa: BLE001 (no NVML here: the share is unknown)
+                    self.failed = True
+                    return
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        self._thread.join()
+        if self.failed or not self.samples:
+            return None
+        return sum(self.samples) / len(self.samples)
 
 
 class _nothing:
@@ -228,17 +264,18 @@ def markdown(report: dict) -> str:
              f"{report['date']}, `python bench/concurrent/search_measured.py`: "
              f"{report['trials']} trials, {report['jobs']} at a time (one at a time: one), "
              f"{report['epochs']} epochs of {report['steps']} batches.{cap}", "",
-             "| how | trials per hour | trained | best | s to best | OOMs | peak GiB |",
-             "|---|---|---|---|---|---|---|"]
+             "| how | trials per hour | trained | best | s to best | OOMs | peak GiB | GPU busy |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if "error" in r:
-            lines.append(f"| {r['way']} | failed: {' '.join(r['error'])} | | | | | |")
+            lines.append(f"| {r['way']} | failed: {' '.join(r['error'])} | | | | | | |")
             continue
         peak = "-" if r["peak_reserved"] is None else f"{r['peak_reserved'] / 2**30:.2f}"
         best = "-" if r["best"] is None else f"{r['best']:.4f}"
         to_best = "-" if r["seconds_to_best"] is None else f"{r['seconds_to_best']:.1f}"
+        busy = "-" if r.get("gpu_busy") is None else f"{r['gpu_busy']:.0%}"
         lines.append(f"| {r['way']} | {r['trials_per_hour']:,.1f} | {r['trained']} | {best} | "
-                     f"{to_best} | {r['ooms']} | {peak} |")
+                     f"{to_best} | {r['ooms']} | {peak} | {busy} |")
     said = [f"- {r['way']}: {m}" for r in report["rows"] for m in r.get("oom_messages", [])]
     if said:
         lines += ["", "Out of memory, as the first failures said it:", "", *said]
