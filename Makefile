@@ -153,8 +153,9 @@ bench-gpu: build
 # The GPU machines reach no package index and their Python lacks Optuna
 # (and perhaps pynvml, through which torch.cuda.utilization reads the GPU's
 # busy share): download them and their dependencies here, as wheels for
-# their Python, into build/gpu-wheels; carried along (the device tool's carry: build/gpu-wheels),
-# gpu-check installs those the machine lacks before the tests. Then:
+# their Python, into build/gpu-wheels; carried along (the device tool's
+# carry: build/gpu-wheels), gpu-check installs those the machine lacks
+# before the tests. Then:
 #   make gpu-wheels, and run with carry ["build/gpu-wheels"]:
 #   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=8
 GPU_PYTHON_VERSION ?= 3.12

@@ -684,3 +684,40 @@ def test_sharing_members_all_waiting_for_the_device_fail_one_alone(fake):
         leave_all(ledger, ids)
     fake.fake_cuda_complete_all()
     wc.check_invariants(0)
+
+
+def test_a_member_whose_retry_fails_otherwise_waits_no_more(fake):
+    """A member waiting on the device whose retry meets another error (the
+    driver's) gets that error, and counts as waiting no more: the members'
+    tie-break must not take a running thread for a stuck one."""
+    use(fake)
+    fake.fake_cuda_set_capacity(64 * MiB)
+    ledger, (a, b) = sharing_members(2)
+    got = []
+    try:
+        _C.ThreadAccounts.set_thread(a)
+        p = _C.cuda_malloc(40 * MiB, 0, S1)
+        _C.ThreadAccounts.set_thread(0)
+
+        def member_b():
+            _C.ThreadAccounts.set_thread(b)
+            try:
+                got.append(_C.cuda_malloc(40 * MiB, 0, S1))
+            except Exception as e:  # noqa: BLE001 (the test reads it)
+                got.append(e)
+            finally:
+                _C.ThreadAccounts.set_thread(0)
+
+        t = threading.Thread(target=member_b)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and ledger.share_stats()["waiting"] == 1
+        fake.fake_cuda_fail_next_alloc(700)  # its next try meets the driver's error
+        t.join(5)
+        assert not t.is_alive()
+        assert isinstance(got[0], RuntimeError) and "CUDA_ERROR_ILLEGAL_ADDRESS" in str(got[0])
+        assert ledger.share_stats()["waiting"] == 0
+        _C.cuda_free(p, 40 * MiB, 0, S1)
+    finally:
+        leave_all(ledger, (a, b))
+    wc.check_invariants(0)

@@ -23,9 +23,9 @@ for, trains ``--epochs`` epochs of ``--steps`` batches of random images,
 and reports ``search.accuracy``'s synthetic curve after each, so every way
 makes the same decisions for the same trials; the median pruner stops
 trials. What is measured is the training: wall time, out-of-memory
-failures, the allocator's peak, the GPU's busy share (NVML's, sampled).
-``make gpu-check`` runs it on a GPU; on
-the CPU (``--device cpu``, tiny settings) it checks itself. Writes
+failures (and what the first ones said), the allocator's peak, the GPU's
+busy share (NVML's, sampled). ``make gpu-check`` runs it on a GPU; on the
+CPU (``--device cpu``, tiny settings) it checks itself. Writes
 search_measured_<family>.{json,md}.
 """
 from __future__ import annotations

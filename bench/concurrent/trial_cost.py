@@ -14,9 +14,9 @@ ratio to the eager loops run the same way. ``job.train``'s time includes
 making each trial's ``Job`` (its capture: reused across trials of one
 structure, ``waterwave.capturing.trace_cache``), its guards and its first
 calls; the eager loops' includes nothing more than the loops. Results go to
-trial_cost.{json,md} (with ``--warm``: trial_cost_warm.{json,md}), naming the
-machine. A benchmark, not a test: the
-target (within 10% of eager) is read from the table.
+trial_cost.{json,md} (with ``--warm``: trial_cost_warm.{json,md}), naming
+the machine. A benchmark, not a test: the target (within 10% of eager) is
+read from the table.
 """
 from __future__ import annotations
 

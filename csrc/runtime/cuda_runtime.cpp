@@ -81,15 +81,22 @@ void CudaRuntime::reset() {
 }
 
 Addr CudaRuntime::allocate_or_wait(AllocatorStack& s, std::size_t bytes, StreamId stream) {
-  bool waited = false;
+  // However the allocation ends after a wait (served, or another error on a
+  // retry), the thread waits no more: the members' tie-break must not count
+  // a running thread as stuck.
+  struct Waited {
+    ThreadAccounts& accounts;
+    bool yes = false;
+    ~Waited() {
+      if (yes) accounts.done_waiting();
+    }
+  } waited{accounts_};
   for (;;) {
     try {
-      const Addr ptr = s.allocate(bytes, stream);
-      if (waited) accounts_.done_waiting();
-      return ptr;
+      return s.allocate(bytes, stream);
     } catch (const OutOfMemoryError& e) {
       if (accounts_.wait_for_frees(bytes)) {
-        waited = true;
+        waited.yes = true;
         continue;
       }
       if (ThreadAccounts::why().empty()) throw;  // no member: the device's error as it was

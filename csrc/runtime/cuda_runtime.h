@@ -56,11 +56,10 @@ class CudaRuntime {
   // reset(), after which the device gets a new stack of its own.
   std::shared_ptr<AllocatorStack> shared_stack(int device);
 
-  // The allocation path, as PyTorch's hooks call it.
-  // A sharing member's allocation may wait for the others' frees, or fail
+  // The allocation path, as PyTorch's hooks call it. A sharing member's
+  // allocation may wait for the others' frees, past its budget or where the
+  // device runs out (then only after the error: off the hot path), or fail
   // (thread_accounts.h).
-  // Where the device runs out, a member's allocation waits for the other
-  // members' frees and tries again (off the hot path: only after an error).
   Addr allocate(std::size_t bytes, int device, StreamId stream) {
     if (!accounts_.before_allocate(bytes)) throw OutOfMemoryError(ThreadAccounts::why());
     AllocatorStack& s = stack(device);

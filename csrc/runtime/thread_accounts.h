@@ -104,14 +104,14 @@ class ThreadAccounts {
   // After the device itself (or its per-process cap) ran out of memory for
   // the calling thread's allocation of `bytes`: where the thread is an
   // active sharing member beside others, waits until a member frees or a
-  // poll passes
-  // (true: try the allocation again; the thread counts as waiting until
-  // done_waiting), or until it is chosen to fail because every member
-  // waits, or training is interrupted (false, `why()` saying so). Any other
-  // thread gets false at once, `why()` empty: PyTorch's autograd thread,
-  // which runs every member's backward, must never wait here.
+  // poll passes (true: try the allocation again; the thread counts as
+  // waiting until done_waiting), or until it is chosen to fail because
+  // every member waits, or training is interrupted (false, `why()` saying
+  // so). Any other thread gets false at once, `why()` empty: PyTorch's
+  // autograd thread, which runs every member's backward, must never wait.
   bool wait_for_frees(std::size_t bytes);
-  // The calling thread's allocation went through after wait_for_frees.
+  // The calling thread no longer waits for the device (its allocation went
+  // through, or failed otherwise); nothing if it did not wait.
   void done_waiting();
   // The message of the calling thread's last refused allocation.
   static const std::string& why();
