@@ -598,6 +598,23 @@ def sharing_members(n):
     return ledger, ids
 
 
+def allocating_member(account, nbytes, got) -> threading.Thread:
+    """A thread started as member ``account``, allocating ``nbytes`` on S1:
+    ``got`` receives the pointer or the error."""
+    def allocate():
+        _C.ThreadAccounts.set_thread(account)
+        try:
+            got.append(_C.cuda_malloc(nbytes, 0, S1))
+        except Exception as e:  # noqa: BLE001 (the test reads it)
+            got.append(e)
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+
+    t = threading.Thread(target=allocate)
+    t.start()
+    return t
+
+
 def leave_all(ledger, ids):
     _C.ThreadAccounts.set_thread(0)
     for i in ids:
@@ -623,17 +640,7 @@ def test_a_sharing_member_the_device_ran_out_for_waits_for_another_members_free(
         with pytest.raises(ww.OutOfMemoryError):  # no member: the device's error, at once
             _C.cuda_malloc(40 * MiB, 0, S1)
 
-        def member_b():
-            _C.ThreadAccounts.set_thread(b)
-            try:
-                got.append(_C.cuda_malloc(40 * MiB, 0, S1))
-            except Exception as e:  # noqa: BLE001 (the test reads it)
-                got.append(e)
-            finally:
-                _C.ThreadAccounts.set_thread(0)
-
-        t = threading.Thread(target=member_b)
-        t.start()
+        t = allocating_member(b, 40 * MiB, got)
         t.join(0.3)
         assert t.is_alive() and ledger.share_stats()["waiting"] == 1  # waits, not fails
         _C.cuda_free(p, 40 * MiB, 0, S1)
@@ -699,17 +706,7 @@ def test_a_member_whose_retry_fails_otherwise_waits_no_more(fake):
         p = _C.cuda_malloc(40 * MiB, 0, S1)
         _C.ThreadAccounts.set_thread(0)
 
-        def member_b():
-            _C.ThreadAccounts.set_thread(b)
-            try:
-                got.append(_C.cuda_malloc(40 * MiB, 0, S1))
-            except Exception as e:  # noqa: BLE001 (the test reads it)
-                got.append(e)
-            finally:
-                _C.ThreadAccounts.set_thread(0)
-
-        t = threading.Thread(target=member_b)
-        t.start()
+        t = allocating_member(b, 40 * MiB, got)
         t.join(0.3)
         assert t.is_alive() and ledger.share_stats()["waiting"] == 1
         fake.fake_cuda_fail_next_alloc(700)  # its next try meets the driver's error
