@@ -78,6 +78,21 @@ def build_c_library(source: str, out: Path, flags: tuple[str, ...] = ()) -> Path
     return out
 
 
+# A budget no test's jobs come near. With it the CPU's session plans its
+# jobs' steps (captured, cut into node groups, paired) as a GPU's session
+# does; without one it trains them eagerly (TrainingSession.plans), and a
+# test of the captured path would compare eager with eager.
+PLANNING_LIMIT = 1 << 40
+
+
+@pytest.fixture
+def cpu_session_plans():
+    """The CPU's training session plans while the test runs."""
+    session = ww.training_session("cpu", memory_limit=PLANNING_LIMIT)
+    yield session
+    session.configure(memory_limit=None)
+
+
 @pytest.fixture(scope="session")
 def fake_path(tmp_path_factory):
     """The fake CUDA driver: host memory behind the driver API."""

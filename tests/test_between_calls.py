@@ -16,6 +16,9 @@ from waterwave.alloc.thread_account import ThreadAccount
 from waterwave.exec.between_calls import BetweenCalls
 from waterwave.pipeline.pairing import MemoryPairing, rises_from
 
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
+
 MiB = 1 << 20
 
 

@@ -14,6 +14,10 @@ torch = pytest.importorskip("torch")
 import waterwave as ww  # noqa: E402
 from waterwave.capturing.guards import StaleCaptureError  # noqa: E402
 from waterwave.capturing.optimizers import OptimizerError  # noqa: E402
+from conftest import PLANNING_LIMIT  # noqa: E402
+
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
 
 
 def net():
@@ -96,7 +100,7 @@ def test_a_layer_unfrozen_and_frozen_again_trains_as_eager(kind):
     (eager, eager_opt), (model, opt) = both(lambda m: OPTIMIZERS[kind](m.parameters()), [0])
     reference = Eager(eager, eager_opt, batches)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches)
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     for thaw, steps in [(None, 2), (True, 3), (False, 2), (True, 2)]:
         if thaw is not None:
             for m in (eager, model):

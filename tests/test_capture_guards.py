@@ -11,6 +11,10 @@ torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
 from waterwave.capturing.guards import StaleCaptureError  # noqa: E402
+from conftest import PLANNING_LIMIT  # noqa: E402
+
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
 
 
 def net():
@@ -275,7 +279,7 @@ def test_a_step_asked_for_without_gradients_is_refused(way):
         job = ww.Job(model, (X,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
 
         def step():
-            return job.train(1, session=ww.TrainingSession("cpu"))
+            return job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
     else:
         step = dict(trainers(model))[way]
     before = [p.detach().clone() for p in model.parameters()]
@@ -308,7 +312,7 @@ def _step_of(way, model, loss=loss_fn):
         trainer = ww.optimize(model, (X,), loss, opt)
         return lambda: trainer.step(X)
     job = ww.Job(model, (X,), loss, opt)
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     return lambda: job.train(1, session=session)
 
 
@@ -364,7 +368,7 @@ def test_a_loss_modules_setting_is_guarded_too():
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     job = ww.Job(model, (X,), criterion, torch.optim.SGD(model.parameters(), lr=0.01),
                  targets=torch.zeros(8, dtype=torch.long))
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     job.train(1, session=session)
     criterion.label_smoothing = 0.2
     with pytest.raises(StaleCaptureError, match=r"loss_fn\.label_smoothing is 0\.2 now; it was 0\.1"):

@@ -440,11 +440,10 @@ def test_removing_a_job_that_is_not_there_names_the_jobs_that_are():
 
 
 @pytest.fixture
-def cpu_session():
-    """The CPU's training session, its limit lifted again after the test."""
-    session = ww.training_session("cpu")
-    yield session
-    session.configure(memory_limit=None)
+def cpu_session(cpu_session_plans):
+    """The CPU's training session, planning its jobs' steps (conftest), its
+    limit lifted again after the test."""
+    return cpu_session_plans
 
 
 def test_a_trainer_is_its_device_sessions_fixed_set_of_jobs_under_one_budget(cpu_session,

@@ -4,6 +4,7 @@ SIGINT stops every session, from the main thread or, as Optuna's n_jobs
 trains, from worker threads only; a program's own handler is kept."""
 import json
 
+import pytest
 from conftest import run_python
 
 # Python leaves SIGINT ignored when it starts ignored (a background job's, as
@@ -49,15 +50,18 @@ def test_importing_sets_no_handler_and_training_keeps_the_programs_own():
     assert out["kept"] and out["mode"] == "not ours"
 
 
-def test_ctrl_c_stops_trials_training_on_worker_threads_only():
+@pytest.mark.parametrize("plans", [False, True], ids=["eager", "planned"])
+def test_ctrl_c_stops_trials_training_on_worker_threads_only(plans):
     """As study.optimize(n_jobs=3): the main thread waits while three
-    worker threads train: job.train, a ww.sharing loop and a
-    ConcurrentTrainer's run. Ctrl-C: the main thread gets KeyboardInterrupt,
-    each worker's training raises it within a second, and the next training
-    works."""
-    out = last_json(run_python(PRELUDE + """
+    worker threads train: job.train (its steps eager, or planned in a
+    session with a budget), a ww.sharing loop and a ConcurrentTrainer's run.
+    Ctrl-C: the main thread gets KeyboardInterrupt, each worker's training
+    raises it within a second, and the next training works."""
+    out = last_json(run_python(PRELUDE + f"""
     import waterwave as ww
     from waterwave.exec import ctrl_c
+    if {plans}:
+        ww.training_session("cpu", memory_limit=1 << 40)
     """ + JOB + """
     caught, started = {}, threading.Barrier(4)
     trainer = ww.ConcurrentTrainer([job(4), job(5)])

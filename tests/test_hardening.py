@@ -12,6 +12,10 @@ import pytest
 
 import waterwave as ww
 from waterwave.tools import cli
+from conftest import PLANNING_LIMIT  # noqa: E402
+
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
 
 MiB = 1 << 20
 
@@ -373,7 +377,7 @@ def test_a_loader_failing_before_a_step_began_lets_the_next_call_go_on():
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
                for _ in range(4)]
     job = _mlp_job(0, FlakyLoader(batches))
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     with pytest.raises(OSError, match="file not found"):
         job.train(5, session=session)
     assert len(job.losses) == 2  # the two steps before the loader failed
@@ -404,12 +408,12 @@ def test_a_replaced_parameter_names_the_fix_that_fits():
     import torch
 
     job = _mlp_job(0, [(torch.randn(8, 16), torch.randint(0, 4, (8,)))])
-    job.train(1, session=ww.TrainingSession("cpu"))
+    job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
     job.model[0].weight = torch.nn.Parameter(torch.randn(32, 16))
     from waterwave.capturing import CaptureError
 
     with pytest.raises(CaptureError, match="Copy the new values in place"):
-        job.train(1, session=ww.TrainingSession("cpu"))
+        job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
 
 
 def test_a_layer_appended_between_calls_trains_as_eager():
@@ -423,7 +427,7 @@ def test_a_layer_appended_between_calls_trains_as_eager():
     job = _mlp_job(0, data)
     ref = copy.deepcopy(job.model)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     losses = job.train(2, session=session)
     torch.manual_seed(7)
     job.model.append(torch.nn.Tanh())

@@ -11,6 +11,9 @@ torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
 
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
+
 VOCAB, WIDTH, CLASSES = 50, 16, 3
 
 

@@ -6,13 +6,16 @@ it, naming the fix."""
 import copy
 
 import pytest
-from conftest import assert_same_optimizer_state
+from conftest import PLANNING_LIMIT, assert_same_optimizer_state
 
 torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
 from waterwave.capturing import CaptureError  # noqa: E402
 from waterwave.capturing.optimizers import OptimizerError  # noqa: E402
+
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
 
 
 def net():
@@ -359,7 +362,7 @@ def test_parameters_no_gradient_reaches_are_skipped_as_eager_skips_them(way, mak
     else:
         job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=[(x,) for x in xs],
                      clip_grad_norm=0.5)
-        job.train(3, session=ww.TrainingSession("cpu"))
+        job.train(3, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
     for a, b in zip(eager.parameters(), model.parameters()):
         assert torch.equal(a, b)
     assert len(opt.state) == 2  # the body's weight and bias, as eager

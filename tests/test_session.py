@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from conftest import start_and_join  # noqa: E402
+from conftest import PLANNING_LIMIT, start_and_join  # noqa: E402
 from test_exactness import (  # noqa: E402
     OPTIMIZERS,
     assert_trains_as_eager,
@@ -26,6 +26,9 @@ from test_exactness import (  # noqa: E402
 )
 
 import waterwave as ww  # noqa: E402
+
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
 
 
 def eager_calls(model, spec, data, calls):
@@ -177,7 +180,7 @@ def test_a_job_that_fails_raises_in_its_own_call_and_the_others_finish():
 
 
 def test_one_job_from_two_threads_at_once_is_refused():
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     job = mlp_job(5)
     started = threading.Event()
     original = job.next_batch
@@ -197,7 +200,7 @@ def test_one_job_from_two_threads_at_once_is_refused():
 @pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None])
 def test_steps_must_be_a_whole_number(steps):
     with pytest.raises(ValueError, match="whole number of steps"):
-        mlp_job(6).train(steps, session=ww.TrainingSession("cpu"))
+        mlp_job(6).train(steps, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
 
 
 @pytest.mark.parametrize("settings_, message", [
@@ -283,7 +286,7 @@ def test_ctrl_c_reaches_a_session_made_directly_too():
     user made and passed to ``train``, not only the devices' sessions."""
     from waterwave.exec.session import interrupt_all
 
-    session = ww.TrainingSession("cpu")
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     job = mlp_job(9)
     caught = {}
 
@@ -382,7 +385,7 @@ def test_recurrent_layers_train_as_eager(layer):
         opts[0].step()
         losses.append(loss.item())
     job = ww.Job(by_job, loss_fn=cross_entropy, optimizer=opts[1], data=data)
-    assert job.train(6, session=ww.TrainingSession("cpu")) == losses
+    assert job.train(6, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)) == losses
     trainer = ww.optimize(by_optimize, (data[0][0],), cross_entropy, opts[2],
                           example_targets=(data[0][1],))
     assert [trainer.step(x, targets=(y,)).item() for x, y in data * 2] == losses

@@ -15,6 +15,9 @@ from waterwave.capturing import CaptureError  # noqa: E402
 from waterwave.capturing.guards import SetInsideCapturedStep  # noqa: E402
 from waterwave.capturing.trace_cache import TRACES, TraceCache  # noqa: E402
 
+# Tests of the captured path: the CPU's session plans (conftest.PLANNING_LIMIT).
+pytestmark = pytest.mark.usefixtures("cpu_session_plans")
+
 DATA = [(torch.randn(16, 12, generator=torch.Generator().manual_seed(k)),
          torch.randint(0, 4, (16,), generator=torch.Generator().manual_seed(k)))
         for k in range(3)]

@@ -1,9 +1,13 @@
 """What a short trial costs through ``job.train`` against its eager loop, on
-the CPU, capture included: the trials of a digits-sized search (MLPs of
-widths 64-256 and 1-3 hidden layers, SGD with momentum at a trial's own
-learning rate, batch 64, ``--epochs`` epochs of 22 batches), each built and
-trained from scratch, one trial at a time and ``--jobs`` at once from
-threads (as Optuna's ``n_jobs`` runs them).
+the CPU: the trials of a digits-sized search (MLPs of widths 64-256 and 1-3
+hidden layers, SGD with momentum at a trial's own learning rate, batch 64,
+``--epochs`` epochs of 22 batches), each built and trained from scratch, one
+trial at a time and ``--jobs`` at once from threads (as Optuna's ``n_jobs``
+runs them). Two ways through ``job.train``: in the CPU's session as it
+comes, which plans nothing and so trains each step eagerly, capturing
+nothing (``job.train``); and in one given a budget (``memory_limit``, far
+above what the trials hold), which captures each trial's step and plans it,
+as a GPU's session does (``job.train, planned``).
 
     python bench/concurrent/trial_cost.py [--trials 12] [--epochs 8] [--jobs 4] [--repeats 3]
                                           [--out bench/results]
@@ -11,9 +15,9 @@ threads (as Optuna's ``n_jobs`` runs them).
 Each mode runs in a fresh process, the modes in turn, ``--repeats`` times;
 the table gives each mode's median wall time for the whole search and its
 ratio to the eager loops run the same way. ``job.train``'s time includes
-making each trial's ``Job`` (its capture: reused across trials of one
-structure, ``waterwave.capturing.trace_cache``), its guards and its first
-calls; the eager loops' includes nothing more than the loops. Results go to
+making each trial's ``Job`` and, planned, its capture (reused across trials
+of one structure, ``waterwave.capturing.trace_cache``), its guards and its
+first calls; the eager loops' includes nothing more than the loops. Results go to
 trial_cost.{json,md} (with ``--warm``: trial_cost_warm.{json,md}), naming
 the machine. A benchmark, not a test: the target (within 10% of eager) is
 read from the table.
@@ -34,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search_measured import child_env  # noqa: E402  (one way to start a way's process)
-MODES = ("eager", "job.train")
+MODES = ("eager", "job.train", "job.train, planned")
+PLANNING_LIMIT = 1 << 40  # a budget the trials never come near: the session plans
 
 
 def configs(trials: int) -> list[tuple[int, int, float]]:
@@ -73,6 +78,8 @@ def run_mode(mode: str, trials: int, epochs: int, jobs: int, warm: bool = False)
                 F.cross_entropy(model(xb), yb).backward()
                 opt.step()
 
+    session = None  # the CPU's own: it plans nothing
+
     def captured(width, layers, lr):
         import waterwave as ww
 
@@ -80,11 +87,14 @@ def run_mode(mode: str, trials: int, epochs: int, jobs: int, warm: bool = False)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         job = ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=batches)
         for _ in range(epochs):
-            job.train(steps=len(batches))
+            job.train(steps=len(batches), session=session)
 
     trial = eager if mode == "eager" else captured
     if mode != "eager":
-        import waterwave  # noqa: F401 - imported before the clock, as a user's script does
+        import waterwave as ww  # imported before the clock, as a user's script does
+
+        if mode == "job.train, planned":
+            session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
     if warm:
         trial(32, 1, 0.01)
     todo = list(configs(trials))

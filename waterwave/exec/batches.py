@@ -29,6 +29,8 @@ def split(batch: Any, n_inputs: int, target_keys: Sequence[str] = ()) -> tuple[t
     inputs (``Keywords``), but for ``target_keys``, the targets in that order."""
     import torch
 
+    if isinstance(batch, (tuple, list)) and len(batch) >= n_inputs and not target_keys:
+        return tuple(batch[:n_inputs]), tuple(batch[n_inputs:])  # the common case, first
     if isinstance(batch, Mapping):
         missing = [k for k in target_keys if k not in batch]
         if missing:

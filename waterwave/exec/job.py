@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..capturing import fake_step
 from ..capturing.fake_step import CaptureError, default_loss
 from ..capturing.keywords import call_model, input_names
 from ..capturing.optimizers import GradClip
@@ -33,7 +34,10 @@ class Job:
     loss the model computed (``output.loss``, as a Hugging Face model given
     ``labels`` returns it), else the sum of its output. The step is captured on
     ``example_inputs``, else on the data's first batch (which is then trained
-    on first); every batch must have its shapes. ``clip_grad_norm`` and
+    on first), when a plan first needs it: as the Job is made where its
+    device's session plans (a GPU, or a ``memory_limit``), else when a
+    session that plans first trains it (``captured``). A session that plans
+    nothing trains its steps eagerly, each as its own loop would. ``clip_grad_norm`` and
     ``clip_grad_value`` clip the gradients before each update, as
     ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
     model's parameters would (``clip_grad_norm_type``: the norm's order,
@@ -100,11 +104,12 @@ class Job:
         clip = GradClip(clip_grad_norm, clip_grad_norm_type, clip_grad_value)
         self._capture = (loss_fn, clip, k, autocast_dtype, grad_scaler)
         self._example = (example_inputs, targets)
-        self.step_fn = CapturedStep(model, example_inputs, loss_fn, optimizer, targets, self.name,
-                                    clip, k, autocast_dtype, grad_scaler)
+        self._model, self._optimizer, self._device = model, optimizer, device
+        self._step_fn: CapturedStep | None = None  # captured when a plan first needs it
         # The example batch's key, which capture_for matches (every capture has that batch)
-        self._example_key = (self.step_fn.input_names, _batch_key(self.step_fn.example))
-        self.graph = self.step_fn.graph
+        self._example_key = None
+        if device is None or device.type != "cpu" or training_session("cpu").plans:
+            self._capture_first()
         # Batches of other shapes (a short last batch) or non-tensor values:
         # _batch_key -> their capture (None: they train eagerly)
         self._other_shapes: dict = {}
@@ -115,7 +120,9 @@ class Job:
         # model, optimizer and data are whole, and the next train() goes on.
         self.error_between_steps = False
         self.between = between  # what it holds between train() calls
-        self.eager_steps = 0  # steps run eagerly: batches no capture of it could train
+        # Steps run eagerly: in a session that plans nothing, or on batches no
+        # capture of it could train
+        self.eager_steps = 0
         self._stream = None
 
     def train(self, steps: int, session=None) -> list[float]:
@@ -134,15 +141,45 @@ class Job:
                                    ) from self.error
             self.error, self.error_between_steps = None, False  # raised once, by its own call
         session = session if session is not None else training_session(self.device)
-        self._follow_model()
+        if session.plans:
+            self._follow_model()
         before = len(self.losses)
         session.train(self, steps)
         return self.losses[before:]
 
+    @property
+    def step_fn(self) -> CapturedStep:
+        """The job's step as captured, for the model's variant when it was
+        captured (``_follow_model``); captured now if it was not yet."""
+        if self._step_fn is None:
+            self._capture_first()
+        return self._step_fn
+
+    @property
+    def graph(self):
+        """The captured step's graph (``waterwave.graph.Graph``), what
+        sessions and trainers cut into node groups and plan."""
+        return self.step_fn.graph
+
+    @property
+    def captured(self) -> bool:
+        """Whether its step is captured yet. A job whose device's session
+        plans nothing (the CPU without a ``memory_limit``) trains eagerly and
+        is captured when a plan first needs it: a session with a budget, a
+        ``ConcurrentTrainer``, its ``graph``."""
+        return self._step_fn is not None
+
+    def _capture_first(self) -> None:
+        step = self._new_capture(*self._example)
+        self._example_key = (step.input_names, _batch_key(step.example))
+        self._step_fn = step
+
     def forget_skipped_state(self) -> None:
         """After a call's steps: optimizer state made for steps a GradScaler
         skipped goes again, as eager makes none (``CapturedStep.forget_skipped_state``)."""
-        self.step_fn.forget_skipped_state()
+        if self._step_fn is None:
+            return
+        self._step_fn.forget_skipped_state()
         for capture in self._other_shapes.values():
             if capture is not None:
                 capture.forget_skipped_state()
@@ -169,13 +206,14 @@ class Job:
         found = self._by_variant.pop(variant, None)
         if found is None:
             found = (self._new_capture(*self._example), {})
-        self.step_fn, self._other_shapes = found
-        self.graph = self.step_fn.graph  # sessions and trainers cut it into groups again
+        self._step_fn, self._other_shapes = found  # sessions and trainers cut it again
 
     def check_context(self) -> None:
         """Before a call's steps, on the caller's thread: the model is as its
         step was captured (``CapturedStep.check_context``); the captures at
         other shapes take the model's buffers as they are now too."""
+        if self._step_fn is None:
+            return
         self.step_fn.check_context()
         for capture in self._other_shapes.values():
             if capture is not None:  # None: batches of that key train eagerly
@@ -184,11 +222,11 @@ class Job:
     @property
     def device(self):
         """The device the model trains on (a ``torch.device``)."""
-        return self.step_fn.params[0].device
+        return self._device
 
     @property
     def model(self):
-        return self.step_fn.model
+        return self._model
 
     @property
     def failed(self) -> bool:
@@ -196,12 +234,12 @@ class Job:
 
     def stream(self):
         """The job's own CUDA stream (created once), or None on the CPU."""
-        if self.step_fn.device != "cuda":
+        if self._device.type != "cuda":
             return None
         if self._stream is None:
             import torch
 
-            self._stream = torch.cuda.Stream(device=self.step_fn.params[0].device)
+            self._stream = torch.cuda.Stream(device=self._device)
         return self._stream
 
     def next_batch(self) -> tuple[tuple, Any]:
@@ -239,38 +277,45 @@ class Job:
             self._other_shapes[key] = capture
         return self._other_shapes[key]
 
-    def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None):
-        """One step on a batch that no capture can train, run eagerly as the
-        same loop would run it (its settings: accumulation, autocast, the
-        GradScaler, clipping), the gradients left None as a captured step
-        leaves them; inside a training ``session``, as a ``waterwave.sharing``
-        member, so its memory is counted and gated with the others'. Returns
-        the step's loss (the batches' mean with accumulation)."""
+    def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None,
+                   keep_grads: bool = False):
+        """One step run eagerly as the same loop would run it (its settings:
+        accumulation, autocast, the GradScaler, clipping): a batch no capture
+        can train, or any step where nothing is planned. The gradients are
+        left None, as a captured step leaves them, unless ``keep_grads``
+        (where nothing counts what a job holds between steps, as an eager
+        loop leaves them). Inside a training ``session``, as a
+        ``waterwave.sharing`` member, so its memory is counted and gated with
+        the others'. Returns the step's loss (the batches' mean with
+        accumulation)."""
         block = sharing(self.model, session, name=self.name) if session is not None else None
         if block is None:
-            return self._eager_step(inputs, targets)
+            return self._eager_step(inputs, targets, keep_grads)
         with block:
-            return self._eager_step(inputs, targets)
+            return self._eager_step(inputs, targets, keep_grads)
 
-    def _eager_step(self, inputs: tuple, targets):
-        import contextlib
-
+    def _eager_step(self, inputs: tuple, targets, keep_grads: bool):
         import torch
 
         loss_fn, clip, k, autocast_dtype, scaler = self._capture
         loss_fn = loss_fn or default_loss
         scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        model, opt = self.model, self.step_fn.optimizer
+        model, opt = self.model, self._optimizer
+        if not inputs:  # no data: the example batch, every step
+            inputs, targets = map(fake_step.as_tuple, self._example)
         targets = tuple(targets or ())
         names = input_names(inputs)
         n_in, n_t = len(inputs) // k, len(targets) // k
         opt.zero_grad(set_to_none=True)
         losses = []
         for i in range(k):
-            with (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
-                  else contextlib.nullcontext()):
-                loss = loss_fn(call_model(model, inputs[i * n_in:(i + 1) * n_in], names),
-                               *targets[i * n_t:(i + 1) * n_t])
+            batch, batch_targets = (inputs, targets) if k == 1 else (
+                inputs[i * n_in:(i + 1) * n_in], targets[i * n_t:(i + 1) * n_t])
+            if autocast_dtype is None:
+                loss = loss_fn(call_model(model, batch, names), *batch_targets)
+            else:
+                with torch.autocast(self.device.type, dtype=autocast_dtype):
+                    loss = loss_fn(call_model(model, batch, names), *batch_targets)
             losses.append(loss.detach())
             scaled = loss / k if k > 1 else loss
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -286,7 +331,8 @@ class Job:
             scaler.update()
         else:
             opt.step()
-        opt.zero_grad(set_to_none=True)
+        if not keep_grads:
+            opt.zero_grad(set_to_none=True)
         self.eager_steps += 1
         return sum(losses[1:], losses[0]) / k if k > 1 else losses[0]
 
@@ -294,7 +340,7 @@ class Job:
         """Steps trained, those run eagerly (batches no capture could train),
         and captures made (shapes, and variants the model went through)."""
         return {"steps": len(self.losses), "eager_steps": self.eager_steps,
-                "captures": 1 + len(self._by_variant)
+                "captures": self.captured + len(self._by_variant)
                 + sum(capture is not None for capture in self._other_shapes.values())}
 
     def _new_capture(self, inputs, targets) -> CapturedStep:
@@ -305,7 +351,7 @@ class Job:
 
         loss_fn, clip, k, autocast_dtype, grad_scaler = self._capture
         with torch.enable_grad():
-            return CapturedStep(self.model, inputs, loss_fn, self.step_fn.optimizer, targets,
+            return CapturedStep(self.model, inputs, loss_fn, self._optimizer, targets,
                                 self.name, clip, k, autocast_dtype, grad_scaler)
 
     def _capture_at(self, inputs: tuple, targets) -> CapturedStep:

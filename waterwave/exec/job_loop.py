@@ -1,8 +1,10 @@
 """One job's part of a pipelined run: its (round, step, group) entries from
 a round feed, each group run once the barrier lets it, each step's batch
-drawn as the step begins; and what measures a job's groups on a GPU.
-``ConcurrentTrainer`` runs this loop on a pool thread per job, a training
-session (``session.py``) on the thread that called ``Job.train``.
+drawn as the step begins; a job's steps run eagerly where nothing is
+planned (``run_free``); and what measures a job's groups on a GPU.
+``ConcurrentTrainer`` runs the pipelined loop on a pool thread per job, a
+training session (``session.py``) either loop on the thread that called
+``Job.train``.
 
 A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
@@ -133,6 +135,32 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
         except BaseException as e:
             job.error = job.error or e
         feed.leave(k)
+
+
+def run_free(job, steps: int, stopped: Callable[[], bool]) -> None:
+    """``steps`` of ``job``'s steps on the calling thread, each run eagerly
+    as its own loop would run it (``Job.eager_step``): what a session that
+    plans nothing does (the CPU without a budget). Stops before a step once
+    ``stopped()`` (Ctrl-C); a job that raises keeps its error as in
+    ``run_job``, and Ctrl-C on this thread is raised."""
+    fetching = False
+    try:
+        with grad_mode():
+            for _ in range(steps):
+                if stopped():
+                    return
+                fetching = True
+                inputs, targets = job.next_batch()
+                fetching = False
+                loss = job.eager_step(inputs, targets, keep_grads=True)
+                job.after_step()
+                job.losses.append(float(loss))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the job stops alone, with its error
+        traceback.clear_frames(e.__traceback__)
+        job.error = e
+        job.error_between_steps = fetching
 
 
 def wait_tasks(tasks: list[Task], interruptible: bool = True) -> None:

@@ -23,8 +23,10 @@ budget per device, whichever way jobs train there.
 
 The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
 allocator could give when the feed started plus what the session's jobs
-held then (their tensors between calls included); else (the CPU) none, and
-the jobs run side by side freely. On a GPU a job's first step in a session
+held then (their tensors between calls included); else (the CPU) none: the
+session plans nothing (``plans``), and each job's steps run eagerly side by
+side (``job_loop.run_free``), its step captured only when a session with a
+budget first trains it. On a GPU a job's first step in a session
 runs alone, group by group, and the allocator's counters give each group's
 bytes (cuDNN's workspaces included), as ``ConcurrentTrainer`` measures.
 
@@ -56,7 +58,7 @@ from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from . import ctrl_c
 from .between_calls import BetweenCalls
-from .job_loop import Measure, MemoryProbe, run_job
+from .job_loop import Measure, MemoryProbe, run_free, run_job
 from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
 
@@ -91,6 +93,9 @@ class TrainingSession(SettingsView):
         self._lock = threading.Lock()
         self._feed: RoundFeed | None = None
         self._members: dict[int, tuple[PipelinedJob, RoundFeed]] = {}  # k -> training now
+        # k -> (a job training eagerly now, the event that stops it): a
+        # session that plans nothing (``plans``)
+        self._free: dict[int, tuple[object, threading.Event]] = {}
         # Each job that trained here, cut into this session's groups (until
         # the settings change), for its next call; and what it holds
         # between calls is counted against the budget.
@@ -113,7 +118,7 @@ class TrainingSession(SettingsView):
                   order=_UNSET) -> TrainingSession:
         """Change the settings given; only while no job trains here."""
         with self._lock:
-            running = len(self._members) + len(self._sharing) + sum(
+            running = len(self._members) + len(self._free) + len(self._sharing) + sum(
                 hold.running for hold in list(self._trainers.values()))
             if running:
                 raise RuntimeError(f"{running} job(s) train in "
@@ -131,20 +136,31 @@ class TrainingSession(SettingsView):
                 member.stale = True
         return self
 
+    @property
+    def plans(self) -> bool:
+        """Whether it plans its jobs' steps: where it has a budget to plan
+        them under (a GPU's, or ``memory_limit``). A session that plans
+        nothing (the CPU without a limit) trains each job's steps eagerly,
+        each as the job's own loop would, and captures nothing: the capture
+        is what a plan is made from, and costs a short trial more than its
+        steps."""
+        return self.memory_limit is not None or self.device != "cpu"
+
     # One job's call ---------------------------------------------------------
     def train(self, job, steps: int) -> None:
         """``steps`` steps of ``job`` on the calling thread, beside the others."""
         steps = whole_steps(steps)
         ctrl_c.watch()
+        if not self.plans:
+            self._train_free(job, steps)
+            return
         job.check_context()  # its train/eval mode, autocast, hooks: the caller's
         job.step_fn.clear_step_outputs()
         on_cuda = job.step_fn.device == "cuda"
         probe = MemoryProbe(job.device) if on_cuda else None
         measure_between = BetweenCalls.measurable(on_cuda)
         with self._lock:
-            if any(member.job is job for member, _ in self._members.values()):
-                raise RuntimeError(f"{job!r} is already training: call train() on a job from "
-                                   "one thread at a time")
+            self._refuse_training_twice_locked(job)
             job.between.end(measure_between)
             member = self._pipelined.get(job)
             if member is None or not member.current:
@@ -191,11 +207,32 @@ class TrainingSession(SettingsView):
                         self._feed = None  # the next job starts a fresh feed
                 self._share_budget_locked()
             job.between.begin(measure_between)
-        if job.error is not None:
-            raise job.error
-        if len(job.losses) - before < steps and feed.barrier.closed:
-            raise KeyboardInterrupt(f"job {job.name!r} stopped after {len(job.losses) - before} "
-                                    f"of {steps} steps: training was interrupted")
+        _raise_outcome(job, len(job.losses) - before, steps, feed.barrier.closed)
+
+    def _train_free(self, job, steps: int) -> None:
+        """``train`` where nothing is planned: the job's steps run eagerly on
+        the calling thread (``run_free``), beside whatever else trains."""
+        stop = threading.Event()
+        with self._lock:
+            self._refuse_training_twice_locked(job)
+            k = self._next_k
+            self._next_k += 1
+            self._free[k] = (job, stop)
+            self._count_training_locked()
+        before = len(job.losses)
+        try:
+            run_free(job, steps, stop.is_set)
+        finally:
+            with self._lock:
+                del self._free[k]
+                self.steps_run += len(job.losses) - before
+        _raise_outcome(job, len(job.losses) - before, steps, stop.is_set())
+
+    def _refuse_training_twice_locked(self, job) -> None:
+        if any(member.job is job for member, _ in self._members.values()) or any(
+                other is job for other, _ in self._free.values()):
+            raise RuntimeError(f"{job!r} is already training: call train() on a job from "
+                               "one thread at a time")
 
     def _probe_capacity(self, probe: MemoryProbe | None) -> int | None:
         """On a GPU without a limit: what the allocator can still give plus
@@ -335,8 +372,8 @@ class TrainingSession(SettingsView):
 
     def _count_training_locked(self) -> None:
         running = sum(hold.running for hold in list(self._trainers.values()))
-        self.most_training = max(self.most_training,
-                                 len(self._members) + len(self._sharing) + running)
+        self.most_training = max(self.most_training, len(self._members) + len(self._free)
+                                 + len(self._sharing) + running)
 
     # ConcurrentTrainer's fixed sets of jobs (concurrent.py) -----------------
     def hold_for_trainer(self, trainer, held: int, running: int = 0) -> None:
@@ -384,6 +421,8 @@ class TrainingSession(SettingsView):
             if self._feed is not None:
                 self._feed.barrier.close()
                 self._feed = None
+            for _, stop in self._free.values():
+                stop.set()
             if self._sharing:
                 self.ledger().interrupt()
 
@@ -393,7 +432,7 @@ class TrainingSession(SettingsView):
         sharing members)."""
         with self._lock:
             return [member.job for member, _ in self._members.values()] + [
-                m.name for m in self._sharing.values()]
+                job for job, _ in self._free.values()] + [m.name for m in self._sharing.values()]
 
     def reset_peak(self) -> None:
         """``stats()["peak_bytes"]`` starts again from the members' bytes now."""
@@ -406,7 +445,8 @@ class TrainingSession(SettingsView):
             return {"device": str(self.device), "schedule": self.schedule,
                     "memory_limit": self.memory_limit, "budget": self._capacity
                     if self.memory_limit is None else self.memory_limit,
-                    "training": [member.name for member, _ in self._members.values()],
+                    "training": [member.name for member, _ in self._members.values()]
+                    + [job.name for job, _ in self._free.values()],
                     "sharing": [m.name for m in self._sharing.values()],
                     "peak_bytes": share["peak"], "members_bytes": share["members_live"],
                     "waits": {k: share[k] for k in ("gate_waits", "allocation_waits",
@@ -422,6 +462,15 @@ class TrainingSession(SettingsView):
     def __repr__(self) -> str:
         return (f"TrainingSession({str(self.device)!r}, schedule={self.schedule!r}, "
                 f"memory_limit={self.memory_limit!r}, training={len(self._members)})")
+
+
+def _raise_outcome(job, done: int, steps: int, interrupted: bool) -> None:
+    """After a job's call: its error, or Ctrl-C's if it stopped short."""
+    if job.error is not None:
+        raise job.error
+    if done < steps and interrupted:
+        raise KeyboardInterrupt(f"job {job.name!r} stopped after {done} of {steps} steps: "
+                                "training was interrupted")
 
 
 @dataclass(frozen=True)
