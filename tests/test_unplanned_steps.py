@@ -82,6 +82,8 @@ def test_a_job_where_nothing_is_planned_trains_as_its_eager_loop_and_captures_no
     expected += eager(reference, ref_opt, data[4:] + data, 3)
     assert losses == expected  # bit for bit: it is the eager loop
     assert_same_model(reference, model)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)  # the last step's gradients, as the loop leaves them
     assert_same_optimizer_state(ref_opt, opt)
     assert job.stats() == {"steps": 7, "eager_steps": 7, "captures": 0}
     assert not job.captured and unplanned.steps_run == before + 7

@@ -287,7 +287,7 @@ class Job:
         loop leaves them). Inside a training ``session``, as a
         ``waterwave.sharing`` member, so its memory is counted and gated with
         the others'. Returns the step's loss (the batches' mean with
-        accumulation)."""
+        accumulation), not detached with one batch a step."""
         block = sharing(self.model, session, name=self.name) if session is not None else None
         if block is None:
             return self._eager_step(inputs, targets, keep_grads)
@@ -316,7 +316,7 @@ class Job:
             else:
                 with torch.autocast(self.device.type, dtype=autocast_dtype):
                     loss = loss_fn(call_model(model, batch, names), *batch_targets)
-            losses.append(loss.detach())
+            losses.append(loss)
             scaled = loss / k if k > 1 else loss
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         if clip.active:
@@ -334,7 +334,10 @@ class Job:
         if not keep_grads:
             opt.zero_grad(set_to_none=True)
         self.eager_steps += 1
-        return sum(losses[1:], losses[0]) / k if k > 1 else losses[0]
+        if k == 1:
+            return losses[0]  # its graph freed by backward; the caller reads or detaches it
+        losses = [x.detach() for x in losses]
+        return sum(losses[1:], losses[0]) / k
 
     def stats(self) -> dict:
         """Steps trained, those run eagerly (batches no capture could train),

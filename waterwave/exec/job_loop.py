@@ -88,7 +88,7 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
                         measure.report(None)
                         measure = None
                     if group == 0:
-                        eager_loss = member.eager_step(*eager)
+                        eager_loss = member.eager_step(*eager).detach()
                     if group == last_group:
                         pending.append(eager_loss)
                         eager = eager_loss = None
@@ -154,7 +154,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool]) -> None:
                 fetching = False
                 loss = job.eager_step(inputs, targets, keep_grads=True)
                 job.after_step()
-                job.losses.append(float(loss))
+                job.losses.append(loss.item())
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # the job stops alone, with its error
