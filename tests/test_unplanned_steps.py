@@ -13,11 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import PLANNING_LIMIT, assert_same_optimizer_state, start_and_join  # noqa: E402
+from test_job_data import eager as eager_loop  # noqa: E402
 
 import waterwave as ww  # noqa: E402
 from waterwave.capturing.fake_step import CaptureError  # noqa: E402
 
-loss_fn = torch.nn.functional.cross_entropy
+loss_fn = torch.nn.functional.cross_entropy  # the eager loop's (test_job_data)
 
 
 def net(seed):
@@ -36,18 +37,8 @@ OPTIMIZERS = {"sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=
 
 
 def eager(model, opt, data, steps):
-    """The eager loop over ``data``, epoch after epoch: its losses."""
-    losses = []
-    while len(losses) < steps:
-        for x, y in data:
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if len(losses) == steps:
-                break
-    return losses
+    """The eager loop over ``data`` with ``opt``, epoch after epoch: its losses."""
+    return eager_loop(model, lambda _: opt, data, steps)[0]
 
 
 def assert_same_model(expected, got):
