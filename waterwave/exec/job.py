@@ -37,8 +37,8 @@ class Job:
     on first), when a plan first needs it: as the Job is made where its
     device's session plans (a GPU, or a ``memory_limit``), else when a
     session that plans first trains it (``captured``). A session that plans
-    nothing trains its steps eagerly, each as its own loop would. ``clip_grad_norm`` and
-    ``clip_grad_value`` clip the gradients before each update, as
+    nothing trains its steps eagerly, each as its own loop would.
+    ``clip_grad_norm`` and ``clip_grad_value`` clip the gradients before each update, as
     ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
     model's parameters would (``clip_grad_norm_type``: the norm's order,
     ``clip_grad_norm_``'s ``norm_type``, 2.0 unless given).
@@ -129,8 +129,8 @@ class Job:
         """Train ``steps`` steps on the job's next batches, beside every other
         job training in the same session (by default its device's,
         ``waterwave.training_session``) at the time, and return their
-        losses. Blocks the calling thread, which runs the job's own groups;
-        the model, its optimizer and its data are the caller's again when
+        losses. Blocks the calling thread, which runs the job's own groups
+        (its steps, eagerly, where the session plans nothing); the model, its optimizer and its data are the caller's again when
         it returns (evaluate, step a scheduler, change hyperparameters).
         The job's error, if it failed, is raised here."""
         steps = whole_steps(steps)
@@ -170,6 +170,7 @@ class Job:
         return self._step_fn is not None
 
     def _capture_first(self) -> None:
+        """The job's first capture, on its example batch, and that batch's key."""
         step = self._new_capture(*self._example)
         self._example_key = (step.input_names, _batch_key(step.example))
         self._step_fn = step
@@ -212,7 +213,7 @@ class Job:
         """Before a call's steps, on the caller's thread: the model is as its
         step was captured (``CapturedStep.check_context``); the captures at
         other shapes take the model's buffers as they are now too."""
-        if self._step_fn is None:
+        if self._step_fn is None:  # nothing captured: nothing to hold the model to
             return
         self.step_fn.check_context()
         for capture in self._other_shapes.values():
@@ -340,10 +341,11 @@ class Job:
         return sum(losses[1:], losses[0]) / k
 
     def stats(self) -> dict:
-        """Steps trained, those run eagerly (batches no capture could train),
-        and captures made (shapes, and variants the model went through)."""
+        """Steps trained, those run eagerly (where nothing was planned, or on
+        batches no capture could train), and captures made (shapes, and
+        variants the model went through; 0 while nothing needed a plan)."""
         return {"steps": len(self.losses), "eager_steps": self.eager_steps,
-                "captures": self.captured + len(self._by_variant)
+                "captures": int(self.captured) + len(self._by_variant)
                 + sum(capture is not None for capture in self._other_shapes.values())}
 
     def _new_capture(self, inputs, targets) -> CapturedStep:
