@@ -251,3 +251,26 @@ def test_interrupting_the_session_stops_an_unplanned_job_at_its_next_step(unplan
     assert at - asked < 1 and "training was interrupted" in message
     assert not job.failed and job not in unplanned.training
     assert len(job.train(2)) == 2  # the next call trains
+
+
+def test_accumulation_and_clipping_unplanned_train_as_the_eager_loop(unplanned):
+    """Two batches a step, each loss halved, the gradients clipped before the
+    update: the loop's step, and its loss the batches' mean."""
+    data = batches(n=6, seed=9)
+    model, reference = net(9), net(9)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model), data=data,
+                 accumulate_grad_batches=2, clip_grad_norm=0.5)
+    got = job.train(3)
+    opt, expected = OPTIMIZERS["sgd"](reference), []
+    for step in range(3):
+        opt.zero_grad()
+        losses = []
+        for x, y in data[2 * step:2 * step + 2]:
+            loss = loss_fn(reference(x), y)
+            (loss / 2).backward()
+            losses.append(loss.detach())
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        opt.step()
+        expected.append(((losses[0] + losses[1]) / 2).item())
+    assert got == expected and not job.captured
+    assert_same_model(reference, model)
