@@ -74,8 +74,12 @@ def child(way: str, args) -> dict:
     if ww is not None:
         # On a GPU the session's budget is then what the allocator can still
         # give under that cap; the CPU has no cap but the session's limit.
+        # On the CPU without one a session plans nothing: job.train's way gets
+        # a budget far above its trials, so that it captures and plans as on a GPU.
+        cpu_limit = (family.memory_limit if family.memory_limit is not None or way != "job.train"
+                     else 1 << 40)
         ww.training_session(args.device).configure(
-            memory_limit=None if device.type == "cuda" else family.memory_limit)
+            memory_limit=None if device.type == "cuda" else cpu_limit)
     side = family.side if device.type == "cuda" else 16
     batch = family.batch if device.type == "cuda" else 4
 

@@ -17,8 +17,9 @@ process, whichever ran second was slowed by the memory the first left
 behind. Each also counts the process's minor page faults and context
 switches, where most of the differences on the CPU lie (glibc's
 per-thread heaps, OpenMP's sleeping workers; see docs/results.md). The
-session has no memory limit (the CPU has none), so the jobs run side by
-side; on a 2-core machine they share its cores, as eager loops run one
+session has a budget far above what the jobs hold: it plans their steps as
+a GPU's session does (without one, the CPU's runs them eagerly), and the
+jobs run side by side; on a 2-core machine they share its cores, as eager loops run one
 after another do not. Results go to bench/results/train_host.{json,md},
 naming the machine (``--tag NAME``: train_host_NAME.*, for a subset). A
 benchmark, not a test: it prints what it measured, and the target (within
@@ -53,6 +54,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import waterwave as ww  # noqa: E402
+
+PLANNING_LIMIT = 1 << 40  # a budget no job comes near (see _run_mode)
 
 
 class SmallTransformer(torch.nn.Module):
@@ -168,7 +171,9 @@ def _run_mode(model_name: str, jobs: int, steps: int, mode: str) -> dict:
     if mode == "eager":
         made = [_eager_job(model_name, k) for k in range(jobs)]
         return _timed(lambda: [train(steps) for train in made])
-    session = ww.TrainingSession("cpu") if mode == "train" else None
+    # A budget the jobs never come near: the session plans their steps
+    # (captured, paired) as a GPU's does, where without one it runs them eagerly.
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT) if mode == "train" else None
 
     def build(k):
         return (_eager_job(model_name, k) if mode == "eager-threads"
