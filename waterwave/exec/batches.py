@@ -29,8 +29,12 @@ def split(batch: Any, n_inputs: int, target_keys: Sequence[str] = ()) -> tuple[t
     inputs (``Keywords``), but for ``target_keys``, the targets in that order."""
     import torch
 
-    if isinstance(batch, (tuple, list)) and len(batch) >= n_inputs and not target_keys:
-        return tuple(batch[:n_inputs]), tuple(batch[n_inputs:])  # the common case, first
+    # Tuples first: the common case, and the Mapping check (an ABC) costs more.
+    if isinstance(batch, (tuple, list)) and not target_keys:
+        if len(batch) < n_inputs:
+            raise ValueError(f"a batch of {len(batch)} items cannot hold the step's {n_inputs} "
+                             "inputs: yield (inputs..., targets...)")
+        return tuple(batch[:n_inputs]), tuple(batch[n_inputs:])
     if isinstance(batch, Mapping):
         missing = [k for k in target_keys if k not in batch]
         if missing:
@@ -43,11 +47,6 @@ def split(batch: Any, n_inputs: int, target_keys: Sequence[str] = ()) -> tuple[t
                          f"{type(batch).__name__}: yield dicts, or leave target_keys out")
     if isinstance(batch, torch.Tensor):
         return (batch,), ()
-    if isinstance(batch, (tuple, list)):
-        if len(batch) < n_inputs:
-            raise ValueError(f"a batch of {len(batch)} items cannot hold the step's {n_inputs} "
-                             "inputs: yield (inputs..., targets...)")
-        return tuple(batch[:n_inputs]), tuple(batch[n_inputs:])
     raise ValueError(f"a batch must be a tensor, a tuple (inputs..., targets...) or a dict of "
                      f"keyword inputs, got a {type(batch).__name__}: map the data to one of them")
 
