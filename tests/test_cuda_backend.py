@@ -655,6 +655,39 @@ def test_a_sharing_member_the_device_ran_out_for_waits_for_another_members_free(
     wc.check_invariants(0)
 
 
+def test_a_members_backward_the_device_ran_out_for_fails_at_once_saying_why(fake):
+    """A member's backward runs on PyTorch's autograd thread (untagged),
+    known by the member's stream: shared by every member, it never waits,
+    so where the device ran out it fails at once, and the error says whose
+    backward it was and what to change. On another stream, or once the
+    member left its block, the device's error is as it was."""
+    use(fake)
+    fake.fake_cuda_set_capacity(64 * MiB)
+    ledger, (a, b) = sharing_members(2)
+    try:
+        _C.ThreadAccounts.set_thread(a)
+        p = _C.cuda_malloc(40 * MiB, 0, S1)
+        _C.ThreadAccounts.set_thread(0)
+        ledger.set_stream_account(S1, a)
+        waiting_before = ledger.share_stats()["device_waits"]
+        with pytest.raises(ww.OutOfMemoryError, match="sharing trial's backward") as e:
+            _C.cuda_malloc(40 * MiB, 0, S1)
+        assert "memory_limit" in str(e.value) and "autograd thread" in str(e.value)
+        assert ledger.share_stats()["device_waits"] == waiting_before  # it did not wait
+        with pytest.raises(ww.OutOfMemoryError) as e:
+            _C.cuda_malloc(40 * MiB, 0, S2)
+        assert "backward" not in str(e.value)
+        ledger.leave(a)
+        with pytest.raises(ww.OutOfMemoryError) as e:
+            _C.cuda_malloc(40 * MiB, 0, S1)
+        assert "backward" not in str(e.value)
+        _C.cuda_free(p, 40 * MiB, 0, S1)
+    finally:
+        ledger.set_stream_account(S1, 0)
+        leave_all(ledger, (a, b))
+    wc.check_invariants(0)
+
+
 def test_sharing_members_all_waiting_for_the_device_fail_one_alone(fake):
     """Two members each hold memory and ask for more than the device has
     left: one fails with the device's out of memory and why, unwinds, and

@@ -147,7 +147,12 @@ def test_the_training_benchmark_reports_the_median_of_interleaved_runs_and_their
     """bench/gpu.py runs each allocator --repeats times, taking turns, and
     keeps one row per allocator: the median of the runs' medians, each run's,
     the spread, and whether every run trained alike."""
-    import gpu
+    import importlib.util
+
+    # By its path: another test's bench/concurrent on sys.path holds a gpu.py too.
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
 
     def run(ms, losses=(2.0, 1.5), **more):
         return {"model": "resnet18", "mode": "waterwave", "step_ms_median": ms,

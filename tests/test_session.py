@@ -476,3 +476,105 @@ def test_a_gpu_probe_collects_garbage_at_most_every_few_seconds(monkeypatch):
     session._collected_at -= session_module.COLLECT_EVERY_S
     session._probe_capacity(Probe())
     assert len(collected) == 2
+
+
+def test_a_gpu_session_without_a_limit_probes_again_when_a_pass_starts(monkeypatch):
+    """Memory taken outside every block while members train (a new trial's
+    model and data) shrinks the members' budget at the next pass's start,
+    not only at the next block's: probed at block starts alone, 4 resnet50
+    trials under a 12 GiB cap on an H200 lost 4 of 8 to the allocator. A
+    pass's probe collects no garbage (the member waits for it), and a
+    session with a memory_limit keeps its budget."""
+    import types
+
+    import waterwave.exec.session as session_module
+    from waterwave.alloc.thread_account import ThreadAccount
+    from waterwave.pipeline.pass_profile import GPU_MARGIN
+
+    MiB = 1 << 20
+    free = [100 * MiB]
+    collected = []
+    monkeypatch.setattr(session_module.gc, "collect", lambda: collected.append(1))
+
+    class Probe:
+        def __init__(self, device):
+            pass
+
+        def available(self):
+            return free[0]
+
+    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    session = ww.TrainingSession("cuda:0")
+    ledger = session.ledger()
+    member = types.SimpleNamespace(account=ThreadAccount(ledger), name="trial 0")
+    try:
+        session.join_sharing(member, 4 * MiB)
+        assert len(collected) == 1
+        free[0] = 40 * MiB  # another trial's model and data, outside every block
+        session.probe_sharing_budget()
+        assert ledger.share_stats()["budget"] == int((40 + 4) * MiB * (1 - GPU_MARGIN))
+        assert session.stats()["budget"] == (40 + 4) * MiB
+        session._collected_at -= session_module.COLLECT_EVERY_S
+        session.probe_sharing_budget()
+        assert len(collected) == 1
+        session.leave_sharing(member)
+        session.configure(memory_limit=64 * MiB)
+        session.join_sharing(member, 4 * MiB)
+        free[0] = 10 * MiB
+        session.probe_sharing_budget()
+        assert ledger.share_stats()["budget"] == int(64 * MiB * (1 - GPU_MARGIN))
+    finally:
+        session.leave_sharing(member)
+        member.account.close()
+
+
+def test_a_probe_beside_members_allocating_and_freeing_errs_small(monkeypatch):
+    """The members' bytes are read before and after what the allocator can
+    still give, the fewer kept: a member's allocation while the probe reads
+    leaves the budget smaller than the truth by that allocation, a free
+    leaves it exact; neither makes it larger (the room the others would
+    then be admitted into would not be there)."""
+    import types
+
+    import waterwave.exec.session as session_module
+    from waterwave.alloc.thread_account import ThreadAccount
+
+    MiB = 1 << 20
+    free = [100 * MiB]
+    during = []  # what a member does while the allocator is read
+
+    class Probe:
+        def __init__(self, device):
+            pass
+
+        def available(self):
+            for act in during:
+                act()
+            return free[0]
+
+    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    session = ww.TrainingSession("cuda:0")
+    ledger = session.ledger()
+    member = types.SimpleNamespace(account=ThreadAccount(ledger), name="trial 0")
+    try:
+        session.join_sharing(member, 0)
+        ledger.count(member.account.id, 0x1000, 10 * MiB)  # its activations so far
+        truth = 100 * MiB + 10 * MiB
+
+        def allocate():  # 20 MiB more: the allocator's room shrinks by as much
+            ledger.count(member.account.id, 0x2000, 20 * MiB)
+            free[0] -= 20 * MiB
+        during[:] = [allocate]
+        assert session._probe_capacity(Probe(None), collect=False) == truth - 20 * MiB
+
+        def release():  # the 20 MiB back
+            ledger.free(0x2000)
+            free[0] += 20 * MiB
+        during[:] = [release]
+        assert session._probe_capacity(Probe(None), collect=False) == truth
+        during.clear()
+        assert session._probe_capacity(Probe(None), collect=False) == truth
+    finally:
+        ledger.free(0x1000)
+        session.leave_sharing(member)
+        member.account.close()

@@ -120,7 +120,9 @@ def child(way: str, args) -> dict:
             except torch.OutOfMemoryError as e:
                 # Which allocation ran out, and under what: the study only
                 # counts the failure.
-                first = str(e).splitlines()[0][:300] if str(e) else repr(e)
+                first = str(e).splitlines()[0] if str(e) else repr(e)
+                if len(first) > 600:  # its start (what ran out), its end (why, for a member)
+                    first = f"{first[:250]} ... {first[-350:]}"
                 if first not in oom_messages and len(oom_messages) < 3:
                     oom_messages.append(first)
                 raise
@@ -146,13 +148,17 @@ def child(way: str, args) -> dict:
     peak = None
     if device.type == "cuda":
         peak = torch.cuda.max_memory_reserved(device)
+    session = None
+    if ww is not None:  # what the session counted: its members' peak, its waits
+        stats = ww.training_session(args.device).stats()
+        session = {k: stats[k] for k in ("budget", "peak_bytes", "waits", "most_training")}
     return {"way": way, "jobs": jobs, "seconds": seconds,
             "trained": states.count("COMPLETE") + states.count("PRUNED"),
             "ooms": states.count("FAIL"),
             "trials_per_hour": (states.count("COMPLETE") + states.count("PRUNED"))
             / (seconds / 3600),
             "best": best["value"], "seconds_to_best": best["at"], "peak_reserved": peak,
-            "oom_messages": oom_messages, "gpu_busy": gpu_busy}
+            "oom_messages": oom_messages, "gpu_busy": gpu_busy, "session": session}
 
 
 class BusySampler:
@@ -280,6 +286,14 @@ def markdown(report: dict) -> str:
         busy = "-" if r.get("gpu_busy") is None else f"{r['gpu_busy']:.0%}"
         lines.append(f"| {r['way']} | {r['trials_per_hour']:,.1f} | {r['trained']} | {best} | "
                      f"{to_best} | {r['ooms']} | {peak} | {busy} |")
+    counted = [f"- {r['way']}: the members' counted peak {r['session']['peak_bytes'] / 2**30:.2f} "
+               f"GiB, its budget "
+               + ("-" if r["session"]["budget"] is None else
+                  f"{r['session']['budget'] / 2**30:.2f} GiB")
+               + f", waits {r['session']['waits']}"
+               for r in report["rows"] if r.get("session")]
+    if counted:
+        lines += ["", "What Waterwave's session counted:", "", *counted]
     said = [f"- {r['way']}: {m}" for r in report["rows"] for m in r.get("oom_messages", [])]
     if said:
         lines += ["", "Out of memory, as the first failures said it:", "", *said]

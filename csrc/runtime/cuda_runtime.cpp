@@ -99,7 +99,11 @@ Addr CudaRuntime::allocate_or_wait(AllocatorStack& s, std::size_t bytes, StreamI
         waited.yes = true;
         continue;
       }
-      if (ThreadAccounts::why().empty()) throw;  // no member: the device's error as it was
+      if (ThreadAccounts::why().empty()) {  // no member's thread: the device's error
+        const std::string backward = accounts_.backward_refusal(stream, bytes);
+        if (backward.empty()) throw;
+        throw OutOfMemoryError(std::string(e.what()) + "; " + backward);
+      }
       throw OutOfMemoryError(std::string(e.what()) + "; " + ThreadAccounts::why());
     }
   }

@@ -461,6 +461,21 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
   return retry;
 }
 
+std::string ThreadAccounts::backward_refusal(StreamId stream, std::size_t bytes) {
+  if (current_ != 0 || streams_on_.load(std::memory_order_relaxed) == 0) return {};
+  std::lock_guard<std::mutex> g(mu_);
+  const auto owner = streams_.find(stream);
+  if (owner == streams_.end()) return {};
+  const auto it = accounts_.find(owner->second);
+  if (it == accounts_.end() || !it->second.member || !it->second.active) return {};
+  return "the allocation of " + format_bytes(bytes) +
+         " was a sharing trial's backward, which PyTorch runs on its autograd thread, shared by "
+         "every trial, where nothing waits: the device held less than the trials were admitted "
+         "for (memory taken outside the sharing blocks, such as a trial's model and data made "
+         "while others trained, or the allocator's cache). Give the session a memory_limit "
+         "below the device's memory, or make each trial's GPU data inside its block";
+}
+
 bool ThreadAccounts::others_active_locked(std::int64_t id) const {
   return std::any_of(accounts_.begin(), accounts_.end(),
                      [id](const auto& kv) { return kv.first != id && kv.second.active; });

@@ -113,6 +113,11 @@ class ThreadAccounts {
   // The calling thread no longer waits for the device (its allocation went
   // through, or failed otherwise); nothing if it did not wait.
   void done_waiting();
+  // Where an untagged thread's allocation on `stream` failed and the stream
+  // is an active sharing member's (its backward, on PyTorch's autograd
+  // thread): why it could not wait and what to do, for the device's error;
+  // else empty. Off the hot path (after an out of memory).
+  std::string backward_refusal(StreamId stream, std::size_t bytes);
   // The message of the calling thread's last refused allocation.
   static const std::string& why();
   // `size` is asked for only when the block is noted; a zero-byte request

@@ -198,6 +198,8 @@ class Member:
         live, peak = self._read()
         if self._recorder is not None:
             self._end_pass(live, peak)
+        if self.on_cuda and self.gating and signature != BLOCK_START:  # taken outside blocks since
+            self.session.probe_sharing_budget()
         prediction = self.profiles.predict(signature, size)
         measuring = prediction is None
         if signature != BLOCK_START:
