@@ -410,6 +410,25 @@ def test_sharing_on_a_second_cuda_device_at_once_is_refused_and_the_first_keeps_
         first._sharing.clear()
 
 
+def patch_probe(monkeypatch, free: list, during: list = ()) -> type:
+    """The session's MemoryProbe replaced: what the allocator can still give
+    is ``free[0]``, read after each of ``during`` runs (what members do
+    meanwhile). Returns the class."""
+    import waterwave.exec.session as session_module
+
+    class Probe:
+        def __init__(self, device):
+            pass
+
+        def available(self):
+            for act in during:
+                act()
+            return free[0]
+
+    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    return Probe
+
+
 def test_a_gpu_session_without_a_limit_probes_what_is_free_at_every_block_start(monkeypatch):
     """On a GPU with no memory_limit, the members' budget is what the
     allocator can still give plus what the members hold. It is probed again
@@ -421,21 +440,12 @@ def test_a_gpu_session_without_a_limit_probes_what_is_free_at_every_block_start(
     member's model is counted once, in the ledger."""
     import types
 
-    import waterwave.exec.session as session_module
     from waterwave.alloc.thread_account import ThreadAccount
     from waterwave.pipeline.pass_profile import GPU_MARGIN
 
     MiB = 1 << 20
     free = [100 * MiB]
-
-    class Probe:  # what the allocator can still give, as set here
-        def __init__(self, device):
-            pass
-
-        def available(self):
-            return free[0]
-
-    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    patch_probe(monkeypatch, free)
     session = ww.TrainingSession("cuda:0")
     ledger = session.ledger()
     members = [types.SimpleNamespace(account=ThreadAccount(ledger), name=f"trial {k}")
@@ -495,15 +505,7 @@ def test_a_gpu_session_without_a_limit_probes_again_when_a_pass_starts(monkeypat
     free = [100 * MiB]
     collected = []
     monkeypatch.setattr(session_module.gc, "collect", lambda: collected.append(1))
-
-    class Probe:
-        def __init__(self, device):
-            pass
-
-        def available(self):
-            return free[0]
-
-    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    patch_probe(monkeypatch, free)
     session = ww.TrainingSession("cuda:0")
     ledger = session.ledger()
     member = types.SimpleNamespace(account=ThreadAccount(ledger), name="trial 0")
@@ -536,23 +538,12 @@ def test_a_probe_beside_members_allocating_and_freeing_errs_small(monkeypatch):
     then be admitted into would not be there)."""
     import types
 
-    import waterwave.exec.session as session_module
     from waterwave.alloc.thread_account import ThreadAccount
 
     MiB = 1 << 20
     free = [100 * MiB]
     during = []  # what a member does while the allocator is read
-
-    class Probe:
-        def __init__(self, device):
-            pass
-
-        def available(self):
-            for act in during:
-                act()
-            return free[0]
-
-    monkeypatch.setattr(session_module, "MemoryProbe", Probe)
+    Probe = patch_probe(monkeypatch, free, during)
     session = ww.TrainingSession("cuda:0")
     ledger = session.ledger()
     member = types.SimpleNamespace(account=ThreadAccount(ledger), name="trial 0")
