@@ -67,6 +67,10 @@ _UNSET = object()
 # a full collection in a process holding torch takes 0.2-0.4 s (2 cores,
 # 2026-11-27), and sharing probes at every block's start.
 COLLECT_EVERY_S = 10.0
+# Members' passes measure the GPU's budget at most this often: a measure
+# costs about 30 us of Python (32 us over the fake driver on the CPU), which
+# a small model's pass of a fraction of a millisecond would feel.
+PASS_PROBE_EVERY_S = 0.005
 
 
 def whole_steps(steps) -> int:
@@ -107,6 +111,7 @@ class TrainingSession(SettingsView):
         self._next_k = 0
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
         self._collected_at = -COLLECT_EVERY_S  # when a probe last collected garbage
+        self._pass_probed_at = -PASS_PROBE_EVERY_S  # when a pass last measured the budget
         self.steps_run = 0
         self.most_training = 0  # the most jobs that trained here at once
         self.settings = _session_settings(PipelineSettings(schedule, memory_limit, split_size,
@@ -342,13 +347,18 @@ class TrainingSession(SettingsView):
         only when blocks start, the budget counted it as free until the next
         block, for an epoch of every member's passes (4 resnet50 trials
         under a 12 GiB cap on an H200 lost 4 of 8 that way with a probe at
-        each block's start). Elsewhere (a limit, the CPU, a feed training,
-        whose own probe stands) nothing changes."""
+        each block's start). At most every ``PASS_PROBE_EVERY_S``. Elsewhere
+        (a limit, the CPU, a feed training, whose own probe stands) nothing
+        changes."""
         if self.device == "cpu" or self.memory_limit is not None or self._feed is not None:
+            return
+        now = time.monotonic()
+        if now - self._pass_probed_at < PASS_PROBE_EVERY_S:
             return
         with self._lock:
             if self._feed is not None or not self._sharing:
                 return
+            self._pass_probed_at = now
             self._capacity = self._probe_capacity(MemoryProbe(self.device), collect=False)
             self._share_budget_locked()
 
