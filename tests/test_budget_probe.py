@@ -197,3 +197,71 @@ def test_a_probe_beside_members_allocating_and_freeing_errs_small(monkeypatch):
         ledger.free(0x1000)
         session.leave_sharing(member)
         member.account.close()
+
+
+def test_a_job_made_on_the_gpu_counts_as_taken_until_it_first_trains(monkeypatch):
+    """A new trial's model and batches land on the GPU before its job
+    trains, and its capture takes seconds in between: the session counts
+    them as taken from the job's making (``job_made``), beside the jobs
+    and members training, and adds them back when it measures what is free
+    (the allocator no longer has them), so a budget measured before or
+    after they landed is the same. Once the job trains it counts as the
+    session's job; a job dropped untrained leaves with its bytes."""
+    import gc
+    import types
+
+    from waterwave.alloc.thread_account import ThreadAccount
+    from waterwave.exec import awaiting_jobs
+    from waterwave.pipeline.pass_profile import GPU_MARGIN
+
+    MiB = 1 << 20
+    free = [100 * MiB]
+    patch_probe(monkeypatch, free)
+    session = ww.TrainingSession("cuda:0")
+    ledger = session.ledger()
+    member = types.SimpleNamespace(account=ThreadAccount(ledger), name="trial 0")
+
+    class NewJob:  # what the registry keeps of a Job: a weak reference
+        pass
+
+    try:
+        session.join_sharing(member, 4 * MiB)  # the members share 104 MiB
+        assert ledger.share_stats()["budget"] == int(104 * MiB * (1 - GPU_MARGIN))
+        job = NewJob()
+        free[0] -= 30 * MiB  # its model and batches land...
+        session.job_made(job, 30 * MiB)  # ...and count as taken beside the members
+        assert ledger.share_stats()["outside"] == 30 * MiB
+        assert awaiting_jobs.held_on("cuda:0") == 30 * MiB
+        assert awaiting_jobs.held_on("cuda:1") == 0
+        session.probe_sharing_budget()  # measured after they landed: the same budget
+        assert session.stats()["budget"] == 104 * MiB
+        assert ledger.share_stats()["outside"] == 30 * MiB
+        awaiting_jobs.trained(job)  # its own figures count from here (PipelinedJob)
+        assert awaiting_jobs.held_on("cuda:0") == 0
+        other = NewJob()
+        session.job_made(other, 8 * MiB)
+        del other
+        gc.collect()
+        assert awaiting_jobs.held_on("cuda:0") == 0  # dropped untrained
+    finally:
+        session.leave_sharing(member)
+        member.account.close()
+
+
+def test_what_a_job_holds_on_its_device_before_it_trains():
+    """``Job.bytes_on_device``: its parameters and buffers, each storage once
+    (tied weights), and its batches already there less the largest, which
+    its step counts as its input."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 8))
+    model[2].weight = model[0].weight  # tied: one storage, counted once
+    data = [(torch.randn(4, 8), torch.randint(0, 8, (4,))) for _ in range(3)]
+    job = ww.Job(model, loss_fn=F.cross_entropy,
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data=data)
+    params = (8 * 8 + 8 + 8) * 4 + (8 + 8 + 8 + 8) * 4 + 8  # weights, biases; BatchNorm's
+    batch = 4 * 8 * 4 + 4 * 8
+    assert job.bytes_on_device() == params + 2 * batch

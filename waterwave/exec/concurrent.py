@@ -87,7 +87,7 @@ from ..pipeline.schedules import (
     Schedule,
 )
 from ..pipeline.session_choice import Choice, MeasuredAlone, choose
-from . import ctrl_c
+from . import awaiting_jobs, ctrl_c
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
@@ -152,6 +152,7 @@ class ConcurrentTrainer(SettingsView):
         if any(m.job is job for m in self.members):
             raise ValueError(f"{job!r} is already training here")
         self.members.append(PipelinedJob(job, self.settings))
+        awaiting_jobs.trained(job)  # the trainer's hold counts it from here on
         self._forget_choice()
         self._hold_between_runs()
 

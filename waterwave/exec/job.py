@@ -108,6 +108,11 @@ class Job:
         self._step_fn: CapturedStep | None = None  # captured when a plan first needs it
         # The example batch's key, which capture_for matches (every capture has that batch)
         self._example_key = None
+        if device is not None and device.type == "cuda":
+            # Its model and batches there are taken while it is captured and
+            # until it first trains (awaiting_jobs): a running feed's budget
+            # would count them as free.
+            training_session(device).job_made(self, self.bytes_on_device())
         if device is None or device.type != "cpu" or training_session("cpu").plans:
             self._capture_first()
         # Batches of other shapes (a short last batch) or non-tensor values:
@@ -124,6 +129,16 @@ class Job:
         # capture of it could train
         self.eager_steps = 0
         self._stream = None
+
+    def bytes_on_device(self) -> int:
+        """What its model (parameters and buffers, each storage once) and its
+        data's batches (``BatchFeed.resident_bytes``) hold on its device."""
+        seen, total = set(), 0
+        for t in (*self._model.parameters(), *self._model.buffers()):
+            if t.device == self._device and t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+        return total + (self.batches.resident_bytes() if self.batches is not None else 0)
 
     def train(self, steps: int, session=None) -> list[float]:
         """Train ``steps`` steps on the job's next batches, beside every other

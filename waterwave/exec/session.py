@@ -56,7 +56,7 @@ from ..pipeline.pairing import MemoryPairing
 from ..pipeline.pass_profile import GPU_MARGIN
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
-from . import ctrl_c
+from . import awaiting_jobs, ctrl_c
 from .between_calls import BetweenCalls
 from .job_loop import Measure, MemoryProbe, run_free, run_job
 from .pipeline_settings import PipelineSettings, SettingsView
@@ -170,6 +170,7 @@ class TrainingSession(SettingsView):
             member = self._pipelined.get(job)
             if member is None or not member.current:
                 member = self._pipelined[job] = PipelinedJob(job, self.settings, self)
+            awaiting_jobs.trained(job)  # counted as the session's job from here on
             if self.plan_schedule.pairing == MEMORY:
                 refuse_past_limit(self.memory_limit, [member])
             feed = self._feed
@@ -266,7 +267,8 @@ class TrainingSession(SettingsView):
         available = probe.available()
         members = min(before, ledger.share_stats()["members_live"])
         return (available + sum(m.held() for m in list(self._pipelined.values()))
-                + sum(hold.bytes for hold in list(self._trainers.values())) + members)
+                + sum(hold.bytes for hold in list(self._trainers.values())) + members
+                + awaiting_jobs.held_on(self.device))
 
     def _limit(self) -> int | None:
         if self.plan_schedule.pairing == FREE:
@@ -340,6 +342,15 @@ class TrainingSession(SettingsView):
                     "job.train")
             self._sharing[id(member)] = member
 
+    def job_made(self, job, nbytes: int) -> None:
+        """``job`` was made on this GPU and holds ``nbytes`` there before its
+        first step: counted as taken until it trains (``awaiting_jobs``)."""
+        awaiting_jobs.expect(job, self.device, nbytes)
+        with self._lock:
+            if self._feed is not None:
+                self._feed.set_limit(*self._budget(self._feed))
+            self._share_budget_locked()
+
     def probe_sharing_budget(self) -> None:
         """A member's pass starts: on a GPU without a limit, the members'
         budget is probed again. Memory a thread takes outside every block (a
@@ -403,7 +414,8 @@ class TrainingSession(SettingsView):
         inside = {id(m) for m, f in self._members.values() if f is feed}
         return sum(m.held() + m.reserve() for m in list(self._pipelined.values())
                    if id(m) not in inside) + sum(
-            hold.bytes for t, hold in list(self._trainers.items()) if t is not trainer)
+            hold.bytes for t, hold in list(self._trainers.items()) if t is not trainer) + (
+            awaiting_jobs.held_on(self.device))
 
     def _count_training_locked(self) -> None:
         running = sum(hold.running for hold in list(self._trainers.values()))
