@@ -135,17 +135,19 @@ bench: build
 # benchmark (bench/gpu_check.py lists them), their figures under $(RESULTS)
 # with the device named, within $(GPU_BUDGET_MIN) minutes. It refuses to run
 # without a GPU rather than skip everything. bench-gpu: the benchmarks alone.
-# Through the device tool (10-minute calls, files back from $OUT):
-#   make gpu-check SYSTEM_PYTHON=python3 RESULTS=$OUT GPU_BUDGET_MIN=9
+# Through the device tool (10-minute calls; 8 files at most come back from
+# $OUT, so GPU_PACK packs them all into one, rewritten after each part):
+#   make gpu-check SYSTEM_PYTHON=python3 RESULTS=/tmp/gpu GPU_PACK=$OUT/gpu_check.tgz
 # GPU_PARTS="concurrent trainer": only the parts whose names hold one of
 # these words (what an earlier check's budget left out); GPU_TESTS=sharing:
 # only the GPU tests pytest -k selects (GPU_PARTS="pytest Optuna"
 # GPU_TESTS=sharing: the sharing tests and the Optuna searches).
 RESULTS ?= bench/results
-GPU_BUDGET_MIN ?= 25
+GPU_BUDGET_MIN ?= 9
 gpu-check: build
 	$(PY) bench/gpu_check.py --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN) \
-		$(if $(GPU_PARTS),--only $(GPU_PARTS)) $(if $(GPU_TESTS),--tests '$(GPU_TESTS)')
+		$(if $(GPU_PARTS),--only $(GPU_PARTS)) $(if $(GPU_TESTS),--tests '$(GPU_TESTS)') \
+		$(if $(GPU_PACK),--pack $(GPU_PACK))
 
 bench-gpu: build
 	$(PY) bench/gpu_check.py --benchmarks-only --out $(RESULTS) --budget-min $(GPU_BUDGET_MIN)

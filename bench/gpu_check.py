@@ -6,12 +6,14 @@ for the session that is lent a GPU.
 Runs, in this order, each as a child process with its time measured:
 
 1. ``pytest -m gpu``: every test marked ``gpu`` (allocator, torch's memory
-   functions under it, CuPy, the concurrent trainer);
-2. the GPU benchmarks (``make bench-gpu`` runs these alone): how far rounding
-   moves float16 Adam, eagerly and through ``job.train`` (short, so first);
-   allocator cost inside PyTorch, training under each allocator and the
-   planner, concurrent jobs under 12 GiB, the ConcurrentTrainer's largest
-   batch).
+   functions under it, CuPy, the concurrent trainer, sharing);
+2. the GPU benchmarks (``make bench-gpu`` runs these alone): the measured
+   Optuna searches (trials per hour, what the project is for: first, so
+   that a short budget still measures them), how far rounding moves
+   float16 Adam, eagerly and through ``job.train``, a recorded step through
+   each policy, allocator cost inside PyTorch, training under each
+   allocator, concurrent jobs under 12 GiB, the ConcurrentTrainer's largest
+   batch.
 
 The GPU machines reach no package index, and their Python lacks Optuna, so
 the tests of a study on the GPU would skip. ``make gpu-wheels`` (here, with
@@ -31,7 +33,7 @@ output in ``gpu_tests.log`` and each benchmark's in ``gpu_part_<name>.log``
 files). ``--only WORD ...`` runs the parts whose names hold one of the
 words (``--only concurrent``: what a previous check's budget left out);
 ``--tests EXPR`` runs the GPU tests pytest's ``-k EXPR`` selects. A
-part still running when the budget (25 minutes by default) is spent is
+part still running when the budget (9 minutes by default) is spent is
 stopped and reported as such, so the whole ends within the budget. Without a CUDA GPU it says so and exits 2 before
 running anything: a GPU check that skips everything proves nothing.
 
@@ -59,6 +61,13 @@ def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
         ("GPU tests (pytest -m gpu)",
          [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
           *(["-k", tests] if tests else [])]),
+        # What the project is for, trials per hour, right after the tests: a
+        # budget that ends sooner (a 10-minute call) still measures it.
+        ("an Optuna search of small trials, four ways",
+         [py, "bench/concurrent/search_measured.py", "--family", "small", "--out", str(out)]),
+        ("an Optuna search of memory-bound trials, four ways",
+         [py, "bench/concurrent/search_measured.py", "--family", "memory-bound",
+          "--out", str(out)]),
         ("rounding spread of float16 Adam",
          [py, "bench/rounding_spread.py", "--device", "cuda",
           "--out", str(out / "rounding_spread_cuda.json")]),
@@ -78,11 +87,6 @@ def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
         ("concurrent jobs under 12 GiB", [py, "bench/concurrent/gpu.py", "--out", str(out)]),
         ("ConcurrentTrainer's largest batch",
          [py, "bench/concurrent/trainer_gpu.py", "--out", str(out)]),
-        ("an Optuna search of small trials, four ways",
-         [py, "bench/concurrent/search_measured.py", "--family", "small", "--out", str(out)]),
-        ("an Optuna search of memory-bound trials, four ways",
-         [py, "bench/concurrent/search_measured.py", "--family", "memory-bound",
-          "--out", str(out)]),
     ]
 
 
@@ -181,12 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--benchmarks-only", action="store_true",
                     help="the benchmarks without the GPU tests (make bench-gpu)")
-    ap.add_argument("--budget-min", type=float, default=25.0,
-                    help="stop whatever still runs after this many minutes (default 25)")
+    ap.add_argument("--budget-min", type=float, default=9.0,
+                    help="stop whatever still runs after this many minutes (default 9: one "
+                         "10-minute call of the device tool, the build before it)")
     ap.add_argument("--only", nargs="+", metavar="WORD",
                     help="only the parts whose names hold one of these words (case ignored)")
     ap.add_argument("--tests", metavar="EXPR",
                     help="only the GPU tests pytest -k EXPR selects (make gpu-check GPU_TESTS=)")
+    ap.add_argument("--pack", metavar="FILE",
+                    help="also write everything under --out into this .tgz after each part "
+                         "(the device tool brings back 8 files of $OUT at most: "
+                         "make gpu-check RESULTS=/tmp/gpu GPU_PACK=$OUT/gpu_check.tgz)")
     ap.add_argument("--wheels", default=str(ROOT / "build" / "gpu-wheels"),
                     help="wheels of the extras to install first when missing "
                          "(make gpu-wheels; default build/gpu-wheels)")
@@ -231,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             print(log_path.read_text(errors="replace")[-4000:], flush=True)
         report["parts"].append({"part": name, "status": status,
                                 "seconds": round(time.monotonic() - start, 1)})
-        write_report(report, out)
-    write_report(report, out)
+        write_report(report, out, args.pack)
+    write_report(report, out, args.pack)
     return 0 if all(p["status"] == "passed" for p in report["parts"]) else 1
 
 
-def write_report(report: dict, out: Path) -> None:
+def write_report(report: dict, out: Path, pack: str | None = None) -> None:
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# gpu-check on one {report['device']}", "",
              f"Measured by `make gpu-check` on {report['date']}, torch {report['torch']}, within "
@@ -248,6 +257,12 @@ def write_report(report: dict, out: Path) -> None:
     lines += [f"| {p['part']} | {p['status']} | {p['seconds']} |" for p in report["parts"]]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-len(report["parts"]) - 2:]), flush=True)
+    if pack:  # all of it as one file, rewritten with the report (a stopped run keeps it)
+        import tarfile
+
+        with tarfile.open(f"{pack}.part", "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        os.replace(f"{pack}.part", pack)
 
 
 if __name__ == "__main__":

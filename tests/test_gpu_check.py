@@ -31,6 +31,8 @@ def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
     assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py",
             "bench/concurrent/search_measured.py"} <= benches
     assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)
+    # Trials per hour right after the tests: a short budget still measures them.
+    assert all(c.startswith("bench/concurrent/search_measured.py") for c in commands[1:3])
     assert "-k" not in commands[0]
     # --tests: the GPU tests pytest -k selects (the others' commands unchanged).
     chosen = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path, "sharing")]
@@ -71,6 +73,25 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
     # What a part stopped by the budget printed comes back in its log.
     assert (tmp_path / "gpu_part_slow.log").read_text() == "a first figure\n"
     assert not (tmp_path / "gpu_part_late.log").exists()
+
+
+def test_pack_brings_every_file_back_as_one_after_each_part(tmp_path, monkeypatch):
+    """--pack: the device tool brings 8 files of $OUT back at most, so every
+    file under --out goes into one .tgz, rewritten after each part (a call
+    stopped from outside keeps what the parts before wrote)."""
+    import tarfile
+
+    out, pack = tmp_path / "results", tmp_path / "back" / "gpu_check.tgz"
+    pack.parent.mkdir()
+    code, report = run_stand_in(monkeypatch, out, {
+        f"part {k}": f"open({str(out / f'figures_{k}.json')!r}, 'w').write('{{}}')"
+        for k in range(9)}, "--pack", str(pack))
+    assert code == 0 and len(report["parts"]) == 9
+    with tarfile.open(pack) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {f"figures_{k}.json" for k in range(9)} <= names
+    assert {"gpu_check.json", "gpu_check.md", "gpu_part_part_8.log"} <= names
+    assert list(pack.parent.iterdir()) == [pack]  # no partial file left beside it
 
 
 def test_only_runs_the_parts_named_and_refuses_a_word_no_part_holds(tmp_path, monkeypatch, capsys):
