@@ -258,10 +258,11 @@ class TrainingSession(SettingsView):
         if collect and now - self._collected_at >= COLLECT_EVERY_S:
             gc.collect()
             self._collected_at = time.monotonic()
-        # Members allocate and free while this reads: their bytes read before
-        # and after the allocator's, the fewer kept. A member's allocation in
-        # between then counts once (in neither reading), a free once (in
-        # both), so the budget errs small, never large.
+        # Members allocate and free while this reads: their bytes are read
+        # before and after the allocator's, the fewer kept. An allocation in
+        # between is gone from what the allocator can give and missing from
+        # the fewer: the budget comes out smaller by it. A free in between is
+        # in both: exact. Never larger than the truth.
         ledger = self.ledger()
         before = ledger.share_stats()["members_live"]
         available = probe.available()
