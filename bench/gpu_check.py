@@ -260,8 +260,10 @@ def write_report(report: dict, out: Path, pack: str | None = None) -> None:
     if pack:  # all of it as one file, rewritten with the report (a stopped run keeps it)
         import tarfile
 
+        skip = {Path(pack).resolve(), Path(f"{pack}.part").resolve()}  # a pack inside --out
         with tarfile.open(f"{pack}.part", "w:gz") as tar:
-            tar.add(out, arcname=out.name)
+            tar.add(out, arcname=out.name, filter=lambda info: None if (
+                out.parent / info.name).resolve() in skip else info)
         os.replace(f"{pack}.part", pack)
 
 

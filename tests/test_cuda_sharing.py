@@ -7,18 +7,11 @@ import threading
 
 import pytest
 from conftest import start_and_join
+from test_cuda_backend import MiB, S1, S2, use
 
 import waterwave as ww
 import waterwave.cuda as wc
 from waterwave import _C
-
-MiB = 1024**2
-S1, S2 = 0x1000, 0x2000  # stream handles (opaque to the allocator)
-
-
-def use(fake, policy="waterwave"):
-    wc.configure(policy, "", driver=fake.path)
-
 
 def sharing_members(n):
     """``n`` accounts of the CUDA runtime's ledger, each a sharing member

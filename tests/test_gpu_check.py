@@ -92,6 +92,11 @@ def test_pack_brings_every_file_back_as_one_after_each_part(tmp_path, monkeypatc
     assert {f"figures_{k}.json" for k in range(9)} <= names
     assert {"gpu_check.json", "gpu_check.md", "gpu_part_part_8.log"} <= names
     assert list(pack.parent.iterdir()) == [pack]  # no partial file left beside it
+    inside = out / "gpu_check.tgz"  # a pack inside --out leaves itself out
+    run_stand_in(monkeypatch, out, {"one": "pass", "two": "pass"}, "--pack", str(inside))
+    with tarfile.open(inside) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert "gpu_check.json" in names and not any(n.startswith("gpu_check.tgz") for n in names)
 
 
 def test_only_runs_the_parts_named_and_refuses_a_word_no_part_holds(tmp_path, monkeypatch, capsys):

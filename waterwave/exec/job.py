@@ -17,7 +17,7 @@ from ..capturing.optimizers import GradClip
 from .batches import BatchFeed
 from .between_calls import BetweenCalls
 from .session import TrainingSession, training_session, whole_steps
-from .sharing import sharing
+from .sharing import base_bytes, sharing
 from .step import CapturedStep, batches_per_step
 
 
@@ -131,14 +131,11 @@ class Job:
         self._stream = None
 
     def bytes_on_device(self) -> int:
-        """What its model (parameters and buffers, each storage once) and its
-        data's batches (``BatchFeed.resident_bytes``) hold on its device."""
-        seen, total = set(), 0
-        for t in (*self._model.parameters(), *self._model.buffers()):
-            if t.device == self._device and t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.untyped_storage().nbytes()
-        return total + (self.batches.resident_bytes() if self.batches is not None else 0)
+        """What its model (parameters and buffers, each storage once:
+        ``sharing.base_bytes``) and its data's batches
+        (``BatchFeed.resident_bytes``) hold on its device."""
+        data = self.batches.resident_bytes() if self.batches is not None else 0
+        return base_bytes(self._model, str(self._device)) + data
 
     def train(self, steps: int, session=None) -> list[float]:
         """Train ``steps`` steps on the job's next batches, beside every other

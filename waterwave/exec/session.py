@@ -170,7 +170,7 @@ class TrainingSession(SettingsView):
             member = self._pipelined.get(job)
             if member is None or not member.current:
                 member = self._pipelined[job] = PipelinedJob(job, self.settings, self)
-            awaiting_jobs.trained(job)  # counted as the session's job from here on
+                awaiting_jobs.trained(job)  # counted as the session's job from here on
             if self.plan_schedule.pairing == MEMORY:
                 refuse_past_limit(self.memory_limit, [member])
             feed = self._feed
