@@ -78,19 +78,20 @@ def build_c_library(source: str, out: Path, flags: tuple[str, ...] = ()) -> Path
     return out
 
 
-# A budget no test's jobs come near. With it the CPU's session plans its
-# jobs' steps (captured, cut into node groups, paired) as a GPU's session
-# does; without one it trains them eagerly (TrainingSession.plans), and a
-# test of the captured path would compare eager with eager.
+# A budget no test's jobs come near. With it and capture=True the CPU's
+# session plans its jobs' steps (captured, cut into node groups, paired) as
+# a capturing GPU session does; otherwise it trains them eagerly
+# (TrainingSession.captures), and a test of the captured path would compare
+# eager with eager.
 PLANNING_LIMIT = 1 << 40
 
 
 @pytest.fixture
 def cpu_session_plans():
-    """The CPU's training session plans while the test runs."""
-    session = ww.training_session("cpu", memory_limit=PLANNING_LIMIT)
+    """The CPU's training session captures and plans while the test runs."""
+    session = ww.training_session("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     yield session
-    session.configure(memory_limit=None)
+    session.configure(memory_limit=None, capture=False)
 
 
 @pytest.fixture(scope="session")

@@ -157,7 +157,7 @@ def test_a_job_between_calls_keeps_room_for_its_evaluation(monkeypatch):
     # Tensors an earlier test's failed trial left in reference cycles are
     # still some member's bytes in the CPU ledger until collected.
     gc.collect()
-    session = ww.TrainingSession("cpu", memory_limit=64 << 20)
+    session = ww.TrainingSession("cpu", memory_limit=64 << 20, capture=True)
     a, b = mlp_job(1, evaluation_memory=123_456), mlp_job(2)
     a.train(1, session=session)
     held_a = session.member(a).plan.persistent + 123_456
@@ -173,7 +173,7 @@ def test_each_call_plans_the_jobs_evaluation_room_past_its_last_group(monkeypatc
     """Each call joins the pairing with the room the job's evaluation takes
     once the call's steps end (``JobPlan.after``), which the pairing holds
     from the job's last group on (tests/test_concurrent.py's property test)."""
-    session = ww.TrainingSession("cpu", memory_limit=64 << 20)
+    session = ww.TrainingSession("cpu", memory_limit=64 << 20, capture=True)
     a, b = mlp_job(1, evaluation_memory=5 * MiB), mlp_job(2)
     plans = joined_plans(monkeypatch)
     a.train(2, session=session)
@@ -190,7 +190,7 @@ def test_measured_between_calls_on_the_job_thread_only(fake, monkeypatch):
     other threads' allocations meanwhile are not its."""
     use(fake)
     monkeypatch.setattr(BetweenCalls, "measurable", staticmethod(lambda on_cuda: True))
-    session = ww.TrainingSession("cpu", memory_limit=1 << 30)
+    session = ww.TrainingSession("cpu", memory_limit=1 << 30, capture=True)
     job = mlp_job(3)
     job.train(1, session=session)
     assert job.between.rise is None  # nothing measured yet: the step's peak is kept

@@ -100,7 +100,7 @@ def test_a_layer_unfrozen_and_frozen_again_trains_as_eager(kind):
     (eager, eager_opt), (model, opt) = both(lambda m: OPTIMIZERS[kind](m.parameters()), [0])
     reference = Eager(eager, eager_opt, batches)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=batches)
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     for thaw, steps in [(None, 2), (True, 3), (False, 2), (True, 2)]:
         if thaw is not None:
             for m in (eager, model):

@@ -279,7 +279,7 @@ def test_a_step_asked_for_without_gradients_is_refused(way):
         job = ww.Job(model, (X,), loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
 
         def step():
-            return job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+            return job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     else:
         step = dict(trainers(model))[way]
     before = [p.detach().clone() for p in model.parameters()]
@@ -312,7 +312,7 @@ def _step_of(way, model, loss=loss_fn):
         trainer = ww.optimize(model, (X,), loss, opt)
         return lambda: trainer.step(X)
     job = ww.Job(model, (X,), loss, opt)
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     return lambda: job.train(1, session=session)
 
 
@@ -368,7 +368,7 @@ def test_a_loss_modules_setting_is_guarded_too():
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     job = ww.Job(model, (X,), criterion, torch.optim.SGD(model.parameters(), lr=0.01),
                  targets=torch.zeros(8, dtype=torch.long))
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     job.train(1, session=session)
     criterion.label_smoothing = 0.2
     with pytest.raises(StaleCaptureError, match=r"loss_fn\.label_smoothing is 0\.2 now; it was 0\.1"):

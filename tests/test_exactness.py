@@ -135,7 +135,7 @@ def eager(model, spec, data, steps, change_at):
 def assert_trains_as_eager(job, losses, eager_opt, got_losses) -> None:
     """The job's losses, parameters and optimizer state are eager's."""
     torch.testing.assert_close(got_losses, losses, rtol=1e-5, atol=1e-6)
-    ours = job.step_fn.optimizer
+    ours = job.optimizer
     for a, b in zip([p for g in eager_opt.param_groups for p in g["params"]],
                     [p for g in ours.param_groups for p in g["params"]]):
         torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-5, atol=1e-6)
@@ -158,7 +158,7 @@ def test_jobs_together_train_exactly_as_each_alone(specs, schedule, steps, data)
     trainer.run(change_at)
     if change_at < steps:
         for job, spec in zip(jobs, specs):
-            change_lr(job.step_fn.optimizer, spec)
+            change_lr(job.optimizer, spec)
         trainer.run(steps - change_at)
     for job, (losses, eager_opt), spec in zip(jobs, expected, specs):
         assert job.error is None, (spec, job.error)

@@ -266,7 +266,7 @@ def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)
     jobs = two_jobs(ww)
-    session = ww.TrainingSession("cuda:0")
+    session = ww.TrainingSession("cuda:0", capture=True)  # the pipeline's steps, measured
     from waterwave.exec.pipelined_job import PipelinedJob
     one_step = PipelinedJob(jobs[0], session.settings).partition.peak
     session.configure(memory_limit=sum(j.persistent_bytes() for j in jobs) + int(1.5 * one_step))
@@ -339,6 +339,7 @@ def test_what_a_script_changes_between_epochs_is_followed_on_the_gpu():
     out = run(script + textwrap.dedent("""
     import waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    ww.training_session("cuda:0", capture=True)  # captured steps, a capture per variant
     losses = fine_tune(job)
     torch.cuda.synchronize()
     wc.check_invariants(0)

@@ -377,7 +377,7 @@ def test_a_loader_failing_before_a_step_began_lets_the_next_call_go_on():
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
                for _ in range(4)]
     job = _mlp_job(0, FlakyLoader(batches))
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     with pytest.raises(OSError, match="file not found"):
         job.train(5, session=session)
     assert len(job.losses) == 2  # the two steps before the loader failed
@@ -396,7 +396,7 @@ def test_a_limit_below_one_step_alone_is_refused():
     data = [(torch.randn(8, 16), torch.randint(0, 4, (8,)))]
     job = _mlp_job(0, data)
     with pytest.raises(ValueError, match="below one step of job"):
-        job.train(1, session=ww.TrainingSession("cpu", memory_limit=1))
+        job.train(1, session=ww.TrainingSession("cpu", memory_limit=1, capture=True))
     assert job.losses == [] and not job.failed
     job = _mlp_job(0, data)
     with pytest.raises(ValueError, match="below one step of job"):
@@ -408,12 +408,12 @@ def test_a_replaced_parameter_names_the_fix_that_fits():
     import torch
 
     job = _mlp_job(0, [(torch.randn(8, 16), torch.randint(0, 4, (8,)))])
-    job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     job.model[0].weight = torch.nn.Parameter(torch.randn(32, 16))
     from waterwave.capturing import CaptureError
 
     with pytest.raises(CaptureError, match="Copy the new values in place"):
-        job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+        job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
 
 
 def test_a_layer_appended_between_calls_trains_as_eager():
@@ -427,7 +427,7 @@ def test_a_layer_appended_between_calls_trains_as_eager():
     job = _mlp_job(0, data)
     ref = copy.deepcopy(job.model)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     losses = job.train(2, session=session)
     torch.manual_seed(7)
     job.model.append(torch.nn.Tanh())

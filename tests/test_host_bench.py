@@ -177,7 +177,8 @@ def test_the_measured_search_runs_each_way_and_reports(tmp_path):
     res = json.loads((tmp_path / "search_measured_small.json").read_text())
     assert "CPU" in res["measured"]
     assert [row["way"] for row in res["rows"]] == [
-        "one at a time", "side by side (PyTorch)", "ww.sharing", "job.train"]
+        "one at a time", "side by side (PyTorch)", "ww.sharing", "job.train",
+        "job.train (captured)"]
     for row in res["rows"]:
         assert row["trained"] + row["ooms"] == 2 and row["ooms"] == 0
         assert row["trials_per_hour"] > 0 and row["jobs"] == (1 if row["way"] == "one at a time"

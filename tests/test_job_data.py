@@ -140,7 +140,7 @@ def test_a_batch_larger_than_the_first_trains_eagerly():
     expected = eager_losses(reference, torch.optim.SGD(reference.parameters(), lr=0.1), data * 2)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                  data=data)
-    assert job.train(4, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)) == expected
+    assert job.train(4, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)) == expected
     assert job.stats() == {"steps": 4, "eager_steps": 2, "captures": 1}
     for a, b in zip(reference.parameters(), model.parameters()):
         assert torch.equal(a, b)
@@ -273,7 +273,7 @@ def test_a_model_returning_a_named_tuple_gives_the_loss_its_output_as_returned()
     data = list(DataLoader(dataset(n=16), batch_size=8))
     job = ww.Job(model, loss_fn=loss, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                  data=data)
-    got = job.train(4, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    got = job.train(4, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     opt, expected = torch.optim.SGD(reference.parameters(), lr=0.1), []
     for i in range(4):
         x, y = data[i % 2]
@@ -309,7 +309,7 @@ def test_training_in_eval_mode_follows_the_modes_set_when_train_is_called():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data)
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     plan = [("train", 2), ("eval", 2), ("bn-frozen", 2), ("train", 1)]
     got, expected, i = [], [], 0
     for mode, n in plan:
@@ -415,7 +415,7 @@ def test_random_operators_and_shuffling_draw_from_torchs_generator_as_eager():
     after_eager = torch.get_rng_state()
     torch.manual_seed(7)  # before the Job, which draws the first epoch's order when made
     job = ww.Job(model, loss_fn=loss_fn, optimizer=MAKERS[1](model), data=loader)
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     got = [loss for _ in range(3) for loss in job.train(len(loader), session=session)]
     assert got == expected
     assert torch.equal(torch.get_rng_state(), after_eager)

@@ -68,7 +68,7 @@ def test_gradient_accumulation_over_k_batches_trains_as_the_eager_loop(how):
         ww.ConcurrentTrainer([job], memory_limit=1 << 20).run(4)
         got = job.losses
     else:
-        got = job.train(2, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)) + job.train(2)
+        got = job.train(2, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)) + job.train(2)
     assert job.error is None and len(got) == 4
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     for a, b in zip(reference.parameters(), model.parameters()):
@@ -110,7 +110,7 @@ def test_mixed_precision_runs_the_forward_pass_in_autocast_as_eager(dtype):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data, autocast_dtype=dtype)
     assert any("bfloat16" in n.op or n.op.startswith("aten._to_copy") for n in job.graph.nodes)
-    got = job.train(5, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    got = job.train(5, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     assert got == expected
     for a, b in zip(reference.parameters(), model.parameters()):
         assert torch.equal(a, b)
@@ -120,7 +120,7 @@ def test_mixed_precision_runs_the_forward_pass_in_autocast_as_eager(dtype):
                data=data, autocast_dtype=torch.float64)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast around train(): the fix named
         with pytest.raises(ww.capturing.guards.StaleCaptureError, match="autocast_dtype="):
-            job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+            job.train(1, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
 
 
 def test_optimize_and_capture_take_autocast_too():
@@ -154,7 +154,7 @@ def test_a_batch_the_model_cannot_take_raises_as_the_eager_loop_would():
     job = ww.Job(model, loss_fn=loss_fn, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                  data=data)
     with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(4x7 and 16x"):
-        job.train(2, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+        job.train(2, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
 
 
 SCALED = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
@@ -213,7 +213,7 @@ def test_a_grad_scaler_scales_skips_and_updates_as_eager_without_a_host_sync(kin
     else:
         job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data,
                      autocast_dtype=torch.float16, grad_scaler=our_scaler, clip_grad_norm=1.0)
-        got = job.train(7, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+        got = job.train(7, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     torch.testing.assert_close(got, expected, equal_nan=True)
     assert our_scaler.get_scale() == ref_scaler.get_scale()
     assert our_scaler.state_dict() == ref_scaler.state_dict()
@@ -265,7 +265,7 @@ def test_steps_a_grad_scaler_skipped_leave_no_optimizer_state_as_eager_leaves_no
     else:
         job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data,
                      autocast_dtype=torch.float16, grad_scaler=our_scaler)
-        session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+        session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
 
         def train_one(i):
             return job.train(1, session=session)[0]

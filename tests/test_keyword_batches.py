@@ -85,7 +85,7 @@ def assert_same_training(job, losses, opt, reference):
     torch.testing.assert_close(job.losses, losses, rtol=1e-5, atol=1e-6)
     for a, b in zip(job.model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for a, b in zip(job.step_fn.optimizer.state.values(), opt.state.values()):
+    for a, b in zip(job.optimizer.state.values(), opt.state.values()):
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"], rtol=1e-5, atol=1e-6)
 
 

@@ -27,7 +27,7 @@ def test_every_optimizer_matches_torchs_step_bit_for_bit(kind):
     model = net()
     opt = OPTIMIZERS[kind](model.parameters())
     job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs])
-    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a, b), (kind, name, (a - b).abs().max().item())
     for a, b in zip(eager.parameters(), model.parameters()):
@@ -60,7 +60,7 @@ def test_parameters_of_every_float_type_update_as_torchs_step(dtype, kind):
     opt = make(model.parameters())
     eager_steps(eager, eager_opt, xs)
     job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs])
-    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     assert all(torch.isfinite(p).all() for p in eager.parameters())
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a, b), (name, (a.double() - b.double()).abs().max().item())
@@ -87,7 +87,7 @@ def test_device_counted_steps_serve_every_float_type(kind, dtype):
         scalers[0].step(eager_opt)
         scalers[0].update()
     job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs], grad_scaler=scalers[1])
-    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a, b), (name, (a.double() - b.double()).abs().max().item())
     assert scalers[0].get_scale() == scalers[1].get_scale()
@@ -119,7 +119,7 @@ def test_complex_parameters_update_as_torchs_step(kind):
     eager_opt, opt = OPTIMIZERS[kind](eager.parameters()), OPTIMIZERS[kind](model.parameters())
     eager_steps(eager, eager_opt, xs)
     job = ww.Job(model, (xs[0],), loss_fn, opt, data=[(x,) for x in xs])
-    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+    job.train(len(xs), session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
 
     def identical(a, b):  # bit for bit, NaN where eager's is (SGD maximizing runs away)
         torch.testing.assert_close(torch.as_tensor(b), torch.as_tensor(a), rtol=0, atol=0,

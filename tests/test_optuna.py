@@ -126,7 +126,7 @@ def test_study_with_four_jobs_and_a_pruner_trains_each_trial_as_eager():
 
 
 def test_a_failing_trial_fails_alone_and_the_study_goes_on():
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=2))
     # The batch of the wrong width runs eagerly (no capture can train it) and
     # fails as the eager loop fails: PyTorch's RuntimeError, caught by Optuna.

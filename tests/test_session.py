@@ -74,13 +74,15 @@ def run_in_threads(fns):
 @settings(max_examples=10)
 @given(specs=st.lists(job_specs(), min_size=1, max_size=4).filter(lambda s: len(s) in (1, 2, 4)),
        limit=st.sampled_from([None, 64 << 10, 1 << 30]),
-       schedule=st.sampled_from(["waterwave", "lockstep"]), data=st.data())
-def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, schedule, data):
+       schedule=st.sampled_from(["waterwave", "lockstep"]), capture=st.booleans(),
+       data=st.data())
+def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, schedule, capture,
+                                                                 data):
     """Each job on its own thread, in 1-3 calls of 1-3 steps with the learning
     rate changed between calls (and, fine-tuning, the first layer thawed
     after the first call: a new capture); the jobs join and leave whenever
     their calls begin and end (a tight limit makes them take turns)."""
-    session = ww.TrainingSession("cpu", memory_limit=limit, schedule=schedule)
+    session = ww.TrainingSession("cpu", memory_limit=limit, schedule=schedule, capture=capture)
     jobs, expected, calls = [], [], []
     for k, spec in enumerate(specs):
         model, batches = model_and_data(k, spec)
@@ -96,7 +98,7 @@ def test_threads_calling_train_each_train_exactly_as_eager_alone(specs, limit, s
         for i, n in enumerate(c):
             thaw(job.model, spec, i)
             if i:
-                change_lr(job.step_fn.optimizer, spec)
+                change_lr(job.optimizer, spec)
             losses += job.train(n, session=session)
         return losses
 
@@ -122,9 +124,9 @@ def test_a_job_joins_while_another_trains_and_evaluates_between_calls():
     """A long job trains while a second calls train(2) three times with eager
     evaluation and a scheduler between: both train as eager, the second
     joins and leaves three times, and the session is empty after."""
-    session = ww.TrainingSession("cpu", memory_limit=256 << 10)
+    session = ww.TrainingSession("cpu", memory_limit=256 << 10, capture=True)
     long_job, short_job = mlp_job(1, name="long"), mlp_job(2, name="short")
-    sched = torch.optim.lr_scheduler.StepLR(short_job.step_fn.optimizer, step_size=1, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(short_job.optimizer, step_size=1, gamma=0.5)
     seen_training = []
 
     def short():
@@ -165,7 +167,7 @@ def test_a_job_joins_while_another_trains_and_evaluates_between_calls():
 
 
 def test_a_job_that_fails_raises_in_its_own_call_and_the_others_finish():
-    session = ww.TrainingSession("cpu", memory_limit=256 << 10)
+    session = ww.TrainingSession("cpu", memory_limit=256 << 10, capture=True)
     good = mlp_job(3, name="good")
     bad = mlp_job(4, name="bad")
     bad.batches.data.append((torch.randn(8, 5), torch.randint(0, 4, (8,))))  # wrong width
@@ -180,7 +182,7 @@ def test_a_job_that_fails_raises_in_its_own_call_and_the_others_finish():
 
 
 def test_one_job_from_two_threads_at_once_is_refused():
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     job = mlp_job(5)
     started = threading.Event()
     original = job.next_batch
@@ -200,7 +202,7 @@ def test_one_job_from_two_threads_at_once_is_refused():
 @pytest.mark.parametrize("steps", [0, -1, 1.5, True, "3", None])
 def test_steps_must_be_a_whole_number(steps):
     with pytest.raises(ValueError, match="whole number of steps"):
-        mlp_job(6).train(steps, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT))
+        mlp_job(6).train(steps, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True))
 
 
 @pytest.mark.parametrize("settings_, message", [
@@ -286,7 +288,7 @@ def test_ctrl_c_reaches_a_session_made_directly_too():
     user made and passed to ``train``, not only the devices' sessions."""
     from waterwave.exec.session import interrupt_all
 
-    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     job = mlp_job(9)
     caught = {}
 
@@ -385,7 +387,7 @@ def test_recurrent_layers_train_as_eager(layer):
         opts[0].step()
         losses.append(loss.item())
     job = ww.Job(by_job, loss_fn=cross_entropy, optimizer=opts[1], data=data)
-    assert job.train(6, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)) == losses
+    assert job.train(6, session=ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)) == losses
     trainer = ww.optimize(by_optimize, (data[0][0],), cross_entropy, opts[2],
                           example_targets=(data[0][1],))
     assert [trainer.step(x, targets=(y,)).item() for x, y in data * 2] == losses

@@ -41,7 +41,7 @@ def test_a_captured_job_and_sharing_members_train_in_one_session(session):
         loss.backward()
         ref_opt.step()
         ref_losses.append(loss.item())
-    session.configure(memory_limit=64 << 20)
+    session.configure(memory_limit=64 << 20, capture=True)
     job = ww.Job(net, (x,), F.cross_entropy, torch.optim.SGD(net.parameters(), lr=0.05),
                  targets=(y,))
     model, data = wide_member(1, batch=128)
@@ -152,7 +152,7 @@ def test_a_job_meeting_batches_it_has_not_captured_runs_them_eagerly_as_a_member
         nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
         ref_opt.step()
         expected.append(((losses[0] + losses[1]) / 2).item())
-    session.configure(memory_limit=64 << 20)
+    session.configure(memory_limit=64 << 20, capture=True)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     job = ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=data,
                  accumulate_grad_batches=2, clip_grad_norm=0.5, autocast_dtype=torch.bfloat16)

@@ -89,7 +89,7 @@ def test_a_job_is_captured_when_a_plan_first_needs_it_and_goes_on_as_eager(unpla
     model, reference = net(1), net(1)
     opt, ref_opt = OPTIMIZERS[optimizer](model), OPTIMIZERS[optimizer](reference)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=data)
-    planned = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    planned = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     losses = job.train(2) + job.train(3, session=planned)
     assert job.captured and job.stats()["captures"] == 1
     losses += job.train(2)
@@ -127,7 +127,7 @@ def test_a_step_no_capture_can_take_trains_unplanned_and_is_refused_when_planned
     losses = job.train(4)
     assert losses == eager(reference, torch.optim.SGD(reference.parameters(), lr=0.1), data, 4)
     kept = copy.deepcopy(model.state_dict())
-    planned = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+    planned = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture=True)
     with pytest.raises(CaptureError, match="value"):
         job.train(1, session=planned)
     assert len(job.losses) == 4 and not job.failed  # nothing ran: the model as it was

@@ -14,7 +14,12 @@ allocator counts the sharing trials):
   of memory fails (``catch``), as in a user's study, and is counted;
 - ``ww.sharing``: Waterwave's allocator, ``n_jobs=K``, each epoch's loop
   in ``with ww.sharing(model):`` under the session's ``memory_limit``;
-- ``job.train``: Waterwave's allocator, ``n_jobs=K``, an epoch a call.
+- ``job.train``: Waterwave's allocator, ``n_jobs=K``, an epoch a call, as
+  the session runs it by default: each call's steps eager, one
+  ``ww.sharing`` block;
+- ``job.train (captured)``: the same in a session that captures each
+  trial's step and pipelines it (``capture=True``). The H200's figures of
+  2026-11-27 named ``job.train`` were of this way, the default then.
 
 Each trial builds its model (resnet18 on 32x32 images at batch 128, or
 resnet50 on 224x224 at batch 64 under a 12 GiB cap: ``--family``) and an
@@ -47,7 +52,9 @@ for path in (ROOT, HERE):
 
 from search import FAMILIES, accuracy  # noqa: E402
 
-WAYS = ("one at a time", "side by side (PyTorch)", "ww.sharing", "job.train")
+WAYS = ("one at a time", "side by side (PyTorch)", "ww.sharing", "job.train",
+        "job.train (captured)")
+JOB_WAYS = ("job.train", "job.train (captured)")
 
 
 def child(way: str, args) -> dict:
@@ -60,7 +67,7 @@ def child(way: str, args) -> dict:
     family = FAMILIES[args.family]
     device = torch.device(args.device)
     ww = None
-    if way in ("ww.sharing", "job.train"):
+    if way == "ww.sharing" or way in JOB_WAYS:
         import waterwave as ww
 
         if device.type == "cuda":
@@ -74,12 +81,13 @@ def child(way: str, args) -> dict:
     if ww is not None:
         # On a GPU the session's budget is then what the allocator can still
         # give under that cap; the CPU has no cap but the session's limit.
-        # On the CPU without one a session plans nothing: job.train's way gets
-        # a budget far above its trials, so that it captures and plans as on a GPU.
-        cpu_limit = (family.memory_limit if family.memory_limit is not None or way != "job.train"
-                     else 1 << 40)
+        # On the CPU without one a session counts nothing: job.train's way gets
+        # a budget far above its trials, so that its jobs share it as on a GPU.
+        cpu_limit = (family.memory_limit if family.memory_limit is not None
+                     or way not in JOB_WAYS else 1 << 40)
         ww.training_session(args.device).configure(
-            memory_limit=None if device.type == "cuda" else cpu_limit)
+            memory_limit=None if device.type == "cuda" else cpu_limit,
+            capture=way == "job.train (captured)")
     side = family.side if device.type == "cuda" else 16
     batch = family.batch if device.type == "cuda" else 4
 
@@ -104,7 +112,7 @@ def child(way: str, args) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
         data = batches(trial.number)
         job = (ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=data)
-               if way == "job.train" else None)
+               if way in JOB_WAYS else None)
         acc = None
         for epoch in range(1, args.epochs + 1):
             model.train()

@@ -3,11 +3,14 @@ the CPU: the trials of a digits-sized search (MLPs of widths 64-256 and 1-3
 hidden layers, SGD with momentum at a trial's own learning rate, batch 64,
 ``--epochs`` epochs of 22 batches), each built and trained from scratch, one
 trial at a time and ``--jobs`` at once from threads (as Optuna's ``n_jobs``
-runs them). Two ways through ``job.train``: in the CPU's session as it
-comes, which plans nothing and so trains each step eagerly, capturing
-nothing (``job.train``); and in one given a budget (``memory_limit``, far
-above what the trials hold), which captures each trial's step and plans it,
-as a GPU's session does (``job.train, planned``).
+runs them). Three ways through ``job.train``: in the CPU's session as it
+comes, which has no budget, so counts nothing and trains each step eagerly
+(``job.train``); in one given a budget (``memory_limit``, far above what
+the trials hold), where each call's steps run eagerly as a
+``waterwave.sharing`` member, counted under the budget, as a GPU's session
+runs them by default (``job.train, shared``); and in one with the budget
+and ``capture=True``, which captures each trial's step and plans it
+(``job.train, planned``).
 
     python bench/concurrent/trial_cost.py [--trials 12] [--epochs 8] [--jobs 4] [--repeats 3]
                                           [--out bench/results]
@@ -38,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search_measured import child_env  # noqa: E402  (one way to start a way's process)
-MODES = ("eager", "job.train", "job.train, planned")
+MODES = ("eager", "job.train", "job.train, shared", "job.train, planned")
 PLANNING_LIMIT = 1 << 40  # a budget the trials never come near: the session plans
 
 
@@ -93,8 +96,9 @@ def run_mode(mode: str, trials: int, epochs: int, jobs: int, warm: bool = False)
     if mode != "eager":
         import waterwave as ww  # imported before the clock, as a user's script does
 
-        if mode == "job.train, planned":
-            session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT)
+        if mode != "job.train":
+            session = ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT,
+                                         capture=mode == "job.train, planned")
     if warm:
         trial(32, 1, 0.01)
     todo = list(configs(trials))

@@ -35,9 +35,11 @@ class Job:
     ``labels`` returns it), else the sum of its output. The step is captured on
     ``example_inputs``, else on the data's first batch (which is then trained
     on first), when a plan first needs it: as the Job is made where its
-    device's session plans (a GPU, or a ``memory_limit``), else when a
-    session that plans first trains it (``captured``). A session that plans
-    nothing trains its steps eagerly, each as its own loop would.
+    device's session captures (``training_session(capture=True)``), else
+    when a ``ConcurrentTrainer`` or a capturing session first trains it
+    (``captured``). A session that captures nothing (the default) trains its
+    steps eagerly, each as its own loop would: with a budget (a GPU, or a
+    ``memory_limit``) as a ``waterwave.sharing`` member.
     ``clip_grad_norm`` and ``clip_grad_value`` clip the gradients before each update, as
     ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` over the
     model's parameters would (``clip_grad_norm_type``: the norm's order,
@@ -113,7 +115,7 @@ class Job:
             # until it first trains (awaiting_jobs): a running feed's budget
             # would count them as free.
             training_session(device).job_made(self, self.bytes_on_device())
-        if device is None or device.type != "cpu" or training_session("cpu").plans:
+        if device is None or training_session(device).captures:
             self._capture_first()
         # Batches of other shapes (a short last batch) or non-tensor values:
         # _batch_key -> their capture (None: they train eagerly)
@@ -125,7 +127,7 @@ class Job:
         # model, optimizer and data are whole, and the next train() goes on.
         self.error_between_steps = False
         self.between = between  # what it holds between train() calls
-        # Steps run eagerly: in a session that plans nothing, or on batches no
+        # Steps run eagerly: in a session that captures nothing, or on batches no
         # capture of it could train
         self.eager_steps = 0
         self._stream = None
@@ -142,7 +144,8 @@ class Job:
         job training in the same session (by default its device's,
         ``waterwave.training_session``) at the time, and return their
         losses. Blocks the calling thread, which runs the job's own groups
-        (its steps, eagerly, where the session plans nothing); the model, its optimizer and its data are the caller's again when
+        (its steps, eagerly, where the session captures nothing); the
+        model, its optimizer and its data are the caller's again when
         it returns (evaluate, step a scheduler, change hyperparameters).
         The job's error, if it failed, is raised here."""
         steps = whole_steps(steps)
@@ -153,7 +156,7 @@ class Job:
                                    ) from self.error
             self.error, self.error_between_steps = None, False  # raised once, by its own call
         session = session if session is not None else training_session(self.device)
-        if session.plans:
+        if session.captures:
             self._follow_model()
         before = len(self.losses)
         session.train(self, steps)
@@ -176,9 +179,9 @@ class Job:
     @property
     def captured(self) -> bool:
         """Whether its step is captured yet. A job whose device's session
-        plans nothing (the CPU without a ``memory_limit``) trains eagerly and
-        is captured when a plan first needs it: a session with a budget, a
-        ``ConcurrentTrainer``, its ``graph``."""
+        captures nothing (its default) trains eagerly and is captured when a
+        plan first needs it: a capturing session, a ``ConcurrentTrainer``,
+        its ``graph``."""
         return self._step_fn is not None
 
     def _capture_first(self) -> None:
@@ -242,6 +245,11 @@ class Job:
         return self._model
 
     @property
+    def optimizer(self):
+        """The optimizer that trains it (the one it was made with)."""
+        return self._optimizer
+
+    @property
     def failed(self) -> bool:
         return self.error is not None
 
@@ -290,6 +298,10 @@ class Job:
             self._other_shapes[key] = capture
         return self._other_shapes[key]
 
+    def sharing_block(self, session: TrainingSession) -> sharing:
+        """Its model as a ``waterwave.sharing`` member of ``session``."""
+        return sharing(self.model, session, name=self.name)
+
     def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None,
                    keep_grads: bool = False):
         """One step run eagerly as the same loop would run it (its settings:
@@ -301,7 +313,7 @@ class Job:
         ``waterwave.sharing`` member, so its memory is counted and gated with
         the others'. Returns the step's loss (the batches' mean with
         accumulation), not detached with one batch a step."""
-        block = sharing(self.model, session, name=self.name) if session is not None else None
+        block = self.sharing_block(session) if session is not None else None
         if block is None:
             return self._eager_step(inputs, targets, keep_grads)
         with block:

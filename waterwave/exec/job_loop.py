@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from .. import cuda
 from ..pipeline.counter_barrier import BarrierAborted
 from ..pipeline.round_feed import RoundFeed
+from . import awaiting_jobs
 from .step import grad_mode
 from .workers import Task
 
@@ -137,22 +138,29 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
         feed.leave(k)
 
 
-def run_free(job, steps: int, stopped: Callable[[], bool]) -> None:
+def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None:
     """``steps`` of ``job``'s steps on the calling thread, each run eagerly
     as its own loop would run it (``Job.eager_step``): what a session that
-    plans nothing does (the CPU without a budget). Stops before a step once
-    ``stopped()`` (Ctrl-C); a job that raises keeps its error as in
-    ``run_job``, and Ctrl-C on this thread is raised."""
+    captures nothing does. In ``session`` (one with a budget) the steps run
+    in one ``waterwave.sharing`` block, counted and gated with the other
+    members, and each step frees its gradients, as a captured step does:
+    what a job holds between steps and calls is its parameters and
+    optimizer state. Stops before a step once ``stopped()`` (Ctrl-C); a job
+    that raises keeps its error as in ``run_job``, and Ctrl-C on this
+    thread is raised."""
     fetching = False
+    block = contextlib.nullcontext() if session is None else job.sharing_block(session)
     try:
-        with grad_mode():
+        with grad_mode(), block:
+            if session is not None:  # its model is the member's now, counted there
+                awaiting_jobs.trained(job)
             for _ in range(steps):
                 if stopped():
                     return
                 fetching = True
                 inputs, targets = job.next_batch()
                 fetching = False
-                loss = job.eager_step(inputs, targets, keep_grads=True)
+                loss = job.eager_step(inputs, targets, keep_grads=session is None)
                 job.after_step()
                 job.losses.append(loss.item())
     except KeyboardInterrupt:

@@ -25,10 +25,19 @@ The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
 allocator could give when the feed started plus what the session's jobs
 held then (their tensors between calls included); else (the CPU) none: the
 session plans nothing (``plans``), and each job's steps run eagerly side by
-side (``job_loop.run_free``), its step captured only when a session with a
-budget first trains it. On a GPU a job's first step in a session
-runs alone, group by group, and the allocator's counters give each group's
-bytes (cuDNN's workspaces included), as ``ConcurrentTrainer`` measures.
+side (``job_loop.run_free``).
+
+With a budget, a job's steps run eagerly too, each call one
+``waterwave.sharing`` block (``capture=False``, the default): its memory is
+counted and gated with every other member's, and its results are its eager
+loop's because it is its eager loop. On an H200 (``docs/results.md``), an
+Optuna search's small trials trained 1.95x as fast as eager members as
+captured, and memory-bound ones all trained where captured steps lost 6 of 8. With ``capture=True`` a
+job's step is captured when it first trains, planned, cut into node groups
+and paired under the budget: the paper's pipeline. On a GPU a captured
+job's first step in a session runs alone, group by group, and the
+allocator's counters give each group's bytes (cuDNN's workspaces included),
+as ``ConcurrentTrainer`` measures.
 
 Ctrl-C: from the first job or member that trains here on, a SIGINT also
 stops every session (``interrupt_all``, arranged by ``ctrl_c.watch``
@@ -87,13 +96,17 @@ def whole_steps(steps) -> int:
 class TrainingSession(SettingsView):
     """The jobs training on one device now (see the module's opening).
     ``memory_limit``: bytes the jobs may hold together (None: the GPU's
-    free memory, no limit on the CPU); ``schedule``: ``waterwave`` (groups
-    paired under the budget) or ``lockstep`` (no barrier); ``split_size``:
-    bytes per node group (default: each job's step peak over 8)."""
+    free memory, no limit on the CPU); ``capture``: whether jobs' steps are
+    captured and pipelined under the budget (False: each runs eagerly, a
+    sharing member); for captured steps, ``schedule``: ``waterwave`` (groups
+    paired under the budget) or ``lockstep`` (no barrier), and
+    ``split_size``: bytes per node group (default: each job's step peak
+    over 8)."""
 
     def __init__(self, device, memory_limit: int | None = None, schedule: str = "waterwave",
-                 split_size: int | None = None, order: str = "bfs"):
+                 split_size: int | None = None, order: str = "bfs", capture: bool = False):
         self.device = device
+        self.capture = _checked_capture(capture)
         self._lock = threading.Lock()
         self._feed: RoundFeed | None = None
         self._members: dict[int, tuple[PipelinedJob, RoundFeed]] = {}  # k -> training now
@@ -120,7 +133,7 @@ class TrainingSession(SettingsView):
             _LIVE.add(self)
 
     def configure(self, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
-                  order=_UNSET) -> TrainingSession:
+                  order=_UNSET, capture=_UNSET) -> TrainingSession:
         """Change the settings given; only while no job trains here."""
         with self._lock:
             running = len(self._members) + len(self._free) + len(self._sharing) + sum(
@@ -135,6 +148,8 @@ class TrainingSession(SettingsView):
                 now.memory_limit if memory_limit is _UNSET else memory_limit,
                 now.split_size if split_size is _UNSET else split_size,
                 now.order if order is _UNSET else order))
+            if capture is not _UNSET:
+                self.capture = _checked_capture(capture)
             # Jobs are cut again, by the new settings, at their next call;
             # what they hold between calls stays counted until then.
             for member in self._pipelined.values():
@@ -151,12 +166,19 @@ class TrainingSession(SettingsView):
         steps."""
         return self.memory_limit is not None or self.device != "cpu"
 
+    @property
+    def captures(self) -> bool:
+        """Whether it captures its jobs' steps and pipelines them: where it
+        plans, with ``capture=True``. Otherwise each job's steps run eagerly,
+        as members of ``waterwave.sharing`` where it plans."""
+        return self.plans and self.capture
+
     # One job's call ---------------------------------------------------------
     def train(self, job, steps: int) -> None:
         """``steps`` steps of ``job`` on the calling thread, beside the others."""
         steps = whole_steps(steps)
         ctrl_c.watch()
-        if not self.plans:
+        if not self.captures:
             self._train_free(job, steps)
             return
         job.check_context()  # its train/eval mode, autocast, hooks: the caller's
@@ -216,8 +238,9 @@ class TrainingSession(SettingsView):
         _raise_outcome(job, len(job.losses) - before, steps, feed.barrier.closed)
 
     def _train_free(self, job, steps: int) -> None:
-        """``train`` where nothing is planned: the job's steps run eagerly on
-        the calling thread (``run_free``), beside whatever else trains."""
+        """``train`` where nothing is captured: the job's steps run eagerly on
+        the calling thread (``run_free``), beside whatever else trains; where
+        the session plans, in one ``waterwave.sharing`` block."""
         stop = threading.Event()
         with self._lock:
             self._refuse_training_twice_locked(job)
@@ -227,7 +250,7 @@ class TrainingSession(SettingsView):
             self._count_training_locked()
         before = len(job.losses)
         try:
-            run_free(job, steps, stop.is_set)
+            run_free(job, steps, stop.is_set, self if self.plans else None)
         finally:
             with self._lock:
                 del self._free[k]
@@ -420,8 +443,10 @@ class TrainingSession(SettingsView):
 
     def _count_training_locked(self) -> None:
         running = sum(hold.running for hold in list(self._trainers.values()))
+        # A job training eagerly where the session plans is a sharing member too
+        both = len(self._free) if self.plans else 0
         self.most_training = max(self.most_training, len(self._members) + len(self._free)
-                                 + len(self._sharing) + running)
+                                 + max(0, len(self._sharing) - both) + running)
 
     # ConcurrentTrainer's fixed sets of jobs (concurrent.py) -----------------
     def hold_for_trainer(self, trainer, held: int, running: int = 0) -> None:
@@ -491,6 +516,7 @@ class TrainingSession(SettingsView):
             feed = self._feed
             share = self.ledger().share_stats()
             return {"device": str(self.device), "schedule": self.schedule,
+                    "capture": self.capture,
                     "memory_limit": self.memory_limit, "budget": self._capacity
                     if self.memory_limit is None else self.memory_limit,
                     "training": [member.name for member, _ in self._members.values()]
@@ -509,7 +535,8 @@ class TrainingSession(SettingsView):
 
     def __repr__(self) -> str:
         return (f"TrainingSession({str(self.device)!r}, schedule={self.schedule!r}, "
-                f"memory_limit={self.memory_limit!r}, training={len(self._members)})")
+                f"memory_limit={self.memory_limit!r}, capture={self.capture!r}, "
+                f"training={len(self._members) + len(self._free)})")
 
 
 def _raise_outcome(job, done: int, steps: int, interrupted: bool) -> None:
@@ -526,6 +553,13 @@ class TrainerHold:
     """What a ``ConcurrentTrainer``'s jobs hold on a session's device."""
     bytes: int
     running: int  # its jobs training now (0 between runs)
+
+
+def _checked_capture(capture) -> bool:
+    if not isinstance(capture, bool):
+        raise ValueError(f"capture must be True (capture, plan and pipeline each job's step) or "
+                         f"False (run each step eagerly, sharing the budget), not {capture!r}")
+    return capture
 
 
 def _session_settings(settings: PipelineSettings) -> PipelineSettings:
@@ -555,7 +589,7 @@ _SESSIONS_LOCK = threading.Lock()
 
 
 def training_session(device=None, *, memory_limit=_UNSET, schedule=_UNSET, split_size=_UNSET,
-                     order=_UNSET) -> TrainingSession:
+                     order=_UNSET, capture=_UNSET) -> TrainingSession:
     """The training session of ``device`` (a ``torch.device`` or its name;
     default: the current CUDA device, else the CPU), made on first use;
     the settings given configure it (see ``TrainingSession``)."""
@@ -566,7 +600,8 @@ def training_session(device=None, *, memory_limit=_UNSET, schedule=_UNSET, split
             session = _SESSIONS[key] = TrainingSession(key)
     settings = {name: value for name, value in (("memory_limit", memory_limit),
                                                  ("schedule", schedule), ("split_size", split_size),
-                                                 ("order", order)) if value is not _UNSET}
+                                                 ("order", order), ("capture", capture))
+                if value is not _UNSET}
     return session.configure(**settings) if settings else session
 
 
