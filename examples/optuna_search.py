@@ -5,7 +5,8 @@ optimizer from the trial's suggestions, trains an epoch at a time with
 ``job.train`` (which runs beside every other trial training at that moment),
 steps its scheduler, evaluates in plain PyTorch, reports to Optuna and lets
 the pruner stop it. ``study.optimize(objective, n_jobs=4)`` runs four trials
-at once; on a GPU Waterwave's NodeGroup pipeline lets them share its memory.
+at once; on a GPU each trial's steps share its memory as a ``ww.sharing``
+member, counted and gated under the session's budget.
 
 The data is scikit-learn's handwritten digits (8x8 images, 10 classes).
 

@@ -92,7 +92,8 @@ from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView
 from .pipelined_job import PipelinedJob, refuse_past_limit
-from .session import training_session, whole_steps
+from .pipeline_settings import whole_steps
+from .session import training_session
 from .workers import POOL
 
 PROBE_STEPS = 2  # steps of every job each way a session probes

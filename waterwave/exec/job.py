@@ -16,7 +16,8 @@ from ..capturing.keywords import call_model, input_names
 from ..capturing.optimizers import GradClip
 from .batches import BatchFeed
 from .between_calls import BetweenCalls
-from .session import TrainingSession, training_session, whole_steps
+from .pipeline_settings import whole_steps
+from .session import TrainingSession, training_session
 from .sharing import base_bytes, sharing
 from .step import CapturedStep, batches_per_step
 

@@ -147,8 +147,10 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
     what a job holds between steps and calls is its parameters and
     optimizer state. Stops before a step once ``stopped()`` (Ctrl-C); a job
     that raises keeps its error as in ``run_job``, and Ctrl-C on this
-    thread is raised."""
+    thread is raised. Each loss is read a few steps later, as ``run_job``
+    reads them: on a GPU reading one waits for the device."""
     fetching = False
+    pending: list = []
     block = contextlib.nullcontext() if session is None else job.sharing_block(session)
     try:
         with grad_mode(), block:
@@ -162,13 +164,29 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                 fetching = False
                 loss = job.eager_step(inputs, targets, keep_grads=session is None)
                 job.after_step()
-                job.losses.append(loss.item())
+                pending.append(loss.detach())
+                if len(pending) > LOSSES_IN_FLIGHT:
+                    job.losses.append(float(pending.pop(0)))
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # the job stops alone, with its error
         traceback.clear_frames(e.__traceback__)
         job.error = e
         job.error_between_steps = fetching
+    finally:
+        try:
+            job.losses += [float(x) for x in pending]  # the steps it finished
+        except BaseException as e:
+            job.error = job.error or e
+
+
+def raise_outcome(job, done: int, steps: int, interrupted: bool) -> None:
+    """After a job's call: its error, or Ctrl-C's if it stopped short."""
+    if job.error is not None:
+        raise job.error
+    if done < steps and interrupted:
+        raise KeyboardInterrupt(f"job {job.name!r} stopped after {done} of {steps} steps: "
+                                "training was interrupted")
 
 
 def wait_tasks(tasks: list[Task], interruptible: bool = True) -> None:

@@ -6,9 +6,11 @@ May import: waterwave.pipeline.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from ..pipeline.nodegroups import ORDERS
+from ..pipeline.schedules import FREE, MEMORY
 from ..pipeline.schedules import Schedule
 from ..pipeline.schedules import schedule as named_schedule
 
@@ -76,3 +78,31 @@ class SettingsView:
 
 def _positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def whole_steps(steps) -> int:
+    """``steps`` as a whole number of at least 1; a clear error otherwise."""
+    try:
+        whole = None if isinstance(steps, bool) else operator.index(steps)
+    except TypeError:
+        whole = None
+    if whole is None or whole < 1:
+        raise ValueError(f"steps must be a whole number of steps, at least 1; got {steps!r}")
+    return whole
+
+
+def checked_capture(capture) -> bool:
+    if not isinstance(capture, bool):
+        raise ValueError(f"capture must be True (capture, plan and pipeline each job's step) or "
+                         f"False (run each step eagerly, sharing the budget), not {capture!r}")
+    return capture
+
+
+def session_settings(settings: PipelineSettings) -> PipelineSettings:
+    """A session pairs whichever jobs train at the time: the schedules that
+    pair a fixed set are the trainer's."""
+    if settings.plan_schedule.pairing not in (MEMORY, FREE):
+        raise ValueError(f"a training session runs the waterwave or lockstep schedule, not "
+                         f"{settings.schedule!r} (it pairs, or measures and probes, a fixed set "
+                         "of jobs): use ConcurrentTrainer for it")
+    return settings

@@ -51,7 +51,6 @@ May import: waterwave.pipeline, this package; torch (lazily).
 from __future__ import annotations
 
 import gc
-import operator
 import threading
 import time
 import weakref
@@ -67,8 +66,9 @@ from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from . import awaiting_jobs, ctrl_c
 from .between_calls import BetweenCalls
-from .job_loop import Measure, MemoryProbe, run_free, run_job
-from .pipeline_settings import PipelineSettings, SettingsView
+from .job_loop import Measure, MemoryProbe, raise_outcome, run_free, run_job
+from .pipeline_settings import (PipelineSettings, SettingsView, checked_capture, session_settings,
+                                whole_steps)
 from .pipelined_job import PipelinedJob, refuse_past_limit
 
 _UNSET = object()
@@ -80,17 +80,6 @@ COLLECT_EVERY_S = 10.0
 # costs about 30 us of Python (32 us over the fake driver on the CPU), which
 # a small model's pass of a fraction of a millisecond would feel.
 PASS_PROBE_EVERY_S = 0.005
-
-
-def whole_steps(steps) -> int:
-    """``steps`` as a whole number of at least 1; a clear error otherwise."""
-    try:
-        whole = None if isinstance(steps, bool) else operator.index(steps)
-    except TypeError:
-        whole = None
-    if whole is None or whole < 1:
-        raise ValueError(f"steps must be a whole number of steps, at least 1; got {steps!r}")
-    return whole
 
 
 class TrainingSession(SettingsView):
@@ -106,7 +95,7 @@ class TrainingSession(SettingsView):
     def __init__(self, device, memory_limit: int | None = None, schedule: str = "waterwave",
                  split_size: int | None = None, order: str = "bfs", capture: bool = False):
         self.device = device
-        self.capture = _checked_capture(capture)
+        self.capture = checked_capture(capture)
         self._lock = threading.Lock()
         self._feed: RoundFeed | None = None
         self._members: dict[int, tuple[PipelinedJob, RoundFeed]] = {}  # k -> training now
@@ -127,7 +116,7 @@ class TrainingSession(SettingsView):
         self._pass_probed_at = -PASS_PROBE_EVERY_S  # when a pass last measured the budget
         self.steps_run = 0
         self.most_training = 0  # the most jobs that trained here at once
-        self.settings = _session_settings(PipelineSettings(schedule, memory_limit, split_size,
+        self.settings = session_settings(PipelineSettings(schedule, memory_limit, split_size,
                                                            order))
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -143,13 +132,13 @@ class TrainingSession(SettingsView):
                                    f"the session of {self.device} now: change its settings "
                                    "between trainings")
             now = self.settings
-            self.settings = _session_settings(PipelineSettings(
+            self.settings = session_settings(PipelineSettings(
                 now.schedule if schedule is _UNSET else schedule,
                 now.memory_limit if memory_limit is _UNSET else memory_limit,
                 now.split_size if split_size is _UNSET else split_size,
                 now.order if order is _UNSET else order))
             if capture is not _UNSET:
-                self.capture = _checked_capture(capture)
+                self.capture = checked_capture(capture)
             # Jobs are cut again, by the new settings, at their next call;
             # what they hold between calls stays counted until then.
             for member in self._pipelined.values():
@@ -235,7 +224,7 @@ class TrainingSession(SettingsView):
                         self._feed = None  # the next job starts a fresh feed
                 self._share_budget_locked()
             job.between.begin(measure_between)
-        _raise_outcome(job, len(job.losses) - before, steps, feed.barrier.closed)
+        raise_outcome(job, len(job.losses) - before, steps, feed.barrier.closed)
 
     def _train_free(self, job, steps: int) -> None:
         """``train`` where nothing is captured: the job's steps run eagerly on
@@ -255,7 +244,7 @@ class TrainingSession(SettingsView):
             with self._lock:
                 del self._free[k]
                 self.steps_run += len(job.losses) - before
-        _raise_outcome(job, len(job.losses) - before, steps, stop.is_set())
+        raise_outcome(job, len(job.losses) - before, steps, stop.is_set())
 
     def _refuse_training_twice_locked(self, job) -> None:
         if any(member.job is job for member, _ in self._members.values()) or any(
@@ -539,37 +528,11 @@ class TrainingSession(SettingsView):
                 f"training={len(self._members) + len(self._free)})")
 
 
-def _raise_outcome(job, done: int, steps: int, interrupted: bool) -> None:
-    """After a job's call: its error, or Ctrl-C's if it stopped short."""
-    if job.error is not None:
-        raise job.error
-    if done < steps and interrupted:
-        raise KeyboardInterrupt(f"job {job.name!r} stopped after {done} of {steps} steps: "
-                                "training was interrupted")
-
-
 @dataclass(frozen=True)
 class TrainerHold:
     """What a ``ConcurrentTrainer``'s jobs hold on a session's device."""
     bytes: int
     running: int  # its jobs training now (0 between runs)
-
-
-def _checked_capture(capture) -> bool:
-    if not isinstance(capture, bool):
-        raise ValueError(f"capture must be True (capture, plan and pipeline each job's step) or "
-                         f"False (run each step eagerly, sharing the budget), not {capture!r}")
-    return capture
-
-
-def _session_settings(settings: PipelineSettings) -> PipelineSettings:
-    """A session pairs whichever jobs train at the time: the schedules that
-    pair a fixed set are the trainer's."""
-    if settings.plan_schedule.pairing not in (MEMORY, FREE):
-        raise ValueError(f"a training session runs the waterwave or lockstep schedule, not "
-                         f"{settings.schedule!r} (it pairs, or measures and probes, a fixed set "
-                         "of jobs): use ConcurrentTrainer for it")
-    return settings
 
 
 # Every session alive, whoever made it: sharing's CUDA ledger is one for all
