@@ -90,9 +90,8 @@ from ..pipeline.session_choice import Choice, MeasuredAlone, choose
 from . import awaiting_jobs, ctrl_c
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
-from .pipeline_settings import PipelineSettings, SettingsView
+from .pipeline_settings import PipelineSettings, SettingsView, whole_steps
 from .pipelined_job import PipelinedJob, refuse_past_limit
-from .pipeline_settings import whole_steps
 from .session import training_session
 from .workers import POOL
 

@@ -10,8 +10,7 @@ import operator
 from dataclasses import dataclass
 
 from ..pipeline.nodegroups import ORDERS
-from ..pipeline.schedules import FREE, MEMORY
-from ..pipeline.schedules import Schedule
+from ..pipeline.schedules import FREE, MEMORY, Schedule
 from ..pipeline.schedules import schedule as named_schedule
 
 

@@ -21,23 +21,25 @@ what its jobs hold against the same budget (the run's budget while it
 runs, what they keep between runs), and leaves its runs the rest: one
 budget per device, whichever way jobs train there.
 
-The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
-allocator could give when the feed started plus what the session's jobs
-held then (their tensors between calls included); else (the CPU) none: the
-session plans nothing (``plans``), and each job's steps run eagerly side by
-side (``job_loop.run_free``).
+How a job's steps run (``captures``): by default (``capture=False``)
+eagerly on the calling thread (``job_loop.run_free``), each call one
+``waterwave.sharing`` block where the session has a budget, so its memory
+is counted and gated with every other member's, and its results are its
+eager loop's because it is its eager loop. On an H200 (``docs/results.md``)
+eager members trained an Optuna search's small trials at 1.95x the rate of
+captured steps, and all of its memory-bound ones where captured steps lost
+6 of 8. With ``capture=True`` and a budget, a job's step is captured when
+it first trains, planned, cut into node groups and paired under the budget:
+the paper's pipeline.
 
-With a budget, a job's steps run eagerly too, each call one
-``waterwave.sharing`` block (``capture=False``, the default): its memory is
-counted and gated with every other member's, and its results are its eager
-loop's because it is its eager loop. On an H200 (``docs/results.md``), an
-Optuna search's small trials trained 1.95x as fast as eager members as
-captured, and memory-bound ones all trained where captured steps lost 6 of 8. With ``capture=True`` a
-job's step is captured when it first trains, planned, cut into node groups
-and paired under the budget: the paper's pipeline. On a GPU a captured
-job's first step in a session runs alone, group by group, and the
-allocator's counters give each group's bytes (cuDNN's workspaces included),
-as ``ConcurrentTrainer`` measures.
+The budget: ``memory_limit`` bytes when set; else, on a GPU, what the
+allocator can give plus what the session's jobs and members hold (for a
+captured feed, measured when it starts; for members, at their blocks' and
+passes' starts); else (the CPU) none: the session plans nothing
+(``plans``) and counts nothing. On a GPU a captured job's first step in a
+session runs alone, group by group, and the allocator's counters give each
+group's bytes (cuDNN's workspaces included), as ``ConcurrentTrainer``
+measures.
 
 Ctrl-C: from the first job or member that trains here on, a SIGINT also
 stops every session (``interrupt_all``, arranged by ``ctrl_c.watch``
