@@ -148,3 +148,31 @@ def test_capture_is_a_setting_checked_and_changed_between_trainings():
     job.train(2, session=session)  # now captured, planned and pipelined
     assert job.captured and job.stats()["eager_steps"] == 2
     assert ww.TrainingSession("cpu", capture=True).captures is False  # nothing to plan for
+
+
+def test_a_shared_job_that_fails_stops_alone_and_the_others_train_on(shared):
+    good_model, reference = net(30), net(30)
+    good = ww.Job(good_model, loss_fn=loss_fn, optimizer=OPTIMIZERS["adam"](good_model),
+                  data=batches(seed=30))
+    bad_model = net(31)
+    bad_data = batches(n=2, seed=31) + [(torch.randn(8, 5), torch.randint(0, 4, (8,)))]
+    bad = ww.Job(bad_model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](bad_model),
+                 data=bad_data)  # its third batch is the wrong width
+    got = {}
+
+    def train(name, job, steps):
+        try:
+            got[name] = job.train(steps, session=shared)
+        except Exception as e:  # noqa: BLE001 (the test reads it)
+            got[name] = e
+
+    start_and_join([threading.Thread(target=train, args=("good", good, 12)),
+                    threading.Thread(target=train, args=("bad", bad, 6))], 60,
+                   "a shared job hung beside a failing one")
+    assert isinstance(got["bad"], RuntimeError) and bad.failed
+    bad_reference = net(31)
+    assert bad.losses == eager(bad_reference, OPTIMIZERS["sgd"](bad_reference), bad_data, 2)
+    assert got["good"] == eager(reference, OPTIMIZERS["adam"](reference), batches(seed=30), 12)
+    assert not good.failed and shared.training == [] and shared.stats()["sharing"] == []
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        bad.train(1, session=shared)
