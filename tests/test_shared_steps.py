@@ -5,10 +5,11 @@ other members' under the budget, and its results are its eager loop's
 because it is its eager loop (issue 41: captured steps trained an Optuna
 search at half the rate of eager members on an H200). Gradients are freed
 after each step, as a captured step leaves them; a model no capture can
-take trains; a budget too small fails the job with the budget named;
-Ctrl-C stops it; a capturing session still pipelines."""
+take trains; a budget too small fails the job with the budget named; a
+failing job stops alone; a capturing session still pipelines. (Ctrl-C and
+batches of every shape: test_unplanned_steps.py, with and without a
+budget.)"""
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -88,17 +89,6 @@ def test_a_model_no_capture_can_take_trains_under_a_budget(shared):
     assert not job.captured
 
 
-def test_batches_of_every_shape_train_under_a_budget(shared):
-    g = torch.Generator().manual_seed(4)
-    data = [(torch.randn(rows, 16, generator=g), torch.randint(0, 4, (rows,), generator=g))
-            for rows in (4, 9, 2, 16, 7)]
-    model, reference = net(4), net(4)
-    job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["adam"](model), data=data)
-    assert job.train(10, session=shared) == eager(reference, OPTIMIZERS["adam"](reference),
-                                                  data, 10)
-    assert_same_model(reference, model)
-
-
 def test_a_budget_below_a_step_fails_the_job_naming_the_budget():
     model = net(3)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model), data=batches())
@@ -106,33 +96,6 @@ def test_a_budget_below_a_step_fails_the_job_naming_the_budget():
     with pytest.raises(torch.OutOfMemoryError, match="memory_limit=1 bytes"):
         job.train(1, session=session)
     assert job.failed and session.training == [] and session.stats()["sharing"] == []
-
-
-def test_interrupting_a_shared_job_stops_it_and_its_next_call_trains(shared):
-    model = net(8)
-    job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model), data=batches())
-    outcome = {}
-
-    def train():
-        try:
-            job.train(10 ** 7, session=shared)
-        except KeyboardInterrupt as e:
-            outcome["stopped"] = (time.monotonic(), str(e))
-
-    t = threading.Thread(target=train)
-    t.start()
-    while len(job.losses) < 3:
-        time.sleep(0.001)
-    assert job in shared.training
-    with pytest.raises(RuntimeError, match="already training"):
-        job.train(1, session=shared)
-    asked = time.monotonic()
-    shared.interrupt()
-    t.join(30)
-    assert not t.is_alive(), "an interrupted job went on training"
-    at, _ = outcome["stopped"]
-    assert at - asked < 1 and not job.failed and shared.training == []
-    assert len(job.train(2, session=shared)) == 2
 
 
 def test_capture_is_a_setting_checked_and_changed_between_trainings():

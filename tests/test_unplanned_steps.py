@@ -135,14 +135,18 @@ def test_a_step_no_capture_can_take_trains_unplanned_and_is_refused_when_planned
     assert len(job.train(1)) == 1  # and it trains on where nothing is planned
 
 
-def test_batches_of_any_shape_train_unplanned_as_eager(unplanned):
-    """Shapes that change every batch, larger than the first included."""
+@pytest.mark.parametrize("limit", [None, PLANNING_LIMIT], ids=["unplanned", "shared"])
+def test_batches_of_any_shape_train_eagerly_as_eager(limit):
+    """Shapes that change every batch, larger than the first included:
+    without a budget, and with one and nothing captured."""
+    session = ww.TrainingSession("cpu", memory_limit=limit)
     g = torch.Generator().manual_seed(4)
     data = [(torch.randn(rows, 16, generator=g), torch.randint(0, 4, (rows,), generator=g))
             for rows in (4, 9, 2, 16, 7)]
     model, reference = net(4), net(4)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["adam"](model), data=data)
-    assert job.train(10) == eager(reference, OPTIMIZERS["adam"](reference), data, 10)
+    assert job.train(10, session=session) == eager(reference, OPTIMIZERS["adam"](reference),
+                                                   data, 10)
     assert_same_model(reference, model)
 
 
@@ -225,14 +229,18 @@ def test_jobs_unplanned_train_side_by_side_each_as_alone(unplanned):
     assert unplanned.most_training >= n
 
 
-def test_interrupting_the_session_stops_an_unplanned_job_at_its_next_step(unplanned):
+@pytest.mark.parametrize("limit", [None, PLANNING_LIMIT], ids=["unplanned", "shared"])
+def test_interrupting_the_session_stops_an_eager_job_at_its_next_step(limit):
+    """Without a budget, or with one and nothing captured (its steps in a
+    sharing block, test_shared_steps.py)."""
+    session = ww.TrainingSession("cpu", memory_limit=limit)
     model = net(8)
     job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model), data=batches())
     outcome = {}
 
     def train():
         try:
-            job.train(10 ** 7)
+            job.train(10 ** 7, session=session)
         except KeyboardInterrupt as e:
             outcome["stopped"] = (time.monotonic(), str(e))
 
@@ -240,17 +248,17 @@ def test_interrupting_the_session_stops_an_unplanned_job_at_its_next_step(unplan
     t.start()
     while len(job.losses) < 3:
         time.sleep(0.001)
-    assert job in unplanned.training
+    assert job in session.training
     with pytest.raises(RuntimeError, match="already training"):
-        job.train(1)
+        job.train(1, session=session)
     asked = time.monotonic()
-    unplanned.interrupt()
+    session.interrupt()
     t.join(30)
     assert not t.is_alive(), "an interrupted job went on training"
     at, message = outcome["stopped"]
     assert at - asked < 1 and "training was interrupted" in message
-    assert not job.failed and job not in unplanned.training
-    assert len(job.train(2)) == 2  # the next call trains
+    assert not job.failed and job not in session.training
+    assert len(job.train(2, session=session)) == 2  # the next call trains
 
 
 def test_accumulation_and_clipping_unplanned_train_as_the_eager_loop(unplanned):
