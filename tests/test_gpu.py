@@ -551,8 +551,13 @@ SHARE = textwrap.dedent("""
     def trial(k):
         try:
             net, opt, data = trials[k]
-            with ww.sharing(net):
-                loop(net, opt, data, losses[k])
+            if WAY == "job.train":  # the same steps as a Job: eager members by default
+                job = ww.Job(net, loss_fn=F.cross_entropy, optimizer=opt, data=data,
+                             n_inputs=len(data[0]) - 1)
+                losses[k] += job.train(len(data))
+            else:
+                with ww.sharing(net):
+                    loop(net, opt, data, losses[k])
         except BaseException as e:
             errors.append(repr(e))
     start = time.perf_counter()
@@ -564,8 +569,11 @@ SHARE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("trials", ["resnet18", "transformers with dynamic padding"])
-def test_sharing_trials_train_as_alone_under_a_cap_where_side_by_side_runs_out(trials, capsys):
+@pytest.mark.parametrize("trials,way", [("resnet18", "ww.sharing"),
+                                        ("transformers with dynamic padding", "ww.sharing"),
+                                        ("resnet18", "job.train")])
+def test_sharing_trials_train_as_alone_under_a_cap_where_side_by_side_runs_out(trials, way,
+                                                                               capsys):
     """Issue 39, item 6, on a GPU: four trials, each its own eager loop
     under ``with ww.sharing(model):`` from its own thread, under a session
     memory_limit below what the four need side by side: no out of memory,
@@ -574,26 +582,27 @@ def test_sharing_trials_train_as_alone_under_a_cap_where_side_by_side_runs_out(t
     capped there run out of memory; the trials' samples per second
     reported. The trials: resnet18 (``RESNET``), or a small transformer
     classifier whose batches are padded each to its own longest sentence,
-    no two of the same shape (``TEXT``)."""
+    no two of the same shape (``TEXT``). ``job.train``: each trial a ``Job``
+    trained by ``job.train``, whose steps run so by default."""
     script = {"resnet18": RESNET, "transformers with dynamic padding": TEXT}[trials]
     eager = run(script + "losses = []; loop(*setup(), losses)\n"
                 "print(json.dumps({'losses': losses}))")["losses"]
     out = run(script + textwrap.dedent("""
     import waterwave as ww, waterwave.cuda as wc
     ww.install_allocator(policy="waterwave", max_split_size_mb=128)
-    """) + SHARE + textwrap.dedent("""
+    """) + f"WAY = {way!r}\n" + SHARE + textwrap.dedent("""
     wc.check_invariants(0)
     print(json.dumps({'losses': losses, 'errors': errors, 'limit': limit,
                       'side_by_side': 4 * peak, 'stats': session.stats(), 'seconds': seconds,
                       'samples': 4 * sum(len(b[0]) for b in batches()),
                       'bad_frees': wc.free_errors()[0]}))
     """))
-    native = assert_native_runs_out(script, out["limit"])
+    native = assert_native_runs_out(script, out["limit"]) if way == "ww.sharing" else None
     with capsys.disabled():
-        print(f"\nsharing {trials}: {out['samples'] / out['seconds']:.0f} "
+        print(f"\n{way} {trials}: {out['samples'] / out['seconds']:.0f} "
               f"samples/s for 4 trials under {out['limit'] / 2**20:.1f} MiB (side by side "
               f"{out['side_by_side'] / 2**20:.1f} MiB), counted peak "
-              f"{out['stats']['peak_bytes'] / 2**20:.1f} MiB, waits {out['stats']['waits']}; "
-              f"side by side under PyTorch's allocator at that cap: {len(native['ooms'])} of 4 "
-              "ran out of memory")
+              f"{out['stats']['peak_bytes'] / 2**20:.1f} MiB, waits {out['stats']['waits']}"
+              + ("" if native is None else "; side by side under PyTorch's allocator at that "
+                 f"cap: {len(native['ooms'])} of 4 ran out of memory"))
     assert_shared_as_alone(out, eager)
