@@ -57,10 +57,13 @@ class Job:
     the device with no host sync: a step with an inf or NaN gradient is
     undone, and the scaler's scale and growth tracker move as its own
     ``update`` moves them. ``evaluation_memory``: bytes the calling thread
-    allocates between ``train()`` calls (evaluation), which the session
-    keeps free for it; default: measured on a GPU under Waterwave's
+    allocates between ``train()`` calls (evaluation), which a capturing
+    session keeps free for it; default: measured on a GPU under Waterwave's
     allocator, and until then the training step's own peak
-    (``between_calls.py``). ``step_schedulers``: learning-rate schedulers
+    (``between_calls.py``). Eager members (the default) keep no such room,
+    as ``waterwave.sharing`` keeps none: on a GPU without a ``memory_limit``
+    their budget is measured again as each pass starts, after what was
+    allocated between their blocks. ``step_schedulers``: learning-rate schedulers
     of the optimizer stepped after every step, as an eager loop steps a
     per-batch scheduler (warm-up, ``OneCycleLR``) after
     ``optimizer.step()``; step per-epoch ones yourself between calls.
