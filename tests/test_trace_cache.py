@@ -84,6 +84,27 @@ def test_trials_differing_in_hyperparameters_take_one_trace_each_exact(opt_name)
     assert TRACES.stats() == {"entries": 1, "hits": 2, "misses": 1}
 
 
+@pytest.mark.parametrize("opt_name", sorted(OPTS))
+def test_a_frozen_layer_of_a_model_that_takes_a_trace_is_its_own(opt_name):
+    """A frozen parameter is a constant of the traced step (make_fx holds
+    the tensor itself): a fine-tuning trial that takes another trial's trace
+    reads its own frozen weights there, never a copy of the other's (as it
+    once did), and the cache holds none of them."""
+    def frozen(seed):
+        net = Net(seed=seed)
+        net.a.requires_grad_(False)
+        return net
+    runs = [trial(frozen(k), opt_name, lr) for k, lr in enumerate((0.1, 0.01, 0.3))]
+    assert [job.step_fn.reused for job, _ in runs] == [False, True, True]
+    assert all(same for _, same in runs)
+    for job, _ in runs:
+        held = {id(getattr(job.step_fn.gm, n.target)) for n in job.step_fn.gm.graph.nodes
+                if n.op == "get_attr"}
+        assert {id(job.model.a.weight), id(job.model.a.bias)} <= held
+    (entry,), = TRACES._entries.values()
+    assert {t.device.type for t, _ in entry.own.values()} == {"meta"} and len(entry.own) == 2
+
+
 @pytest.mark.parametrize("other", [
     {"width": 32},                  # another shape
     {"p": 0.5},                     # a value the dropout's code reads

@@ -26,9 +26,11 @@ loss made per trial) is traced for itself, as before. A value the code reads
 from a module-level global is not checked, across models as within one
 model's steps (``guards``): a search that changes such a global between
 trials must pass it as an attribute or an argument instead. Each model that takes
-a trace from here gets its own copy of the graph, its own constants put in,
-and its own ``StepGuard``, so it is checked before every step exactly as a
-model that traced itself.
+a trace from here gets its own copy of the graph, its own constants put in
+(its own tensors where the trace holds the traced model's: a frozen
+parameter is a constant of the step, not an input), and its own
+``StepGuard``, so it is checked before every step exactly as a model that
+traced itself.
 
 May import: this package; torch lazily.
 """
@@ -65,6 +67,11 @@ class _Entry:
     read: list
     values: tuple        # the read attributes' comparable values
     outputs: list        # (module name, attribute, marker)
+    # The graph's constants that are the traced model's own tensors (a
+    # frozen parameter is a constant of the step, not an input): their
+    # placeholders in ``gm`` (meta tensors, holding no memory) -> (module
+    # name, attribute), each taking the model's own tensor when it is taken.
+    own: dict = field(default_factory=dict)
 
 
 class TraceCache:
@@ -103,7 +110,10 @@ class TraceCache:
         if key is not None:
             hit = self._find(key, modules)
             if hit is not None:
-                gm = copy.deepcopy(hit.gm)
+                # The model's own tensors where the trace had the traced
+                # model's (a frozen layer's weights), not copies of them.
+                gm = copy.deepcopy(hit.gm, {id(stand_in): _tensor_of(modules, *where)
+                                            for stand_in, where in hit.own.values()})
                 # Its graph takes this optimizer's numbers. Its code is not
                 # regenerated: a step runs reordered copies of the graph,
                 # never this module's code (CapturedStep.modules).
@@ -121,8 +131,11 @@ class TraceCache:
                 and all(id(m) in names for m, _, _ in reads.outputs)):
             gm, roles, step_names, grads, sites = traced
             outputs = [(names[id(m)], attr, marker) for m, attr, marker in reads.outputs]
-            self._keep(key, _Entry(copy.deepcopy(gm), list(roles), list(step_names),
-                                   list(grads), sites, list(reads.read), values, outputs))
+            own = _own_constants(gm, modules)
+            # Kept without the model's tensors: meta stand-ins in their place.
+            kept = copy.deepcopy(gm, {i: stand_in for i, (stand_in, _) in own.items()})
+            self._keep(key, _Entry(kept, list(roles), list(step_names), list(grads), sites,
+                                   list(reads.read), values, outputs, own))
         return (traced, found), False
 
     def _find(self, key, modules) -> _Entry | None:
@@ -149,6 +162,40 @@ class TraceCache:
 
 
 TRACES = TraceCache()
+
+
+def _own_constants(gm, modules: dict) -> dict:
+    """The tensors ``gm``'s ``get_attr`` nodes read that are a module's own
+    parameter or buffer, by id: (a meta stand-in, (module name, attribute)).
+    A trace holds such a tensor itself (make_fx makes a frozen parameter a
+    constant of the step), so another model of the structure must get its
+    own tensor there, never a copy of the traced model's."""
+    owners = {}
+    for name, module in modules.items():
+        for attr, t in (*module._parameters.items(), *module._buffers.items()):
+            if t is not None:
+                owners.setdefault(id(t), (name, attr))
+    out = {}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        t = _attribute(gm, node.target)
+        where = owners.get(id(t))
+        if where is not None and id(t) not in out:
+            out[id(t)] = (t.detach().to("meta"), where)
+    return out
+
+
+def _attribute(root, target: str):
+    for part in target.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _tensor_of(modules: dict, name: str, attr: str):
+    module = modules[name]
+    found = module._parameters.get(attr)
+    return found if found is not None else module._buffers[attr]
 
 
 def step_key(model, example_inputs, example_targets, loss_fn, optimizer,
