@@ -8,10 +8,14 @@ allocator stack.
 - ``sharing``: ``waterwave.sharing(model)``, any eager loop a member of
   its device's training session, gated at hooks by what its passes were
   measured needing (``pipeline.pass_profile``);
-- ``concurrent``: ``waterwave.Job`` and ``waterwave.ConcurrentTrainer``,
-  several jobs on one device, memory flowing between them, run on the
-  NodeGroup pipeline (``waterwave.pipeline``: node groups, pairing, the
-  barrier, the feed, the schedule table).
+- ``job``, ``session``: ``waterwave.Job`` and its device's training
+  session: ``job.train(steps)`` runs a job's steps eagerly as a sharing
+  member, or, in a session with ``capture=True``, captured and paired on
+  the NodeGroup pipeline;
+- ``concurrent``: ``waterwave.ConcurrentTrainer``, a fixed set of jobs on
+  one device, memory flowing between them, run on the NodeGroup pipeline
+  (``waterwave.pipeline``: node groups, pairing, the barrier, the feed, the
+  schedule table).
 
 May import: waterwave.pipeline, waterwave.capturing, waterwave.graph,
 waterwave.planner, waterwave.cuda, waterwave.alloc, waterwave._C; torch.
