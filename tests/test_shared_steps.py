@@ -52,7 +52,8 @@ def test_jobs_under_a_budget_train_side_by_side_as_sharing_members_each_as_its_e
     for k, (model, d) in enumerate(zip(models, data)):
         opt = OPTIMIZERS[optimizer](model)
         # Job 0's steps see the session: it is a sharing member while it trains
-        peek = [Peek(opt, lambda: seen.append(shared.stats()["sharing"]))] if k == 0 else []
+        peek = [Peek(opt, lambda: seen.append((shared.stats()["sharing"], shared.training)))
+                ] if k == 0 else []
         jobs.append(ww.Job(model, loss_fn=loss_fn, optimizer=opt, data=d, name=f"trial {k}",
                            step_schedulers=peek))
     assert not any(job.captured for job in jobs)  # made under a session that captures nothing
@@ -74,7 +75,9 @@ def test_jobs_under_a_budget_train_side_by_side_as_sharing_members_each_as_its_e
     stats = shared.stats()
     assert stats["capture"] is False and stats["steps_run"] == 7 * n
     assert stats["peak_bytes"] > 0  # the members' memory was counted
-    assert len(seen) == 7 and all("trial 0" in names for names in seen)
+    assert len(seen) == 7 and all("trial 0" in names for names, _ in seen)
+    # Each training job listed once, as itself, not again as a member's name
+    assert all(jobs[0] in training and "trial 0" not in training for _, training in seen)
     assert 1 <= shared.most_training <= n  # each job counted once, not as a job and a member
     assert shared.training == [] and stats["sharing"] == []
 

@@ -102,7 +102,7 @@ def test_a_frozen_layer_of_a_model_that_takes_a_trace_is_its_own(opt_name):
                 if n.op == "get_attr"}
         assert {id(job.model.a.weight), id(job.model.a.bias)} <= held
     (entry,), = TRACES._entries.values()
-    assert {t.device.type for t, _ in entry.own.values()} == {"meta"} and len(entry.own) == 2
+    assert {t.device.type for t, _ in entry.own} == {"meta"} and len(entry.own) == 2
 
 
 @pytest.mark.parametrize("other", [

@@ -68,10 +68,10 @@ class _Entry:
     values: tuple        # the read attributes' comparable values
     outputs: list        # (module name, attribute, marker)
     # The graph's constants that are the traced model's own tensors (a
-    # frozen parameter is a constant of the step, not an input): their
-    # placeholders in ``gm`` (meta tensors, holding no memory) -> (module
-    # name, attribute), each taking the model's own tensor when it is taken.
-    own: dict = field(default_factory=dict)
+    # frozen parameter is a constant of the step, not an input): (their
+    # stand-ins in ``gm``, meta tensors holding no memory, (module name,
+    # attribute)), each replaced by the taking model's own tensor.
+    own: list = field(default_factory=list)
 
 
 class TraceCache:
@@ -113,7 +113,7 @@ class TraceCache:
                 # The model's own tensors where the trace had the traced
                 # model's (a frozen layer's weights), not copies of them.
                 gm = copy.deepcopy(hit.gm, {id(stand_in): _tensor_of(modules, *where)
-                                            for stand_in, where in hit.own.values()})
+                                            for stand_in, where in hit.own})
                 # Its graph takes this optimizer's numbers. Its code is not
                 # regenerated: a step runs reordered copies of the graph,
                 # never this module's code (CapturedStep.modules).
@@ -135,7 +135,7 @@ class TraceCache:
             # Kept without the model's tensors: meta stand-ins in their place.
             kept = copy.deepcopy(gm, {i: stand_in for i, (stand_in, _) in own.items()})
             self._keep(key, _Entry(kept, list(roles), list(step_names), list(grads), sites,
-                                   list(reads.read), values, outputs, own))
+                                   list(reads.read), values, outputs, list(own.values())))
         return (traced, found), False
 
     def _find(self, key, modules) -> _Entry | None:

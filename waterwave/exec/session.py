@@ -434,10 +434,15 @@ class TrainingSession(SettingsView):
 
     def _count_training_locked(self) -> None:
         running = sum(hold.running for hold in list(self._trainers.values()))
-        # A job training eagerly where the session plans is a sharing member too
-        both = len(self._free) if self.plans else 0
         self.most_training = max(self.most_training, len(self._members) + len(self._free)
-                                 + max(0, len(self._sharing) - both) + running)
+                                 + len(self._other_members_locked()) + running)
+
+    def _other_members_locked(self) -> list:
+        """The sharing members that are not a job training here eagerly
+        (``_train_free`` makes each of those a member too: one trial, once)."""
+        free = {id(job.model) for job, _ in self._free.values()}
+        return [m for m in self._sharing.values()
+                if getattr(m, "model_ref", None) is None or id(m.model_ref()) not in free]
 
     # ConcurrentTrainer's fixed sets of jobs (concurrent.py) -----------------
     def hold_for_trainer(self, trainer, held: int, running: int = 0) -> None:
@@ -496,7 +501,8 @@ class TrainingSession(SettingsView):
         sharing members)."""
         with self._lock:
             return [member.job for member, _ in self._members.values()] + [
-                job for job, _ in self._free.values()] + [m.name for m in self._sharing.values()]
+                job for job, _ in self._free.values()] + [
+                m.name for m in self._other_members_locked()]
 
     def reset_peak(self) -> None:
         """``stats()["peak_bytes"]`` starts again from the members' bytes now."""
