@@ -1,6 +1,6 @@
 """Hypothesis state machines over random multi-stream sequences (alloc, free,
-record_stream, launch, sync, empty_cache, host time) for both policies, with
-and without expandable segments.
+record_stream, launch, sync, empty_cache, host time, max_split_size changed
+at run time) for both policies, with and without expandable segments.
 
 After every step: the C++ invariant check; from the snapshot, no two live
 blocks overlap, blocks tile their segments, reserved = allocated + cached free
@@ -125,6 +125,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.ready().empty_cache()
         self.just_synced = True
 
+    @rule(mb=st.sampled_from([None, 20, 24, 32]))
+    def set_max_split_size(self, mb):
+        self.ready().set_max_split_size(-1 if mb is None else mb * MiB)
+
     @rule(us=st.floats(0, 500))
     def advance_host(self, us):
         self.ready().device.advance_host(us)
@@ -192,6 +196,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert s["reserved_bytes.all.peak"] == self.peak_reserved
         free_sets = s["synced_free_bytes"] + s["unsynced_free_bytes"]
         assert free_sets == cached
+        # Oversize counts follow max_split_size, also after it changed (an
+        # expandable segment's pages are counted as they map, not as here).
+        limit = s["max_split_size"] if s["max_split_size"] >= 0 else float("inf")
+        assert self.expandable or s["oversize_segments.current"] == sum(seg["size"] >= limit for seg in snap)
+        assert s["oversize_allocations.current"] == sum(
+            b["size"] >= limit for seg in snap for b in seg["blocks"] if b["state"] == "allocated")
         assert 0.0 <= s["fragmentation.at_peak_reserved"] <= 1.0
 
 

@@ -210,6 +210,35 @@ double Allocator::memory_fraction() {
   return fraction_;
 }
 
+void Allocator::set_max_split_size(std::size_t bytes) {
+  AllocatorConfig next = cfg_;  // only max_split_size ever changes, under mu_
+  next.max_split_size = bytes;
+  next.validate();
+  Lock lock(mu_);
+  cfg_.max_split_size = bytes;
+  stats_.max_split_size = bytes == SIZE_MAX ? -1 : static_cast<std::int64_t>(bytes);
+  // The oversize counts now mean the new limit: recount what is live (their
+  // peaks stay what they were; a free decreases by the limit it meets).
+  std::int64_t segments = 0, allocations = 0;
+  for (const auto& [addr, seg] : segments_) {
+    if (seg->size >= bytes) ++segments;
+    for (const Block* b = seg->head; b; b = b->next) {
+      if (b->allocated && b->size >= bytes) ++allocations;
+    }
+  }
+  auto recount = [](Stat& s, std::int64_t now) {
+    s.current = now;
+    s.peak = std::max(s.peak, now);
+  };
+  recount(stats_.oversize_segments, segments);
+  recount(stats_.oversize_allocations, allocations);
+}
+
+AllocatorConfig Allocator::config() {
+  Lock lock(mu_);
+  return cfg_;
+}
+
 std::vector<SegmentInfo> Allocator::snapshot() {
   Lock lock(mu_);
   std::vector<SegmentInfo> out;

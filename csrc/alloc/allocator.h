@@ -91,6 +91,13 @@ class Allocator {
   // cap). Memory already reserved above it stays until freed and released.
   void set_memory_fraction(double fraction);
   double memory_fraction();
+  // max_split_size_mb changed while the allocator runs, as PyTorch's
+  // torch.cuda.memory._set_allocator_settings changes it: from now on blocks
+  // of at least `bytes` are never split, and a request takes a cached block
+  // that large only when it nearly fills it; blocks split before stay split
+  // until they coalesce. SIZE_MAX: no limit. ConfigError (nothing changed)
+  // below the large segment size.
+  void set_max_split_size(std::size_t bytes);
   // Memory history for PyTorch's snapshot format: while enabled, the newest
   // `max_entries` allocator events (alloc, free_requested, free_completed,
   // segment_alloc/free, segment_map/unmap, oom). Disabling drops them.
@@ -114,7 +121,8 @@ class Allocator {
 
   PolicyKind kind() const { return kind_; }
   const char* policy() const { return policy_info(kind_).name; }
-  const AllocatorConfig& config() const { return cfg_; }
+  // A copy: max_split_size may change under the lock (set_max_split_size).
+  AllocatorConfig config();
 
  protected:
   Allocator(PolicyKind kind, Device& device, const AllocatorConfig& config);
@@ -201,8 +209,8 @@ class Allocator {
   [[noreturn]] void fail_invariant(const std::string& what) const;
 
   Device& device_;
-  const AllocatorConfig cfg_;
-  const SizeRules rules_;
+  AllocatorConfig cfg_;  // fixed but for max_split_size (set_max_split_size)
+  const SizeRules rules_;  // reads cfg_
   std::mutex mu_;
   AllocatorStats stats_;
   std::map<Addr, Segment*> segments_;

@@ -262,24 +262,30 @@ class PytorchPolicy final : public Allocator {
   }
 
   // Only with max_split_size set: free one cached oversize block at least as
-  // large as max(size, max_split_size), or several, largest first.
+  // large as max(size, max_split_size), or several, largest first. Oversize
+  // blocks are whole segments, except those split before max_split_size was
+  // set at run time (set_max_split_size): those stay, skipped.
   bool release_available_cached_blocks_locked(Lock& lock, StreamId stream, PoolKind pool,
                                               std::size_t size) {
     if (!cfg_.max_split_size_set() || cfg_.expandable_segments) return false;
     const std::size_t key = std::max(size, cfg_.max_split_size);
     FreeSet& set = pools(stream)->sets[pool];
     auto it = set.lower_bound(key);
-    if (it != set.end()) {
-      release_segments_locked(lock, {*it});
-      return true;
+    for (auto up = it; up != set.end(); ++up) {
+      if (!(*up)->is_split()) {
+        release_segments_locked(lock, {*up});
+        return true;
+      }
     }
     if (it == set.begin()) return false;
     std::size_t total = 0;
     std::vector<Block*> chosen;
     --it;
     while (total < key && (*it)->size >= cfg_.max_split_size) {
-      chosen.push_back(*it);
-      total += (*it)->size;
+      if (!(*it)->is_split()) {
+        chosen.push_back(*it);
+        total += (*it)->size;
+      }
       if (it == set.begin()) break;
       --it;
     }

@@ -57,6 +57,7 @@ class AllocatorStack {
   void reset_accumulated_stats() { online_->reset_accumulated_stats(); }
   void set_memory_fraction(double fraction) { online_->set_memory_fraction(fraction); }
   double memory_fraction() { return online_->memory_fraction(); }
+  void set_max_split_size(std::size_t bytes) { online_->set_max_split_size(bytes); }
   std::vector<SegmentInfo> snapshot() { return online_->snapshot(); }
   void check_invariants();
   Allocator& online() { return *online_; }

@@ -116,6 +116,15 @@ void bind_stack(py::module_& m) {
            "From now on, keep reserved memory within this share of the device (0, 1].")
       .def("get_per_process_memory_fraction",
            [](BoundStack& a) { return a.stack().memory_fraction(); })
+      .def("set_max_split_size",
+           [](BoundStack& a, std::int64_t bytes) {
+             if (bytes < -1) throw ConfigError("max_split_size: give bytes, or -1 for no limit");
+             a.stack().set_max_split_size(bytes < 0 ? SIZE_MAX : static_cast<std::size_t>(bytes));
+           },
+           py::arg("bytes"),
+           "From now on blocks of at least `bytes` are never split (PyTorch's "
+           "max_split_size_mb, changed at run time); -1: no limit. Blocks split before stay "
+           "split.")
       .def("check_invariants", [](BoundStack& a) { a.stack().check_invariants(); })
       .def("snapshot", [](BoundStack& a) { return segments_list(a.stack().snapshot()); },
            "Segments and their blocks, in address order.")

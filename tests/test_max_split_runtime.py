@@ -1,0 +1,83 @@
+"""max_split_size changed while the allocator runs (``set_max_split_size``,
+``waterwave.cuda.set_max_split_size_mb``), and why a sharing session on a
+GPU sets it: the simulated search of ``bench/fragmentation/sharing_cap.py``,
+where cached pieces ran trials out of memory under their budget."""
+import sys
+from pathlib import Path
+
+import pytest
+
+import waterwave as ww
+from waterwave import _C
+
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def split_big_block(policy: str, capacity: int = 256 * MiB) -> tuple[ww.Allocator, int]:
+    """A 100 MiB segment, freed, then split by a 30 MiB request: a free 70
+    MiB piece of a split segment stays in the cache."""
+    a = ww.Allocator(policy, ww.SimDevice(capacity, 0.0))
+    a.free(a.alloc(100 * MiB))
+    return a, a.alloc(30 * MiB)
+
+
+@pytest.mark.parametrize("policy", ["pytorch", "waterwave"])
+def test_a_block_is_not_split_once_the_limit_is_set(policy):
+    a, small = split_big_block(policy)
+    assert a.stats()["segment.all.current"] == 1  # the 30 MiB split the 100 MiB segment
+    a.free(small)
+    a.sync_and_coalesce()
+    a.set_max_split_size(20 * MiB)
+    assert a.stats()["max_split_size"] == 20 * MiB
+    a.alloc(30 * MiB)
+    s = a.stats()
+    assert s["segment.all.current"] == 2  # a segment of its own, the 100 MiB kept whole
+    assert s["oversize_segments.current"] == 2
+    assert s["oversize_allocations.current"] == 1
+    a.set_max_split_size(-1)
+    assert a.stats()["max_split_size"] == -1
+    assert a.stats()["oversize_segments.current"] == 0
+    a.check_invariants()
+
+
+def test_pytorch_policy_out_of_memory_skips_an_oversize_piece_split_before():
+    # Before the fix, the oversize release took the split 70 MiB piece for a
+    # whole segment and broke the allocator's invariant.
+    a, _ = split_big_block("pytorch")
+    a.set_max_split_size(20 * MiB)
+    with pytest.raises(_C.OutOfMemoryError):
+        a.alloc(200 * MiB)  # 156 MiB left on the device; the piece cannot be given back
+    a.check_invariants()
+    a.alloc(60 * MiB)  # the allocator still serves
+
+
+@pytest.mark.parametrize("bytes_", [10 * MiB, -2])
+def test_a_limit_below_the_segment_size_is_refused_and_changes_nothing(bytes_):
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "max_split_size_mb:64")
+    with pytest.raises(_C.ConfigError, match="max_split_size"):
+        a.set_max_split_size(bytes_)
+    assert a.stats()["max_split_size"] == 64 * MiB
+
+
+@pytest.mark.parametrize("mb", [0, -5, True, 1.5, "20", 1 << 44])
+def test_cuda_setter_refuses_what_is_no_size(mb):
+    with pytest.raises(ValueError, match="max_split_size_mb"):
+        ww.cuda.set_max_split_size_mb(mb)
+
+
+def test_simulated_sharing_under_a_cap_loses_trials_without_the_limit_and_none_with_it():
+    sys.path.insert(0, str(ROOT / "bench" / "fragmentation"))
+    try:
+        import sharing_cap
+    finally:
+        sys.path.pop(0)
+    from waterwave.sim.trace import from_snapshot
+
+    trial = sharing_cap.program(from_snapshot(str(sharing_cap.SNAPSHOT)))
+    at_first_pass = "max_split_size_mb:20" + sharing_cap.AT_FIRST_PASS
+    for seed in (0, 1):
+        plain = sharing_cap.run("waterwave", "", trial, seed)
+        assert plain["lost"] > 0 and plain["refusals"][0]["cached_gib"] > 1.0
+        limited = sharing_cap.run("waterwave", at_first_pass, trial, seed)
+        assert limited["lost"] == 0 and limited["forced"] == 0
