@@ -595,8 +595,10 @@ def test_sharing_trials_train_as_alone_under_a_cap_where_side_by_side_runs_out(t
     print(json.dumps({'losses': losses, 'errors': errors, 'limit': limit,
                       'side_by_side': 4 * peak, 'stats': session.stats(), 'seconds': seconds,
                       'samples': 4 * sum(len(b[0]) for b in batches()),
-                      'bad_frees': wc.free_errors()[0]}))
+                      'bad_frees': wc.free_errors()[0],
+                      'max_split': wc.allocator(0).stats()['max_split_size']}))
     """))
+    assert out["max_split"] == 128 * 2**20  # the user's setting stands (cache_splits)
     native = assert_native_runs_out(script, out["limit"]) if way == "ww.sharing" else None
     with capsys.disabled():
         print(f"\n{way} {trials}: {out['samples'] / out['seconds']:.0f} "

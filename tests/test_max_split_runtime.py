@@ -81,3 +81,23 @@ def test_simulated_sharing_under_a_cap_loses_trials_without_the_limit_and_none_w
         assert plain["lost"] > 0 and plain["refusals"][0]["cached_gib"] > 1.0
         limited = sharing_cap.run("waterwave", at_first_pass, trial, seed)
         assert limited["lost"] == 0 and limited["forced"] == 0
+
+
+def test_a_sharing_session_keeps_large_blocks_whole_unless_the_user_chose():
+    from waterwave.exec import cache_splits
+
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
+    assert cache_splits.keep_large_blocks_whole(a) == 20 * MiB
+    assert a.stats()["max_split_size"] == 20 * MiB
+    chosen = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "max_split_size_mb:64")
+    assert cache_splits.keep_large_blocks_whole(chosen) == 64 * MiB
+    assert chosen.stats()["max_split_size"] == 64 * MiB
+    big = ww.Allocator("pytorch", ww.SimDevice(256 * MiB, 0.0), "large_segment_size_mb:32")
+    assert cache_splits.keep_large_blocks_whole(big) == 32 * MiB
+
+
+def test_without_waterwaves_cuda_allocator_nothing_is_set():
+    from waterwave.exec import cache_splits
+
+    assert not ww.cuda.is_installed()
+    assert cache_splits.keep_large_blocks_whole_on("cuda") is None

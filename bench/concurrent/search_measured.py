@@ -160,6 +160,8 @@ def child(way: str, args) -> dict:
     if ww is not None:  # what the session counted: its members' peak, its waits
         stats = ww.training_session(args.device).stats()
         session = {k: stats[k] for k in ("budget", "peak_bytes", "waits", "most_training")}
+        if device.type == "cuda":  # what the session set (cache_splits), or -1: no limit
+            session["max_split_size"] = ww.cuda.allocator(device).stats()["max_split_size"]
     return {"way": way, "jobs": jobs, "seconds": seconds,
             "trained": states.count("COMPLETE") + states.count("PRUNED"),
             "ooms": states.count("FAIL"),
@@ -299,6 +301,10 @@ def markdown(report: dict) -> str:
                + ("-" if r["session"]["budget"] is None else
                   f"{r['session']['budget'] / 2**30:.2f} GiB")
                + f", waits {r['session']['waits']}"
+               + ("" if "max_split_size" not in r["session"] else
+                  (", every cached block may split" if r["session"]["max_split_size"] < 0 else
+                   f", cached blocks of {r['session']['max_split_size'] / 2**20:g} MiB or more "
+                   "never split"))
                for r in report["rows"] if r.get("session")]
     if counted:
         lines += ["", "What Waterwave's session counted:", "", *counted]

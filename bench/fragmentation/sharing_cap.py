@@ -191,7 +191,8 @@ def run(policy: str, config: str, program, seed: int, trials: int = 8, slots: in
     return {"policy": policy, "config": config or "(default)", "seed": seed, "lost": lost,
             "forced": forced, "reserved_peak_gib": s["reserved_bytes.all.peak"] / GiB,
             "allocated_peak_gib": s["allocated_bytes.all.peak"] / GiB, "refusals": refusals,
-            "page_moves": s.get("num_page_moves", 0)}
+            "page_moves": s.get("num_page_moves", 0),
+            "device_calls": s["num_device_alloc"] + s["num_device_free"]}
 
 
 def report(rows: list[dict], seeds: int) -> str:
@@ -204,8 +205,9 @@ def report(rows: list[dict], seeds: int) -> str:
         f"batches; {seeds} random interleavings per setting.",
         "",
         "| policy | setting | trials lost (of 8 each run) | forced admissions | reserved peak GiB "
-        "| cached at refusals GiB |",
-        "|---|---|---|---|---|---|",
+        "| cached at refusals GiB | page moves (most in a run) | segments made and given back "
+        "(most in a run) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (policy, config) in SETTINGS:
         mine = [r for r in rows if r["policy"] == policy and r["config"] == (config or "(default)")]
@@ -214,7 +216,9 @@ def report(rows: list[dict], seeds: int) -> str:
         cached_txt = (f"{min(cached):.2f}–{max(cached):.2f}" if cached else "-")
         lines.append(f"| {policy} | {config or '(default)'} | {sum(lost)} ({', '.join(map(str, lost))}) "
                      f"| {sum(r['forced'] for r in mine)} "
-                     f"| {max(r['reserved_peak_gib'] for r in mine):.2f} | {cached_txt} |")
+                     f"| {max(r['reserved_peak_gib'] for r in mine):.2f} | {cached_txt} "
+                     f"| {max(r['page_moves'] for r in mine):,} "
+                     f"| {max(r['device_calls'] for r in mine):,} |")
     return "\n".join(lines) + "\n"
 
 

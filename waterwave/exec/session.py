@@ -66,7 +66,7 @@ from ..pipeline.pairing import MemoryPairing
 from ..pipeline.pass_profile import GPU_MARGIN
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
-from . import awaiting_jobs, ctrl_c
+from . import awaiting_jobs, cache_splits, ctrl_c
 from .between_calls import BetweenCalls
 from .job_loop import Measure, MemoryProbe, raise_outcome, run_free, run_job
 from .pipeline_settings import (PipelineSettings, SettingsView, checked_capture, session_settings,
@@ -116,6 +116,7 @@ class TrainingSession(SettingsView):
         self._capacity: int | None = None  # the GPU budget, probed when a feed starts
         self._collected_at = -COLLECT_EVERY_S  # when a probe last collected garbage
         self._pass_probed_at = -PASS_PROBE_EVERY_S  # when a pass last measured the budget
+        self._blocks_kept_whole = False  # cache_splits: set at the first block on a GPU
         self.steps_run = 0
         self.most_training = 0  # the most jobs that trained here at once
         self.settings = session_settings(PipelineSettings(schedule, memory_limit, split_size,
@@ -323,6 +324,9 @@ class TrainingSession(SettingsView):
                 self._sharing[id(member)] = member
             else:
                 self._claim_cuda_ledger(member)
+                if not self._blocks_kept_whole:
+                    cache_splits.keep_large_blocks_whole_on(self.device)
+                    self._blocks_kept_whole = True
             self.ledger().join(member.account.id, base)
             if self.device != "cpu" and self.memory_limit is None and self._feed is None:
                 # On a GPU with no limit: what the allocator can still give
