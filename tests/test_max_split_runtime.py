@@ -85,7 +85,7 @@ def test_simulated_sharing_under_a_cap_loses_trials_without_the_limit_and_none_w
 
 
 def test_a_sharing_session_keeps_large_blocks_whole_unless_the_user_chose():
-    from waterwave.exec import cache_splits
+    from waterwave.alloc import cache_splits
 
     a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
     assert cache_splits.keep_large_blocks_whole(a) == 20 * MiB
@@ -95,13 +95,6 @@ def test_a_sharing_session_keeps_large_blocks_whole_unless_the_user_chose():
     assert chosen.stats()["max_split_size"] == 64 * MiB
     big = ww.Allocator("pytorch", ww.SimDevice(256 * MiB, 0.0), "large_segment_size_mb:32")
     assert cache_splits.keep_large_blocks_whole(big) == 32 * MiB
-
-
-def test_without_waterwaves_cuda_allocator_nothing_is_set():
-    from waterwave.exec import cache_splits
-
-    assert not ww.cuda.is_installed()
-    assert cache_splits.keep_large_blocks_whole_on("cuda") is None
 
 
 def test_out_of_memory_gives_back_only_the_segments_that_make_room():

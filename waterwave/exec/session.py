@@ -59,14 +59,15 @@ import weakref
 from dataclasses import dataclass, replace
 
 from .. import _C
-from ..alloc import cpu_allocator
+from .. import cuda
+from ..alloc import cache_splits, cpu_allocator
 from ..alloc.torch_bridge import BridgeUnavailable
 from ..pipeline.counter_barrier import CounterBarrier
 from ..pipeline.pairing import MemoryPairing
 from ..pipeline.pass_profile import GPU_MARGIN
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
-from . import awaiting_jobs, cache_splits, ctrl_c
+from . import awaiting_jobs, ctrl_c
 from .between_calls import BetweenCalls
 from .job_loop import Measure, MemoryProbe, raise_outcome, run_free, run_job
 from .pipeline_settings import (PipelineSettings, SettingsView, checked_capture, session_settings,
@@ -324,8 +325,8 @@ class TrainingSession(SettingsView):
                 self._sharing[id(member)] = member
             else:
                 self._claim_cuda_ledger(member)
-                if not self._blocks_kept_whole:
-                    cache_splits.keep_large_blocks_whole_on(self.device)
+                if not self._blocks_kept_whole and cuda.is_installed():
+                    cache_splits.keep_large_blocks_whole(cuda.allocator(self.device))
                     self._blocks_kept_whole = True
             self.ledger().join(member.account.id, base)
             if self.device != "cpu" and self.memory_limit is None and self._feed is None:

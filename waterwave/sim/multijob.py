@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from .. import _C
-from ..alloc import POLICIES, Allocator, AllocatorConfig
+from ..alloc import POLICIES, Allocator, AllocatorConfig, cache_splits
 from .gpus import GPU
 from .gpus import gpu as named_gpu
 from ..pipeline.pass_profile import GPU_MARGIN
@@ -149,6 +149,10 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
         sched, choice = sched.decide(jobs, probe)
     segments = sched(jobs, steps)
     _check_order(jobs, segments)
+    if any(isinstance(s, GatedSegment) for thread in segments for s in thread):
+        # Sharing members: large cached blocks kept whole, as a session on a
+        # GPU keeps them (alloc/cache_splits.py), unless the config chose.
+        cache_splits.keep_large_blocks_whole(alloc)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth,
                budget=memory_limit or spec.memory)
     result = SimResult(True, policy, name, spec.name,

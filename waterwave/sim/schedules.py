@@ -291,11 +291,13 @@ NODE_GROUP_SCHEDULES = tuple(n for n, s in pipeline.SCHEDULES.items()
 NAMES = (*WHOLE_TRACE_SCHEDULES, *NODE_GROUP_SCHEDULES, "sharing", "session")
 # Each schedule's allocator (policy, config), as the benchmarks and the demo
 # run it: PyTorch's jobs under PyTorch's policy; the NodeGroup pipeline under
-# the waterwave policy, blocks over 128 MiB never split (the paper's setting).
+# the waterwave policy, blocks over 128 MiB never split (the paper's setting);
+# sharing members under the waterwave policy, whose blocks of 20 MiB or more
+# the run keeps whole as a session on a GPU does (alloc/cache_splits.py).
 ALLOCATORS: dict[str, tuple[str, str]] = {
     "phased": ("pytorch", ""), "sequential": ("pytorch", ""), "turns": ("pytorch", ""),
     **{n: (s.policy, s.config) for n, s in pipeline.SCHEDULES.items()},
-    "sharing": ("waterwave", "max_split_size_mb:128"),
+    "sharing": ("waterwave", ""),  # the session keeps large blocks whole (cache_splits)
 }
 
 

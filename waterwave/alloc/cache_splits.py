@@ -1,4 +1,6 @@
-"""Why a sharing session on a GPU keeps large cached blocks whole.
+"""Why trials sharing a GPU keep large cached blocks whole: the limit a
+sharing session on a GPU sets (``TrainingSession.join_sharing``) and the
+simulator's sharing schedule sets (``sim/multijob.py``).
 
 Trials sharing a capped GPU free large activations that the next trial's
 pass takes. A caching allocator that splits those blocks for smaller
@@ -13,18 +15,17 @@ such blocks are whole segments, which the allocator gives back and maps
 again at the size asked for when the device runs out; the price is about six
 times the segment calls there, unmeasured on a GPU). So the first sharing
 block on a GPU sets that limit where Waterwave's allocator serves the device
-and the user set none.
+and the user set none (torch's own allocator is the user's to configure).
 
-May import: waterwave.cuda, waterwave.alloc.
+May import: nothing of waterwave (it is given the allocator).
 """
 from __future__ import annotations
 
-from .. import cuda
 
 SHARING_MAX_SPLIT_MB = 20  # PyTorch's smallest allowed: its large segment size
 
 
-def keep_large_blocks_whole(allocator) -> int | None:
+def keep_large_blocks_whole(allocator) -> int:
     """Set ``allocator``'s max_split_size to ``SHARING_MAX_SPLIT_MB`` (or its
     large segment size, where that is larger) unless one is set. Returns the
     limit in force, in bytes (the user's where they set one)."""
@@ -35,10 +36,3 @@ def keep_large_blocks_whole(allocator) -> int | None:
     allocator.set_max_split_size(limit)
     return limit
 
-
-def keep_large_blocks_whole_on(device) -> int | None:
-    """The same on a CUDA device, where Waterwave's allocator serves PyTorch
-    (None elsewhere: torch's own allocator is the user's to configure)."""
-    if not cuda.is_installed():
-        return None
-    return keep_large_blocks_whole(cuda.allocator(device))
