@@ -46,6 +46,7 @@ def test_demo_writes_plot_and_numbers(tmp_path, capsys):
     assert s["waterwave"]["max_batch"] <= data["sole"]
     assert not data["at_waterwave_batch"]["lockstep"]["ok"]
     assert data["at_waterwave_batch"]["waterwave"]["ok"]
+    assert data["at_waterwave_batch"]["sharing"]["ok"]  # large blocks kept whole (cache_splits)
 
 
 def test_console_script_entry_point():

@@ -96,17 +96,3 @@ def test_a_sharing_session_keeps_large_blocks_whole_unless_the_user_chose():
     big = ww.Allocator("pytorch", ww.SimDevice(256 * MiB, 0.0), "large_segment_size_mb:32")
     assert cache_splits.keep_large_blocks_whole(big) == 32 * MiB
 
-
-def test_out_of_memory_gives_back_only_the_segments_that_make_room():
-    # Trials sharing a capped GPU cache each other's next activations: a
-    # refusal gives back the fewest whole segments that fit the request
-    # (before: every free one, mapped again at the next passes).
-    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "max_split_size_mb:20")
-    for ptr in [a.alloc(60 * MiB, stream) for stream in (1, 2, 3)]:
-        a.free(ptr)
-    a.alloc(100 * MiB, 4)  # 76 MiB left on the device: two 60 MiB segments go back
-    s = a.stats()
-    assert s["segment.all.current"] == 2 and s["num_device_free"] == 2
-    a.alloc(120 * MiB, 4)  # none is large enough alone nor together: all go
-    assert a.stats()["segment.all.current"] == 2  # the 100 and the 120
-    a.check_invariants()

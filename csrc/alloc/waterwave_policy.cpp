@@ -14,10 +14,9 @@
 //   5. a new segment from the device (with expandable segments: S's own
 //      segment grows, idle synced pages of any segment moving there first,
 //      new pages mapped for the rest);
-//   6. on device out-of-memory: SyncAndCoalesce, give back the fewest wholly
-//      free segments that make room, retry; then every one, retry (with
-//      expandable segments: retry first, since every free page is now idle
-//      and may move; release free pages only if that fails);
+//   6. on device out-of-memory: SyncAndCoalesce, release empty segments, retry
+//      (with expandable segments: retry first, since every free page is now
+//      idle and may move; release free pages only if that fails);
 //   7. OutOfMemoryError with the statistics.
 // Frees coalesce only with neighbours in the same unsynced set; merging with
 // synced neighbours is deferred until promotion, SyncAndCoalesce, or a
@@ -69,46 +68,12 @@ class WaterwavePolicy final : public Allocator {
     // as many as it needs: unmapping them all first would cost a device
     // call per page twice over (unmap now, map again at once).
     if (cfg_.expandable_segments) b = find_cached_or_new_locked(lock, r, how);
-    // Else the fewest whole segments that make room, first: the others stay
-    // cached for the streams whose next passes take them again (trials
-    // sharing a capped GPU would otherwise give back and map again every
-    // segment at each refusal).
-    if (!b && !cfg_.expandable_segments && release_enough_locked(lock, r)) {
-      b = find_cached_or_new_locked(lock, r, how);
-    }
     if (!b) {
       release_free_segments_locked(lock);
       b = find_cached_or_new_locked(lock, r, how);
     }
     how = Served::kAfterSync;
     return b;
-  }
-
-  // Gives back the smallest wholly free synced segment of r's pool at least
-  // as large as the segment r needs, else the largest ones until they add up
-  // to it. Whether any went back.
-  bool release_enough_locked(Lock& lock, const Request& r) {
-    const std::size_t need = rules_.segment_size(r.size);
-    const FreeSet& set = synced_[r.pool];
-    auto whole = [](const Block* b) { return !b->is_split() && !b->segment->expandable; };
-    for (auto it = set.lower_bound(need); it != set.end(); ++it) {
-      if (whole(*it)) {
-        release_segments_locked(lock, {*it});
-        return true;
-      }
-    }
-    std::vector<Block*> chosen;
-    std::size_t total = 0;
-    for (auto it = set.lower_bound(need); it != set.begin() && total < need;) {
-      --it;
-      if (whole(*it)) {
-        chosen.push_back(*it);
-        total += (*it)->size;
-      }
-    }
-    if (total < need) return false;  // not enough: every free segment goes (the caller)
-    release_segments_locked(lock, chosen);
-    return true;
   }
 
   // Steps 1-5, inlined into both callers.

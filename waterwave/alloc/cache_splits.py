@@ -9,10 +9,10 @@ pieces too small for the next activation, in segments it cannot give back:
 on an H200, four resnet50 trials under a 12 GiB cap lost 3 of 8 that way,
 with 3 GiB cached in such pieces while the members' counted bytes were under
 their budget, and the simulated search of
-``bench/fragmentation/sharing_cap.py`` loses 13 of 80 the same way and none
+``bench/fragmentation/sharing_cap.py`` loses 28 of 80 the same way and none
 with blocks of 20 MiB or more never split (PyTorch's ``max_split_size_mb``:
 such blocks are whole segments, which the allocator gives back and maps
-again at the size asked for when the device runs out; the price is about six
+again at the size asked for when the device runs out; the price is about nine
 times the segment calls there, unmeasured on a GPU). So the first sharing
 block on a GPU sets that limit where Waterwave's allocator serves the device
 and the user set none (torch's own allocator is the user's to configure).

@@ -1,6 +1,6 @@
 """``make demo``: two training jobs of a real model on one simulated GPU
-under a memory cap, as PyTorch runs them side by side and as Waterwave's
-NodeGroup pipeline does.
+under a memory cap, as PyTorch runs them side by side, as Waterwave's
+NodeGroup pipeline does, and as sharing members.
 
 Each job is a captured training step (resnet18 by default: SGD with
 momentum, cross-entropy), simulated as eager PyTorch runs it on the named
@@ -55,16 +55,18 @@ def run(out_dir: str = "out", model: str = "resnet18", gpu: str = "H100-80GB",
         jobs = [jm.trace_at(batch, gpu, kernels, stream=0,
                             partition=getattr(sched, "partition", None)) for _ in range(2)]
         runs[name] = simulate(jobs, gpu, memory_limit, sched, policy, steps, config=config)
-    # One after another beside a training session's choice, at that batch,
-    # each under its own allocator.
-    one_by_one, chose = (simulate_models([jm, jm], batch, gpu, name, memory_limit, kernels,
-                                         steps, record=False)[0]
-                         for name in ("sequential", "session"))
+    # One after another beside a captured session's choice and the jobs as
+    # sharing members (each its own eager loop: job.train's default), at that
+    # batch, each under its own allocator.
+    one_by_one, chose, sharing = (simulate_models([jm, jm], batch, gpu, name, memory_limit,
+                                                  kernels, steps, record=False)[0]
+                                  for name in ("sequential", "session", "sharing"))
     results["at_waterwave_batch"] = {
         "batch": batch, **{k: {"ok": r.ok, "peak_reserved": r.peak_reserved,
                                "peak_allocated": r.peak_allocated,
                                "throughput": r.throughput if r.ok else None}
-                           for k, r in {**runs, "sequential": one_by_one, "session": chose}.items()},
+                           for k, r in {**runs, "sequential": one_by_one, "session": chose,
+                                        "sharing": sharing}.items()},
         "session_ran": chose.session["pairing"] if chose.session else None}
     if plot:
         results["plot"] = _plot(runs, os.path.join(out_dir, "demo_memory.png"))
@@ -124,8 +126,10 @@ def format_table(results: dict) -> str:
     def rate(r: dict) -> str:
         return "runs out of memory" if not r["ok"] else (
             "-" if r["throughput"] is None else f"{r['throughput']:,.0f} samples/s")
-    lines.append(f"  one after another (pytorch policy): {rate(at['sequential'])}; "
-                 f"a training session: {rate(at['session'])}"
+    lines.append(f"  one after another (pytorch policy): {rate(at['sequential'])}")
+    lines.append(f"  sharing, each job its own eager loop (job.train's default, ww.sharing): "
+                 f"{rate(at['sharing'])}")
+    lines.append(f"  a captured session (capture=True): {rate(at['session'])}"
                  + (f", running {at['session_ran']}" if at["session_ran"] else ""))
     return "\n".join(lines)
 
