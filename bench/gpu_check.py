@@ -65,7 +65,7 @@ def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
         # budget that ends sooner (a 10-minute call) still measures it.
         ("an Optuna search of small trials, five ways",
          [py, "bench/concurrent/search_measured.py", "--family", "small", "--out", str(out)]),
-        ("an Optuna search of memory-bound trials, five ways",
+        ("an Optuna search of memory-bound trials, six ways",
          [py, "bench/concurrent/search_measured.py", "--family", "memory-bound",
           "--out", str(out)]),
         ("rounding spread of float16 Adam",

@@ -96,3 +96,18 @@ def test_a_sharing_session_keeps_large_blocks_whole_unless_the_user_chose():
     big = ww.Allocator("pytorch", ww.SimDevice(256 * MiB, 0.0), "large_segment_size_mb:32")
     assert cache_splits.keep_large_blocks_whole(big) == 32 * MiB
 
+
+
+def test_a_limit_chosen_on_the_gpu_is_kept_and_known(fake):
+    ww.cuda.configure("waterwave", "", driver=fake.path)
+    ptr = _C.cuda_malloc(MiB, 0, 0)  # the device's allocator exists
+    try:
+        assert not ww.cuda.max_split_size_chosen(0)
+        ww.cuda.set_max_split_size_mb(None, 0)  # the user's choice: no limit; a session keeps it
+        assert ww.cuda.max_split_size_chosen("cuda:0")
+        assert ww.cuda.allocator(0).stats()["max_split_size"] == -1
+        ww.cuda.set_max_split_size_mb(64, device=0)
+        assert ww.cuda.allocator(0).stats()["max_split_size"] == 64 * MiB
+    finally:
+        ww.cuda._max_split_chosen.discard(0)
+        _C.cuda_free(ptr, MiB, 0, 0)

@@ -123,20 +123,31 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     allocator(device).set_per_process_memory_fraction(fraction)
 
 
+_max_split_chosen: set[int] = set()  # devices whose max_split_size the user set here
+
+
 def set_max_split_size_mb(mb: int | None, device=None) -> None:
     """From now on, never split a cached block of at least ``mb`` MiB
     (``max_split_size_mb``, as ``PYTORCH_CUDA_ALLOC_CONF`` sets it at start;
     None: no limit). Blocks split before stay split until they coalesce.
-    A sharing session on a GPU sets it (``sharing.md``)."""
-    if mb is None:
-        allocator(device).set_max_split_size(-1)
-        return
-    if isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0:
-        raise ValueError(f"max_split_size_mb must be a positive whole number of MiB or None; "
-                         f"got {mb!r}")
-    if mb > (1 << 43):  # 2**63 bytes: beyond any device
-        raise ValueError(f"max_split_size_mb={mb} is beyond any device; give None for no limit")
-    allocator(device).set_max_split_size(mb << 20)
+    A sharing session's first block on a GPU sets 20 MiB unless a limit was
+    chosen, here (None included) or in the allocator's settings
+    (``alloc/cache_splits.py``)."""
+    if mb is not None:
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0:
+            raise ValueError(f"max_split_size_mb must be a positive whole number of MiB or None; "
+                             f"got {mb!r}")
+        if mb > (1 << 43):  # 2**63 bytes: beyond any device
+            raise ValueError(f"max_split_size_mb={mb} is beyond any device; give None for no "
+                             "limit")
+    index = _device_index(device)
+    allocator(index).set_max_split_size(-1 if mb is None else mb << 20)
+    _max_split_chosen.add(index)
+
+
+def max_split_size_chosen(device=None) -> bool:
+    """Whether ``set_max_split_size_mb`` set the device's limit (None too)."""
+    return _device_index(device) in _max_split_chosen
 
 
 def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,

@@ -19,7 +19,10 @@ allocator counts the sharing trials):
   ``ww.sharing`` block;
 - ``job.train (captured)``: the same in a session that captures each
   trial's step and pipelines it (``capture=True``). The H200's figures of
-  2026-11-27 named ``job.train`` were of this way, the default then.
+  2026-11-27 named ``job.train`` were of this way, the default then;
+- ``ww.sharing, blocks split`` (on a GPU under a cap only): ``ww.sharing``
+  with ``ww.cuda.set_max_split_size_mb(None)``, so the session leaves every
+  cached block splittable: what keeping large ones whole gains and costs.
 
 Each trial builds its model (resnet18 on 32x32 images at batch 128, or
 resnet50 on 224x224 at batch 64 under a 12 GiB cap: ``--family``) and an
@@ -53,7 +56,10 @@ for path in (ROOT, HERE):
 from search import FAMILIES, accuracy  # noqa: E402
 
 WAYS = ("one at a time", "side by side (PyTorch)", "ww.sharing", "job.train",
-        "job.train (captured)")
+        "job.train (captured)", "ww.sharing, blocks split")
+# Only on a GPU under a cap: what keeping large cached blocks whole
+# (alloc/cache_splits.py) gains and costs there, against splitting any block.
+CAPPED_GPU_WAYS = ("ww.sharing, blocks split",)
 JOB_WAYS = ("job.train", "job.train (captured)")
 
 
@@ -67,11 +73,13 @@ def child(way: str, args) -> dict:
     family = FAMILIES[args.family]
     device = torch.device(args.device)
     ww = None
-    if way == "ww.sharing" or way in JOB_WAYS:
+    if way.startswith("ww.sharing") or way in JOB_WAYS:
         import waterwave as ww
 
         if device.type == "cuda":
             ww.install_allocator()
+            if way == "ww.sharing, blocks split":  # the user's choice: the session keeps it
+                ww.cuda.set_max_split_size_mb(None)
     if device.type == "cuda" and family.memory_limit is not None:
         # Every way under the same cap on what the process reserves (the
         # allocator's cache included), as nvidia-smi would show it.
@@ -120,7 +128,7 @@ def child(way: str, args) -> dict:
                 if job is not None:
                     job.train(steps=len(data))
                 else:
-                    with (ww.sharing(model) if way == "ww.sharing" else _nothing()):
+                    with (ww.sharing(model) if way.startswith("ww.sharing") else _nothing()):
                         for x, y in data:
                             opt.zero_grad()
                             F.cross_entropy(model(x), y).backward()
@@ -244,6 +252,8 @@ def main(argv=None) -> int:
             return 2
     rows = []
     for way in WAYS:
+        if way in CAPPED_GPU_WAYS and not (on_gpu and FAMILIES[args.family].memory_limit):
+            continue
         if not on_gpu:
             rows.append(child(way, args))
             print(json.dumps(rows[-1]), flush=True)

@@ -211,10 +211,10 @@ double Allocator::memory_fraction() {
 }
 
 void Allocator::set_max_split_size(std::size_t bytes) {
-  AllocatorConfig next = cfg_;  // only max_split_size ever changes, under mu_
+  Lock lock(mu_);  // cfg_.max_split_size is read and written under mu_ only
+  AllocatorConfig next = cfg_;
   next.max_split_size = bytes;
-  next.validate();
-  Lock lock(mu_);
+  next.validate();  // ConfigError: nothing changed
   cfg_.max_split_size = bytes;
   stats_.max_split_size = bytes == SIZE_MAX ? -1 : static_cast<std::int64_t>(bytes);
   // The oversize counts now mean the new limit: recount what is live (their

@@ -1,7 +1,7 @@
 // Threads on different streams allocate, free, hand pointers to each other
 // and trigger SyncAndCoalesce/empty_cache concurrently, through the allocator
 // stack; thread 0's stream has a plan that it replaces now and then while the
-// others allocate. Built with ASan and UBSan (and runnable under TSan).
+// others allocate, and any thread changes max_split_size now and then. Built with ASan and UBSan (and runnable under TSan).
 // Checks invariants and hazards at the end.
 //
 //   stress_threads POLICY THREADS OPS_PER_THREAD SEED
@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
           } catch (const ConfigError&) {
             // Its blocks are still in use (perhaps by other threads): keep it.
           }
+        } else if (r < 919) {
+          // max_split_size changed while others allocate, as a sharing
+          // session's first block changes it (none, 20, 32 or 44 MiB).
+          const std::uint64_t k = rng() % 4;
+          a->set_max_split_size(k == 0 ? SIZE_MAX : (8 + 12 * k) * kMiB);
         }
         ++total;
       }
