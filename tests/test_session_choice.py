@@ -5,6 +5,9 @@ fast (within 3%) as the best of one job after another, taking turns and
 side by side that fits the same cap, under the same allocator (issue 41,
 part 2). The allocator is the session's own: what is compared is how the
 jobs are scheduled, not how the allocator places their blocks."""
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -65,21 +68,13 @@ def test_the_session_schedule_runs_only_through_the_simulator():
         SessionSchedule(100)([], 1)
 
 
-def _mlp(width: int, layers: int, batch: int):
-    mods, features = [], 64
-    for _ in range(layers):
-        mods += [torch.nn.Linear(features, width), torch.nn.ReLU()]
-        features = width
-    model = torch.nn.Sequential(*mods, torch.nn.Linear(features, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return ww.capture(model, (torch.randn(batch, 64),), loss_fn=torch.nn.functional.cross_entropy,
-                      optimizer=opt, targets=torch.randint(0, 10, (batch,)),
-                      name=f"mlp{width}x{layers}-bs{batch}")
+# Launch-bound steps (the digits search's) to steps that keep the GPU busy
+# alone; the same mixes bench/concurrent/sharing_vs_plain.py measures.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "concurrent"))
+from sharing_vs_plain import SHAPES  # noqa: E402
+from sharing_vs_plain import mlp_graph as _mlp  # noqa: E402
 
-
-# Launch-bound steps (the digits search's) to steps that keep the GPU busy alone.
-SHAPES = [(64, 1, 64), (256, 3, 64), (2048, 2, 64), (1024, 3, 1024), (4096, 2, 256),
-          (512, 1, 1024)]
+sys.path.pop(0)
 _GRAPHS: dict = {}
 
 
