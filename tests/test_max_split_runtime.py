@@ -95,6 +95,10 @@ def test_a_sharing_session_keeps_large_blocks_whole_unless_the_user_chose():
     assert chosen.stats()["max_split_size"] == 64 * MiB
     big = ww.Allocator("pytorch", ww.SimDevice(256 * MiB, 0.0), "large_segment_size_mb:32")
     assert cache_splits.keep_large_blocks_whole(big) == 32 * MiB
+    unlimited = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
+    unlimited.set_max_split_size(-1)  # chosen at run time: no limit, which stands
+    assert cache_splits.keep_large_blocks_whole(unlimited) == -1
+    assert unlimited.stats()["max_split_size"] == -1
 
 
 
@@ -109,5 +113,4 @@ def test_a_limit_chosen_on_the_gpu_is_kept_and_known(fake):
         ww.cuda.set_max_split_size_mb(64, device=0)
         assert ww.cuda.allocator(0).stats()["max_split_size"] == 64 * MiB
     finally:
-        ww.cuda._max_split_chosen.discard(0)
         _C.cuda_free(ptr, MiB, 0, 0)

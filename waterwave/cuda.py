@@ -123,9 +123,6 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     allocator(device).set_per_process_memory_fraction(fraction)
 
 
-_max_split_chosen: set[int] = set()  # devices whose max_split_size the user set here
-
-
 def set_max_split_size_mb(mb: int | None, device=None) -> None:
     """From now on, never split a cached block of at least ``mb`` MiB
     (``max_split_size_mb``, as ``PYTORCH_CUDA_ALLOC_CONF`` sets it at start;
@@ -140,14 +137,13 @@ def set_max_split_size_mb(mb: int | None, device=None) -> None:
         if mb > (1 << 43):  # 2**63 bytes: beyond any device
             raise ValueError(f"max_split_size_mb={mb} is beyond any device; give None for no "
                              "limit")
-    index = _device_index(device)
-    allocator(index).set_max_split_size(-1 if mb is None else mb << 20)
-    _max_split_chosen.add(index)
+    allocator(device).set_max_split_size(-1 if mb is None else mb << 20)
 
 
 def max_split_size_chosen(device=None) -> bool:
-    """Whether ``set_max_split_size_mb`` set the device's limit (None too)."""
-    return _device_index(device) in _max_split_chosen
+    """Whether the device's limit was chosen: in the allocator's settings or
+    by ``set_max_split_size_mb`` (None too)."""
+    return allocator(device).max_split_size_chosen()
 
 
 def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,

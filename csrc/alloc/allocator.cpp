@@ -18,6 +18,7 @@ Allocator::Allocator(PolicyKind kind, Device& device, const AllocatorConfig& con
   }
   stats_.max_split_size =
       cfg_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(cfg_.max_split_size);
+  max_split_chosen_ = cfg_.max_split_size_set();
   if (cfg_.expandable_segments && !device_.supports_vmm()) {
     throw ConfigError("allocator config: expandable_segments:True needs a device with virtual "
                       "memory management (CUDA's VMM API), which this device lacks; set "
@@ -216,6 +217,7 @@ void Allocator::set_max_split_size(std::size_t bytes) {
   next.max_split_size = bytes;
   next.validate();  // ConfigError: nothing changed
   cfg_.max_split_size = bytes;
+  max_split_chosen_ = true;
   stats_.max_split_size = bytes == SIZE_MAX ? -1 : static_cast<std::int64_t>(bytes);
   // The oversize counts now mean the new limit: recount what is live (their
   // peaks stay what they were; a free decreases by the limit it meets).
@@ -232,6 +234,11 @@ void Allocator::set_max_split_size(std::size_t bytes) {
   };
   recount(stats_.oversize_segments, segments);
   recount(stats_.oversize_allocations, allocations);
+}
+
+bool Allocator::max_split_size_chosen() {
+  Lock lock(mu_);
+  return max_split_chosen_;
 }
 
 AllocatorConfig Allocator::config() {

@@ -98,6 +98,9 @@ class Allocator {
   // until they coalesce. SIZE_MAX: no limit. ConfigError (nothing changed)
   // below the large segment size.
   void set_max_split_size(std::size_t bytes);
+  // Whether a limit was chosen: in the config, or by set_max_split_size
+  // (SIZE_MAX included), so that a default set later leaves it alone.
+  bool max_split_size_chosen();
   // Memory history for PyTorch's snapshot format: while enabled, the newest
   // `max_entries` allocator events (alloc, free_requested, free_completed,
   // segment_alloc/free, segment_map/unmap, oom). Disabling drops them.
@@ -211,6 +214,7 @@ class Allocator {
   Device& device_;
   AllocatorConfig cfg_;  // fixed but for max_split_size (set_max_split_size)
   const SizeRules rules_;  // reads cfg_
+  bool max_split_chosen_ = false;  // under mu_
   std::mutex mu_;
   AllocatorStats stats_;
   std::map<Addr, Segment*> segments_;

@@ -58,6 +58,7 @@ class AllocatorStack {
   void set_memory_fraction(double fraction) { online_->set_memory_fraction(fraction); }
   double memory_fraction() { return online_->memory_fraction(); }
   void set_max_split_size(std::size_t bytes) { online_->set_max_split_size(bytes); }
+  bool max_split_size_chosen() { return online_->max_split_size_chosen(); }
   std::vector<SegmentInfo> snapshot() { return online_->snapshot(); }
   void check_invariants();
   Allocator& online() { return *online_; }

@@ -125,6 +125,8 @@ void bind_stack(py::module_& m) {
            "From now on blocks of at least `bytes` are never split (PyTorch's "
            "max_split_size_mb, changed at run time); -1: no limit. Blocks split before stay "
            "split.")
+      .def("max_split_size_chosen", [](BoundStack& a) { return a.stack().max_split_size_chosen(); },
+           "Whether a max_split_size was chosen, in the config or by set_max_split_size.")
       .def("check_invariants", [](BoundStack& a) { a.stack().check_invariants(); })
       .def("snapshot", [](BoundStack& a) { return segments_list(a.stack().snapshot()); },
            "Segments and their blocks, in address order.")

@@ -1,8 +1,9 @@
 // Threads on different streams allocate, free, hand pointers to each other
 // and trigger SyncAndCoalesce/empty_cache concurrently, through the allocator
 // stack; thread 0's stream has a plan that it replaces now and then while the
-// others allocate, and any thread changes max_split_size now and then. Built with ASan and UBSan (and runnable under TSan).
-// Checks invariants and hazards at the end.
+// others allocate, and any thread changes max_split_size now and then. Built
+// with ASan and UBSan (and runnable under TSan). Checks invariants and
+// hazards at the end.
 //
 //   stress_threads POLICY THREADS OPS_PER_THREAD SEED
 #include <atomic>

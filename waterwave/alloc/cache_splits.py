@@ -27,12 +27,11 @@ SHARING_MAX_SPLIT_MB = 20  # PyTorch's smallest allowed: its large segment size
 
 def keep_large_blocks_whole(allocator) -> int:
     """Set ``allocator``'s max_split_size to ``SHARING_MAX_SPLIT_MB`` (or its
-    large segment size, where that is larger) unless one is set. Returns the
-    limit in force, in bytes (the user's where they set one)."""
-    current = allocator.stats()["max_split_size"]
-    if current >= 0:
-        return current
+    large segment size, where that is larger) unless one was chosen (in its
+    config, or at run time: no limit included). Returns the limit in force,
+    in bytes (-1: none)."""
+    if allocator.max_split_size_chosen():
+        return allocator.stats()["max_split_size"]
     limit = max(SHARING_MAX_SPLIT_MB << 20, allocator.config.large_segment_size)
     allocator.set_max_split_size(limit)
     return limit
-

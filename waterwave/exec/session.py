@@ -326,8 +326,7 @@ class TrainingSession(SettingsView):
             else:
                 self._claim_cuda_ledger(member)
                 if not self._blocks_kept_whole and cuda.is_installed():
-                    if not cuda.max_split_size_chosen(self.device):
-                        cache_splits.keep_large_blocks_whole(cuda.allocator(self.device))
+                    cache_splits.keep_large_blocks_whole(cuda.allocator(self.device))
                     self._blocks_kept_whole = True
             self.ledger().join(member.account.id, base)
             if self.device != "cpu" and self.memory_limit is None and self._feed is None:
