@@ -375,6 +375,80 @@ def test_a_pass_ends_for_the_others_no_lower_than_after_its_step(session):
     assert net >= gradients
 
 
+class Widening(nn.Module):
+    """An MLP whose pass, once ``wide`` is set, holds four times its hidden
+    activation until its backward: the same signature and size, more memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = nn.Linear(64, 256), nn.Linear(256, 4)
+        self.wide = False
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        if self.wide:
+            wide = h.repeat(4, 1)  # saved for the product's backward
+            h = (wide * wide).view(4, *h.shape).sum(0)
+        return self.head(h)
+
+
+def test_a_steady_member_learns_a_pass_that_outgrows_its_prediction(session):
+    """Step after step of one shape, a small model's passes take the steady
+    path (``Member._begin_pass``): a pass that rises past its prediction
+    leaves it and is learned as it ends, so the very next pass asks for it."""
+    from waterwave.pipeline.pass_profile import START
+
+    session.configure(memory_limit=1 << 30)
+    torch.manual_seed(0)
+    model = Widening()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(torch.randn(128, 64), torch.randint(0, 4, (128,))) for _ in range(24)]
+    signature, size = (True, True), data[0][0].numel()
+    with ww.sharing(model) as member:
+        mlp_loop(model, opt, data)
+        assert member._steady is not None  # it is on the steady path
+        before, _, _ = member.profiles.predict(signature, size).at(START)
+        model.wide = True
+        mlp_loop(model, opt, data[:1])
+        model.wide = False
+        mlp_loop(model, opt, data[1:2])  # its call ends the wide pass
+        after, _, _ = member.profiles.predict(signature, size).at(START)
+    extra = 4 * 128 * 256 * 4  # the repeated activation, held until the backward
+    assert after >= before + extra
+
+
+def test_passes_exactly_as_predicted_teach_nothing_and_a_first_pass_still_ages_out(
+        session, monkeypatch):
+    """A first pass makes Adam's state, once: the passes after it are
+    smaller, and a few of them (``RECENT``) bring the prediction down to
+    theirs. Passes exactly as predicted after that change nothing, and
+    are not learned again."""
+    from waterwave.pipeline.pass_profile import RECENT, START, Profiles
+
+    session.configure(memory_limit=1 << 30)
+    learned = []
+    real_learn = Profiles.learn
+    monkeypatch.setattr(Profiles, "learn",
+                        lambda self, *a: (learned.append(a[0]), real_learn(self, *a))[1])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = [(torch.randn(32, 64), torch.randint(0, 4, (32,))) for _ in range(60)]
+    with ww.sharing(model) as member:
+        mlp_loop(model, opt, data[:2])  # the second call ends the first pass
+        signature = (True, True)
+        _, _, first_net = member.profiles.predict(signature, 32 * 64).at(START)
+        mlp_loop(model, opt, data)
+    _, _, net = member.profiles.predict(signature, 32 * 64).at(START)
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert net < first_net  # Adam's state, made once, aged out
+    assert net >= gradients  # what a pass ends with, as its step leaves it
+    training = [s for s in learned if s == signature]
+    # The measured pass, then every RECENT-th pass until the prediction is
+    # theirs; not one in RECENT of the 60 passes.
+    assert len(training) < 60 // RECENT
+
+
 def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):
     big, data = wide_member(0, batch=2048)
     small, small_data = wide_member(1, batch=64)

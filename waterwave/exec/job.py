@@ -307,23 +307,25 @@ class Job:
         return sharing(self.model, session, name=self.name)
 
     def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None,
-                   keep_grads: bool = False):
+                   keep_grads: bool = False, grads_none: bool = False):
         """One step run eagerly as the same loop would run it (its settings:
         accumulation, autocast, the GradScaler, clipping): a batch no capture
         can train, or any step where nothing is planned. The gradients are
         left None, as a captured step leaves them, unless ``keep_grads``
         (where nothing counts what a job holds between steps, as an eager
-        loop leaves them). Inside a training ``session``, as a
-        ``waterwave.sharing`` member, so its memory is counted and gated with
-        the others'. Returns the step's loss (the batches' mean with
+        loop leaves them). ``grads_none``: the caller knows they are None
+        already (its previous step left them so, and nothing ran since), so
+        the step does not zero them first. Inside a training ``session``, as
+        a ``waterwave.sharing`` member, so its memory is counted and gated
+        with the others'. Returns the step's loss (the batches' mean with
         accumulation), not detached with one batch a step."""
         block = self.sharing_block(session) if session is not None else None
         if block is None:
-            return self._eager_step(inputs, targets, keep_grads)
+            return self._eager_step(inputs, targets, keep_grads, grads_none)
         with block:
-            return self._eager_step(inputs, targets, keep_grads)
+            return self._eager_step(inputs, targets, keep_grads, grads_none)
 
-    def _eager_step(self, inputs: tuple, targets, keep_grads: bool):
+    def _eager_step(self, inputs: tuple, targets, keep_grads: bool, grads_none: bool = False):
         import torch
 
         loss_fn, clip, k, autocast_dtype, scaler = self._capture
@@ -335,7 +337,8 @@ class Job:
         targets = tuple(targets or ())
         names = input_names(inputs)
         n_in, n_t = len(inputs) // k, len(targets) // k
-        opt.zero_grad(set_to_none=True)
+        if not grads_none:  # a short step feels zero_grad's own cost (a few µs)
+            opt.zero_grad(set_to_none=True)
         losses = []
         for i in range(k):
             batch, batch_targets = (inputs, targets) if k == 1 else (

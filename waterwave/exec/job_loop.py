@@ -156,13 +156,17 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
         with grad_mode(), block:
             if session is not None:  # its model is the member's now, counted there
                 awaiting_jobs.trained(job)
-            for _ in range(steps):
+            keep_grads = session is None
+            for step in range(steps):
                 if stopped():
                     return
                 fetching = True
                 inputs, targets = job.next_batch()
                 fetching = False
-                loss = job.eager_step(inputs, targets, keep_grads=session is None)
+                # After its first step, a step that freed its gradients left
+                # them None: the next need not zero them.
+                loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
+                                      grads_none=step > 0 and not keep_grads)
                 job.after_step()
                 pending.append(loss.detach())
                 if len(pending) > LOSSES_IN_FLIGHT:

@@ -44,6 +44,7 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from ..alloc.thread_account import ThreadAccount
 from ..pipeline.pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen,
@@ -61,6 +62,18 @@ _members: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Me
 _members_lock = threading.Lock()
 _optimizer_hooks: list = []  # the global optimizer hooks, while any block runs
 _blocks_running = 0
+
+
+class _Steady(NamedTuple):
+    """A pass the steady path may end and start again: its signature and
+    size, and its prediction at its start (``Prediction.at(START)``): the
+    rise and net it allows, which its gate asked, and the rest its gate
+    asked with slack."""
+    signature: tuple
+    size: int
+    rise: int
+    net: int
+    rest: int
 
 
 class Member:
@@ -104,26 +117,31 @@ class Member:
         self._prediction = None
         self._occurrences: Counter = Counter()
         self._as_predicted = 0  # single-region passes in a row within their prediction
+        # The steady path's pass (``_Steady``): set where the pass that runs
+        # is predicted as one region, so that the next pass of its signature
+        # and size, if this one ends within its prediction, changes nothing.
+        self._steady: _Steady | None = None
         # The most the account held just after an optimizer's step in this
         # pass, and the peak read there (carried to the next point's read).
         self._after_step = 0
         self._carried_peak = 0
 
     # The block ------------------------------------------------------------
-    def enter(self, budget: int, base: int) -> None:
+    def enter(self, budget: int, base: int, modules: list) -> None:
+        """The block starts; ``modules``: its model's, the model first."""
         model = self.model_ref()
         self.thread = threading.get_ident()
         self.budget, self.base = budget, base
         self._depth = 0
         self._recorder = None
-        self._modules = list(model.modules()) if budget else [model]
+        self._modules = modules if budget else [model]
         self._root_handles = [
             model.register_forward_pre_hook(self._root_called, with_kwargs=True)]
         self._root_return = None  # the model's forward hook, where a pass needs it
         if self.on_cuda:
             self._enter_stream()
         if self.gating:  # what it allocates before its model's first call is a pass's too
-            self._start_pass(BLOCK_START, 0)
+            self._start_pass(BLOCK_START, 0, *self._read())
 
     def _enter_stream(self) -> None:
         """The block's work on the member's own stream, after what the caller
@@ -189,13 +207,34 @@ class Member:
             self._read()
             self._wait(0, 0, 0, boundary=True)
             return
-        self._start_pass((_grad_enabled(), self._modules[0].training),
-                         elements(args) + (elements(kwargs) if kwargs else 0))
-
-    def _start_pass(self, signature: tuple, size: int) -> None:
-        """The previous pass ends; the next one (of ``signature`` and
-        ``size``) waits at its boundary until it is admitted."""
+        signature = (_grad_enabled(), self._modules[0].training)
+        size = elements(args) + (elements(kwargs) if kwargs else 0)
         live, peak = self._read()
+        steady = self._steady
+        if steady is not None and steady.signature == signature and steady.size == size:
+            # The steady path: a small model's step after step, the same
+            # batch shape. What _end_pass and _start_pass would do, where
+            # they would learn nothing and ask what they asked last time.
+            recorder = self._recorder
+            rise = max(0, peak - recorder.start)
+            net = max(live, self._after_step) - recorder.start
+            exact = rise == steady.rise and net == steady.net
+            if (rise <= steady.rise and net <= steady.net and not recorder.regions
+                    and (exact or self._as_predicted + 1 < RECENT)):
+                self._as_predicted += not exact
+                if self.on_cuda:
+                    self.session.probe_sharing_budget()
+                self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
+                recorder.restart(live)
+                self._after_step = 0
+                return
+        self._start_pass(signature, size, live, peak)
+
+    def _start_pass(self, signature: tuple, size: int, live: int, peak: int) -> None:
+        """The previous pass ends (``live`` and ``peak`` read at its end);
+        the next one (of ``signature`` and ``size``) waits at its boundary
+        until it is admitted."""
+        self._steady = None
         if self._recorder is not None:
             self._end_pass(live, peak)
         if self.on_cuda and self.gating and signature != BLOCK_START:  # taken outside blocks since
@@ -215,16 +254,25 @@ class Member:
         self._signature, self._size, self._prediction = signature, size, prediction
         self._gates_now = self.gates.get(signature, frozenset())
         self._occurrences.clear()
+        if not measuring and prediction.scale == 1.0 and not self._gates_now and (
+                signature != BLOCK_START):
+            # One region, no point inside: _end_pass's first case, which the
+            # steady path repeats.
+            self._steady = _Steady(signature, size, rise, net, with_slack(rest))
 
     def _end_pass(self, live: int, peak: int) -> None:
         recorder, signature, prediction = self._recorder, self._signature, self._prediction
         self._recorder = None
         if not recorder.regions and prediction is not None and prediction.scale == 1.0:
-            # No point inside (a small model's pass): one region. As predicted,
-            # there is nothing new to learn but every RECENT-th pass, which
-            # lets a first pass's one-time costs age out.
+            # No point inside (a small model's pass): one region. Exactly as
+            # predicted, it has nothing to teach: the bucket's maxima are its
+            # own. Within the prediction, there is nothing new to learn but
+            # every RECENT-th pass, which lets a first pass's one-time costs
+            # age out.
             rise, net = max(0, peak - recorder.start), max(live, self._after_step) - recorder.start
             predicted_rise, _, predicted_net = prediction.at(START)
+            if rise == predicted_rise and net == predicted_net:
+                return
             self._as_predicted += 1
             if rise <= predicted_rise and net <= predicted_net and self._as_predicted < RECENT:
                 return
@@ -399,7 +447,8 @@ class sharing:
         except BaseException:
             member.thread = None
             raise
-        base = base_bytes(model, session.device)
+        modules = list(model.modules())  # one walk of the model, for its bytes and its hooks
+        base = base_bytes(model, session.device, modules)
         try:
             budget = session.join_sharing(member, base)
         except BaseException:
@@ -408,7 +457,7 @@ class sharing:
             raise
         self.member = member
         try:
-            member.enter(budget, base)
+            member.enter(budget, base, modules)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -527,17 +576,22 @@ def model_device(model):
     return torch.device("cpu")
 
 
-def base_bytes(model, device: str) -> int:
+def base_bytes(model, device: str, modules: list | None = None) -> int:
     """Bytes of the model's parameters and buffers on ``device``: a member
-    holds them without having allocated them in its blocks."""
+    holds them without having allocated them in its blocks. ``modules``: the
+    model's (``model.modules()``), where the caller has them: each block
+    start reads them, and their own dictionaries are read faster than
+    ``parameters()`` walks the model again."""
     import torch
 
     kind = torch.device(device).type
     storages = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.device.type == kind:
-            storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+    for module in model.modules() if modules is None else modules:
+        for tensors in (module._parameters, module._buffers):
+            for tensor in tensors.values():
+                if tensor is not None and tensor.device.type == kind:
+                    storage = tensor.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
 
 

@@ -84,6 +84,10 @@ class PassRecorder:
         self.regions.append(Region(self._key, max(0, peak - self._level), live - self._level))
         self._key, self._level = key, live
 
+    def restart(self, live: int) -> None:
+        """A new pass from ``live``, where this one reached no point."""
+        self.start = self._level = live
+
 
 
 def rise_of(regions: list[Region]) -> int:
