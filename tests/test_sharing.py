@@ -449,6 +449,85 @@ def test_passes_exactly_as_predicted_teach_nothing_and_a_first_pass_still_ages_o
     assert len(training) < 60 // RECENT
 
 
+class Pausable(nn.Module):
+    """An MLP whose forward, while ``hold`` is set, stops in the middle (its
+    pass admitted, its activations alive) until the event is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = nn.Linear(32, 64), nn.Linear(64, 4)
+        self.hold: threading.Event | None = None
+        self.reached = threading.Event()
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        if self.hold is not None:
+            self.reached.set()
+            self.hold.wait(30)
+        return self.head(h)
+
+
+def first_pass_beside_a_paused_member(session, limit):
+    """Member A of Pausable, measured once, then stopped inside a pass;
+    member B, a new model of the same structure, trains two steps beside
+    it. Returns (whether B finished while A was stopped, B's stats)."""
+    session.configure(memory_limit=limit)
+    data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(3)]
+    torch.manual_seed(0)
+    a = Pausable()
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    with ww.sharing(a):  # its first passes measured
+        mlp_loop(a, opt_a, data)
+    a.hold = threading.Event()
+
+    def run_a():
+        with ww.sharing(a):
+            mlp_loop(a, opt_a, data)
+
+    done, stats = threading.Event(), {}
+
+    def run_b():
+        b = Pausable()
+        opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+        with ww.sharing(b) as member:
+            mlp_loop(b, opt_b, data[:2])
+        stats.update(member.stats())
+        done.set()
+
+    thread_a = threading.Thread(target=run_a)
+    thread_a.start()
+    assert a.reached.wait(30)
+    thread_b = threading.Thread(target=run_b)
+    thread_b.start()
+    finished = done.wait(2)
+    a.hold.set()
+    thread_a.join(30)
+    thread_b.join(30)
+    assert done.is_set()
+    return finished, stats
+
+
+def test_a_new_member_of_a_structure_seen_needs_not_run_its_first_pass_alone(session):
+    """Trials of one model at other settings: the second's first pass asks
+    for what the first one's needed (``FirstPasses``) and runs beside the
+    others, measured all the same, where a first pass would otherwise wait
+    for every other member to reach its boundary."""
+    finished, stats = first_pass_beside_a_paused_member(session, 1 << 30)
+    assert finished  # it did not wait for A's pass to end
+    assert stats["borrowed_passes"] >= 2  # what it allocates before its call, and its pass
+    assert stats["measured_passes"] >= 1
+
+
+def test_where_memory_is_not_plentiful_a_first_pass_still_runs_alone(session):
+    """A borrowed ask is a guess: where the budget's room is not twice it,
+    the first pass runs alone, as any first pass, and waits for the others'
+    boundaries."""
+    base = sum(p.numel() * p.element_size() for p in Pausable().parameters())
+    finished, stats = first_pass_beside_a_paused_member(session, 6 * base)
+    assert not finished
+    assert stats["borrowed_passes"] == 0
+
+
 def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):
     big, data = wide_member(0, batch=2048)
     small, small_data = wide_member(1, batch=64)

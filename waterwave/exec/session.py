@@ -64,7 +64,7 @@ from ..alloc import cache_splits, cpu_allocator
 from ..alloc.torch_bridge import BridgeUnavailable
 from ..pipeline.counter_barrier import CounterBarrier
 from ..pipeline.pairing import MemoryPairing
-from ..pipeline.pass_profile import GPU_MARGIN
+from ..pipeline.pass_profile import GPU_MARGIN, FirstPasses
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from . import awaiting_jobs, ctrl_c
@@ -110,6 +110,9 @@ class TrainingSession(SettingsView):
         # between calls is counted against the budget.
         self._pipelined: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._sharing: dict[int, object] = {}  # id -> waterwave.sharing members in blocks now
+        # The first passes its members measured, by model structure: a new
+        # member's first pass of a kind seen asks for that, not to run alone.
+        self.first_passes = FirstPasses()
         # Each ConcurrentTrainer whose jobs are on this device -> what they
         # hold here (TrainerHold): its fixed set is one more member.
         self._trainers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -20,8 +20,11 @@ another's backward frees.
 
 What a region needs is learned from the allocator's own counts of earlier
 passes (``pipeline/pass_profile.py``). A member's first pass of each kind
-(training, evaluating) runs alone and is measured at every module; the gates
-are then chosen by measured memory, as node groups are cut by size. A pass
+(training, evaluating) is measured at every module, and runs alone unless a
+member of the same model structure measured that pass in this session
+(another trial of one model): then it asks for what that one needed, with
+room to spare, and runs beside the others. The gates are then chosen by
+measured memory, as node groups are cut by size. A pass
 counts as ending no lower than its optimizer's step left it: a block can end
 after any batch, its gradients alive. A pass larger than any seen is
 predicted scaled; an allocation past a prediction waits for
@@ -48,7 +51,7 @@ from typing import NamedTuple
 
 from ..alloc.thread_account import ThreadAccount
 from ..pipeline.pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen,
-                                     gate_keys, split_for, with_slack)
+                                     gate_keys, rise_of, split_for, with_slack)
 
 ADMITTED, TIMED_OUT, INTERRUPTED = 0, 1, 2
 GATE_POLL_MS = 100  # a waiting gate returns to Python this often (Ctrl-C lands)
@@ -104,6 +107,8 @@ class Member:
         self.most = 0         # the most its account held, as far as its points saw
         self.passes = 0
         self.measured_passes = 0
+        self.borrowed_passes = 0  # measured passes that did not run alone (FirstPasses)
+        self._kind: tuple | None = None  # the measured pass's kind (FirstPasses), while it runs
         self._modules: list = []
         self._hooks: dict[tuple, object] = {}  # (module index, phase) -> handle
         self._hooked: frozenset | None = None   # the module points hooked now
@@ -245,7 +250,14 @@ class Member:
             self._place_hooks(None if measuring else self._gate_points)
             self.measured_passes += measuring
         if measuring:
-            self._wait(None, 0, live, boundary=True)
+            self._kind = (structure_of(self._modules), signature, size)
+            borrowed = self._borrowed_ask(self._kind)
+            if borrowed is None:
+                self._wait(None, 0, live, boundary=True)
+            else:
+                self.borrowed_passes += 1
+                rise, net = borrowed
+                self._wait(rise, with_slack(rise), live + net, boundary=True)
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, with_slack(rest), live + net, boundary=True)
@@ -283,10 +295,30 @@ class Member:
         regions = recorder.regions
         if self._prediction is None:  # measured at every module: choose the gates
             self.gates[signature] = frozenset(gate_keys(regions, split_for(regions, self.budget)))
+            self.session.first_passes.note(self._kind, rise_of(regions),
+                                           sum(r.net for r in regions))
             self._gate_points = frozenset((k[0], k[1]) for keys in self.gates.values()
                                           for k in keys if isinstance(k[0], int))
         self.profiles.learn(signature, self._size,
                             coarsen(regions, self.gates.get(signature, frozenset())))
+
+    def _borrowed_ask(self, kind: tuple) -> tuple[int, int] | None:
+        """A first pass's (rise, net) to ask at its boundary, where a member
+        of the same structure measured a pass of ``kind``: that pass's, each
+        with room for another optimizer's state beside it (twice the
+        model's bytes: Adam keeps two tensors a parameter). None where none
+        was measured, or where the budget's room now is not twice the rise
+        asked: memory is not plentiful, and the pass runs alone, as any
+        first pass, so that a wrong guess costs a wait, never a failure."""
+        seen = self.session.first_passes.get(kind)
+        if seen is None:
+            return None
+        spare = 2 * self.base
+        rise, net = seen[0] + spare, max(0, seen[1]) + spare
+        share = self.ledger.share_stats()
+        if 2 * rise > share["budget"] - share["held"]:
+            return None
+        return rise, net
 
     # Points -----------------------------------------------------------------
     def _point(self, key: tuple) -> None:
@@ -398,10 +430,13 @@ class Member:
                     self.module_returned(index))
 
     def stats(self) -> dict:
-        """Its passes, those measured alone, its gates per kind of pass, and
-        its bytes (its model's included): now, and the most its points saw."""
+        """Its passes, those measured (and of them, those that asked what
+        another member's first pass needed rather than run alone), its gates
+        per kind of pass, and its bytes (its model's included): now, and the
+        most its points saw."""
         return {"name": self.name, "passes": self.passes,
                 "measured_passes": self.measured_passes,
+                "borrowed_passes": self.borrowed_passes,
                 "gates": {str(s): len(k) for s, k in self.gates.items()},
                 "bytes": self.base + self.ledger.usage(self.account.id)[0],
                 "peak_bytes": self.base + self.most}
@@ -563,6 +598,19 @@ def first_grad_fn(output, depth: int = 0):
             if node is not None:
                 return node
     return None
+
+
+def structure_of(modules: list) -> tuple:
+    """What makes two models' passes alike, as far as their modules tell:
+    each module's class, and its parameters' and buffers' names, shapes and
+    dtypes (and whether each parameter trains), in order. Two trials of one
+    model at other learning rates share it; another width does not."""
+    return tuple(
+        (type(m),
+         tuple((name, tuple(p.shape), p.dtype, p.requires_grad)
+               for name, p in m._parameters.items() if p is not None),
+         tuple((name, tuple(b.shape), b.dtype) for name, b in m._buffers.items() if b is not None))
+        for m in modules)
 
 
 def model_device(model):

@@ -20,7 +20,10 @@ every size seen, from the largest, scaled by the square of the ratio (an
 attention's scores grow with the square of a sequence's length): an upper
 bound, where allocations past it wait rather than fail (the shared budget,
 csrc/runtime/shared_budget.cpp). A signature never seen has no prediction:
-the member's pass runs alone and is measured at every module.
+the member's pass runs alone and is measured at every module, unless
+another member of the same model structure measured that pass already
+(``FirstPasses``): then it asks for what that one needed, with room to
+spare, and is measured beside the others.
 
 ``gate_keys`` chooses where a member waits (its *gates*) from a measured
 pass, as node groups are cut (``nodegroups.py``): a gate wherever the bytes
@@ -34,7 +37,8 @@ May import: the standard library only.
 from __future__ import annotations
 
 import math
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -256,6 +260,35 @@ class Profiles:
             self._chosen.clear()
         self._chosen[key] = (self._generation, prediction)
         return prediction
+
+
+class FirstPasses:
+    """The first pass each member measured, by the pass's kind: its model's
+    structure (``sharing.structure_of``), its signature and its size. A
+    session keeps one: a search's trials are often one model at other
+    learning rates, and the first pass of each new trial need not run
+    alone, holding the others at their boundaries, to learn what the
+    previous trials showed. What is kept: the pass's rise and its net
+    change, a first pass's one-time costs included (an optimizer's state)."""
+
+    MOST = 256  # kinds kept, the oldest dropped past it
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen: OrderedDict = OrderedDict()
+
+    def note(self, kind: tuple, rise: int, net: int) -> None:
+        with self._lock:
+            if kind in self._seen:
+                return
+            self._seen[kind] = (rise, net)
+            if len(self._seen) > self.MOST:
+                self._seen.popitem(last=False)
+
+    def get(self, kind: tuple) -> tuple[int, int] | None:
+        """(rise, net) of the first pass measured of ``kind``; None: none yet."""
+        with self._lock:
+            return self._seen.get(kind)
 
 
 def bucket_of(size: int) -> int:
