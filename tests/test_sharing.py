@@ -8,6 +8,7 @@ is counted by Waterwave's CPU allocator and, under a session's
 ``memory_limit``, gated with the other members': the counted peak never
 passes the limit."""
 import contextlib
+import gc
 import copy
 import importlib
 import pickle
@@ -21,6 +22,15 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import waterwave as ww  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_other_files_trials():
+    """Trials of tests run before in this process (another file's) can
+    outlive them in reference cycles, their accounts still holding their
+    bytes in the CPU's one ledger: a budget here would count them. Give
+    them back once, before this file's tests."""
+    gc.collect()
 
 
 @pytest.fixture
@@ -333,6 +343,7 @@ def test_members_under_a_budget_below_their_sum_match_eager_and_stay_under(sessi
     session.configure(memory_limit=limit)
     session.reset_peak()
     baseline = session.stats()["members_bytes"]
+    failed_before = session.stats()["waits"]["failed"]  # the process's count so far
     shared = [None] * 4
 
     def member(k):
@@ -352,7 +363,7 @@ def test_members_under_a_budget_below_their_sum_match_eager_and_stay_under(sessi
         assert_same_training(*e, *s)
     assert stats["peak_bytes"] - baseline <= limit
     assert stats["waits"]["gate_waits"] > 0  # they did take turns
-    assert stats["waits"]["failed"] == 0
+    assert stats["waits"]["failed"] == failed_before
 
 
 def test_a_pass_ends_for_the_others_no_lower_than_after_its_step(session):
@@ -470,8 +481,11 @@ class Pausable(nn.Module):
 def first_pass_beside_a_paused_member(session, limit):
     """Member A of Pausable, measured once, then stopped inside a pass;
     member B, a new model of the same structure, trains two steps beside
-    it. Returns (whether B finished while A was stopped, B's stats)."""
-    session.configure(memory_limit=limit)
+    it, with ``limit`` bytes of budget beside what the process's other
+    members hold (earlier tests' trials, still alive). Returns (whether B
+    finished while A was stopped, B's stats)."""
+    gc.collect()
+    session.configure(memory_limit=session.stats()["members_bytes"] + limit)
     data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(3)]
     torch.manual_seed(0)
     a = Pausable()

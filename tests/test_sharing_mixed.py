@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from test_sharing import (  # noqa: E402,F401  (session: the fixture)
+from test_sharing import (  # noqa: E402,F401  (session and the collection: fixtures)
+    _collect_other_files_trials,
     assert_same_training,
     mlp,
     mlp_batches,
