@@ -1,12 +1,13 @@
 """What a sharing member learns of its passes (waterwave/pipeline/pass_profile.py):
 regions read at points, gates cut by the level's movement, predictions per
-size bucket from the latest passes, scaled past every size seen."""
+size bucket from the latest passes, scaled past every size seen, and the
+first passes a session keeps for later trials of one model."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waterwave.pipeline.pass_profile import (RECENT, REST_SLACK, START, PassRecorder, Profiles,
-                                             Region, coarsen, gate_keys, rise_of, split_for,
-                                             with_slack)
+from waterwave.pipeline.pass_profile import (RECENT, REST_SLACK, START, FirstPasses, PassRecorder,
+                                             Profiles, Region, coarsen, gate_keys, rise_of,
+                                             split_for, with_slack)
 
 
 def test_a_recorder_turns_readings_into_regions():
@@ -82,3 +83,19 @@ def test_a_prediction_at_a_gate_sums_what_is_left_of_the_pass():
 def test_the_rest_of_a_pass_is_asked_with_a_little_slack():
     assert with_slack(0) == 0 and with_slack(-5) == -5
     assert with_slack(1600) == 1600 + int(1600 * REST_SLACK) > 1600
+
+
+def test_first_passes_keep_the_first_of_each_kind_and_the_latest_kinds():
+    """A session's first passes (``FirstPasses``): the first measured of a
+    kind stays (a later one of the kind, whose one-time costs were paid,
+    does not replace it); past ``MOST`` kinds the oldest goes."""
+    seen = FirstPasses()
+    seen.note(("mlp", (True, True), 64), 1000, 400)
+    seen.note(("mlp", (True, True), 64), 600, 100)
+    assert seen.get(("mlp", (True, True), 64)) == (1000, 400)
+    assert seen.get(("mlp", (True, True), 128)) is None
+    for k in range(FirstPasses.MOST):
+        seen.note(("other", k), k, 0)
+    assert seen.get(("mlp", (True, True), 64)) is None  # the oldest, dropped
+    assert seen.get(("other", 0)) == (0, 0)
+    assert seen.get(("other", FirstPasses.MOST - 1)) == (FirstPasses.MOST - 1, 0)
