@@ -215,24 +215,22 @@ class Member:
         signature = (_grad_enabled(), self._modules[0].training)
         size = elements(args) + (elements(kwargs) if kwargs else 0)
         live, peak = self._read()
-        steady = self._steady
-        if steady is not None and steady.signature == signature and steady.size == size:
+        steady, recorder = self._steady, self._recorder
+        if (steady is not None and steady.signature == signature and steady.size == size
+                and not recorder.regions):
             # The steady path: a small model's step after step, the same
-            # batch shape. What _end_pass and _start_pass would do, where
-            # they would learn nothing and ask what they asked last time.
-            recorder = self._recorder
-            rise = max(0, peak - recorder.start)
-            net = max(live, self._after_step) - recorder.start
-            exact = rise == steady.rise and net == steady.net
-            if (rise <= steady.rise and net <= steady.net and not recorder.regions
-                    and (exact or self._as_predicted + 1 < RECENT)):
-                self._as_predicted += not exact
+            # batch shape. Where the pass ending teaches nothing, the next
+            # asks what this one asked: nothing else of _start_pass changes.
+            region = self._single_region_ended(recorder, live, peak, steady.rise, steady.net)
+            if region is None:
                 if self.on_cuda:
                     self.session.probe_sharing_budget()
                 self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
                 recorder.restart(live)
                 self._after_step = 0
                 return
+            self.profiles.learn(signature, size, [region])
+            self._recorder = None  # ended: _start_pass goes on from here
         self._start_pass(signature, size, live, peak)
 
     def _start_pass(self, signature: tuple, size: int, live: int, peak: int) -> None:
@@ -276,20 +274,11 @@ class Member:
         recorder, signature, prediction = self._recorder, self._signature, self._prediction
         self._recorder = None
         if not recorder.regions and prediction is not None and prediction.scale == 1.0:
-            # No point inside (a small model's pass): one region. Exactly as
-            # predicted, it has nothing to teach: the bucket's maxima are its
-            # own. Within the prediction, there is nothing new to learn but
-            # every RECENT-th pass, which lets a first pass's one-time costs
-            # age out.
-            rise, net = max(0, peak - recorder.start), max(live, self._after_step) - recorder.start
             predicted_rise, _, predicted_net = prediction.at(START)
-            if rise == predicted_rise and net == predicted_net:
-                return
-            self._as_predicted += 1
-            if rise <= predicted_rise and net <= predicted_net and self._as_predicted < RECENT:
-                return
-            self._as_predicted = 0
-            self.profiles.learn(signature, self._size, [Region(START, rise, net)])
+            region = self._single_region_ended(recorder, live, peak, predicted_rise,
+                                               predicted_net)
+            if region is not None:
+                self.profiles.learn(signature, self._size, [region])
             return
         recorder.at(END, max(live, self._after_step), peak)
         regions = recorder.regions
@@ -301,6 +290,22 @@ class Member:
                                           for k in keys if isinstance(k[0], int))
         self.profiles.learn(signature, self._size,
                             coarsen(regions, self.gates.get(signature, frozenset())))
+
+    def _single_region_ended(self, recorder: PassRecorder, live: int, peak: int,
+                             predicted_rise: int, predicted_net: int) -> Region | None:
+        """A pass with no point inside (a small model's) ended at ``live``,
+        ``peak``: the one region to learn of it, or None where there is
+        nothing. Exactly as predicted, it has nothing to teach: the bucket's
+        maxima are its own. Within the prediction, nothing new but every
+        RECENT-th pass, which lets a first pass's one-time costs age out."""
+        rise, net = max(0, peak - recorder.start), max(live, self._after_step) - recorder.start
+        if rise == predicted_rise and net == predicted_net:
+            return None
+        self._as_predicted += 1
+        if rise <= predicted_rise and net <= predicted_net and self._as_predicted < RECENT:
+            return None
+        self._as_predicted = 0
+        return Region(START, rise, net)
 
     def _borrowed_ask(self, kind: tuple) -> tuple[int, int] | None:
         """A first pass's (rise, net) to ask at its boundary, where a member
