@@ -136,6 +136,52 @@ def test_a_pass_with_no_prediction_runs_alone():
     assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED
 
 
+def test_relook_returns_a_gate_waiting_to_run_alone_to_its_member_at_once():
+    """A first pass of a waiting member's kind measured (``relook``): a gate
+    waiting to run alone returns at once, still waiting in its turn, so its
+    member can ask what that pass needed; a gate with a prediction keeps
+    waiting. What a member could ask beside the others leaves their
+    regions in flight out (``room_beside_live``)."""
+    ledger, a, b = two_members(10_000)
+    c = ledger.open()
+    ledger.join(c, 300)
+    assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED  # a is in a pass
+    assert ledger.room_beside_live(b) == 10_000 - 300  # a's claim left out, c's base not
+    results = {}
+
+    def wait(member, rise):
+        start = time.monotonic()
+        results[member] = (ledger.gate(member, rise, 0 if rise is None else rise, 0, True, 5000),
+                           time.monotonic() - start)
+
+    assert ledger.gate(b, None, 0, 0, True, 0) == TIMED_OUT  # b arrives, to run alone
+    seen = ledger.relooks()  # as b chose to run alone, before a relook it did not see
+    ledger.relook()
+    start = time.monotonic()
+    assert ledger.gate(b, None, 0, 0, True, 5000, seen) == TIMED_OUT
+    assert time.monotonic() - start < 2
+    threads = [threading.Thread(target=wait, args=(b, None))]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    while ledger.share_stats()["waiting"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    ledger.relook()
+    threads[0].join(10)
+    result, waited = results[b]
+    assert result == TIMED_OUT and waited < 2  # back at once, not after 5 s
+    assert ledger.share_stats()["waiting"] == 1  # still in its turn
+    assert ledger.gate(b, 100, 100, 0, True, 0) == ADMITTED  # it asks what was measured
+    start = time.monotonic()
+    relooking = threading.Timer(0.05, ledger.relook)
+    relooking.start()
+    assert ledger.gate(c, 20_000, 20_000, 0, True, 300) == TIMED_OUT  # past the budget
+    relooking.join()
+    assert time.monotonic() - start >= 0.25  # a prediction waits out its poll
+    with pytest.raises(Exception, match="not open"):
+        ledger.room_beside_live(12345)
+
+
 def test_a_gate_waits_where_the_state_would_be_unsafe():
     # Each pass rises to 700 and ends keeping 500. b's first region fits
     # beside a's now, but admitting it would leave no order in which both

@@ -13,6 +13,7 @@ import copy
 import importlib
 import pickle
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -464,9 +465,9 @@ class Pausable(nn.Module):
     """An MLP whose forward, while ``hold`` is set, stops in the middle (its
     pass admitted, its activations alive) until the event is set."""
 
-    def __init__(self):
+    def __init__(self, hidden: int = 64):
         super().__init__()
-        self.a, self.head = nn.Linear(32, 64), nn.Linear(64, 4)
+        self.a, self.head = nn.Linear(32, hidden), nn.Linear(hidden, 4)
         self.hold: threading.Event | None = None
         self.reached = threading.Event()
 
@@ -540,6 +541,73 @@ def test_where_memory_is_not_plentiful_a_first_pass_still_runs_alone(session):
     finished, stats = first_pass_beside_a_paused_member(session, 6 * base)
     assert not finished
     assert stats["borrowed_passes"] == 0
+
+
+def test_first_passes_waiting_alone_borrow_once_their_kind_is_measured(session):
+    """Three trials of one model start together: the first runs its first
+    pass alone, measured, while the other two wait at theirs to run alone.
+    Once it is measured, they ask what it needed and run beside each other
+    and the first trial, stopped inside its next pass, rather than one by
+    one."""
+    gc.collect()
+    session.configure(memory_limit=session.stats()["members_bytes"] + (1 << 30))
+    ledger = session.ledger()
+    data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(3)]
+    torch.manual_seed(0)
+    # A structure no earlier test measured (the session keeps first passes).
+    first_trial, *others = [Pausable(hidden=48) for _ in range(3)]
+    entered, go, first, second = (threading.Event() for _ in range(4))
+    first_trial.hold = first  # its first pass stops inside, not yet measured
+    stats, done = [], []
+
+    def run_first():
+        opt = torch.optim.SGD(first_trial.parameters(), lr=0.1)
+        with ww.sharing(first_trial):
+            entered.set()
+            go.wait(30)  # the others arrive meanwhile
+            mlp_loop(first_trial, opt, data)
+
+    def run(model, finished):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with ww.sharing(model) as member:
+            mlp_loop(model, opt, data[:2])
+        stats.append(member.stats())
+        finished.set()
+
+    def waiting(count):
+        deadline = time.monotonic() + 30
+        while ledger.share_stats()["waiting"] < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return ledger.share_stats()["waiting"]
+
+    threads = [threading.Thread(target=run_first)]
+    for model in others:
+        done.append(threading.Event())
+        threads.append(threading.Thread(target=run, args=(model, done[-1])))
+    try:
+        threads[0].start()
+        assert entered.wait(30)
+        for thread in threads[1:]:
+            thread.start()
+        assert waiting(2) == 2  # behind the first trial's block start
+        go.set()
+        assert first_trial.reached.wait(30)  # its first pass runs alone
+        assert waiting(2) == 2  # theirs wait to run alone
+        first_trial.reached.clear()
+        first_trial.hold = second  # its first pass ends, measured; its next stops inside
+        first.set()
+        assert first_trial.reached.wait(30)
+        finished = all(event.wait(5) for event in done)
+    finally:
+        go.set()
+        first.set()
+        second.set()
+        for thread in threads:
+            thread.join(30)
+    assert finished  # neither waited for the first trial's second pass to end
+    for member in stats:  # what each allocates before its call, and its first pass
+        assert member["borrowed_passes"] >= 2
+        assert member["measured_passes"] >= 1
 
 
 def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):

@@ -76,13 +76,17 @@ void bind_accounts(py::module_& m) {
       .def("join", &ThreadAccounts::join, py::arg("id"), py::arg("base") = 0)
       .def("leave", &ThreadAccounts::leave, py::arg("id"))
       .def("gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise, std::size_t rest,
-                      std::size_t end, bool boundary, long timeout_ms) {
-        return gate_holding_the_gil_if_it_admits(
-            a, id, GateRequest{rise_or_unknown(rise), rest, end, boundary}, timeout_ms);
+                      std::size_t end, bool boundary, long timeout_ms,
+                      const py::object& relooks_seen) {
+        GateRequest request{rise_or_unknown(rise), rest, end, boundary};
+        if (!relooks_seen.is_none()) request.relooks_seen = relooks_seen.cast<std::uint64_t>();
+        return gate_holding_the_gil_if_it_admits(a, id, request, timeout_ms);
       }, py::arg("id"), py::arg("rise"), py::arg("rest"), py::arg("end"), py::arg("boundary"),
-         py::arg("timeout_ms"),
+         py::arg("timeout_ms"), py::arg("relooks_seen") = py::none(),
          "0: admitted; 1: timed out (still waiting: call again); 2: interrupted. rise None: "
-         "no prediction, the pass runs alone.")
+         "no prediction, the pass runs alone; then a relook() after `relooks_seen` (relooks(), "
+         "read before choosing the ask; None: by its arrival) returns it at once.")
+      .def("relooks", &ThreadAccounts::relooks, "relook() calls so far.")
       .def("read_and_gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise,
                                std::size_t rest, long long net, bool boundary, long timeout_ms) {
         // A member's point in one call: its bytes read (and its peak reset),
@@ -105,6 +109,10 @@ void bind_accounts(py::module_& m) {
         return d;
       })
       .def("reset_share_peak", &ThreadAccounts::reset_share_peak)
+      .def("room_beside_live", &ThreadAccounts::room_beside_live, py::arg("id"),
+           "The budget less what every member holds live (regions in flight left out).")
+      .def("relook", &ThreadAccounts::relook,
+           "Gates waiting to run a pass alone return 1 (timed out) now, to ask again.")
       // A ledger of its own is told its allocations (the simulated members
       // of tests): the calling thread's, as the allocation path would.
       .def("allocate", [](ThreadAccounts& a, Addr ptr, std::size_t bytes) {

@@ -321,6 +321,12 @@ GateResult ThreadAccounts::gate(std::int64_t id, const GateRequest& request, lon
   }
   if (!it->second.member || !it->second.active) return GateResult::kAdmitted;
   if (interrupted_) return GateResult::kInterrupted;  // with or without a budget
+  // Asking to run alone, its member may ask otherwise once a relook() it
+  // did not see was made: still waiting, in its turn, it returns to choose,
+  // and is not admitted alone meanwhile.
+  const std::uint64_t seen =
+      request.relooks_seen == GateRequest::kRelooksNow ? relooks() : request.relooks_seen;
+  const auto stale = [&] { return request.rise == kUnknownRise && relooks() != seen; };
   {
     Account& a = it->second;
     if (a.waiting == Waiting::kNone) {  // it arrives (else it calls again after a time-out)
@@ -331,7 +337,7 @@ GateResult ThreadAccounts::gate(std::int64_t id, const GateRequest& request, lon
       if (request.boundary) a.in_pass = a.alone = false;
       a.request = request;
       changed_locked();
-      if (try_gate_locked(id, a)) return GateResult::kAdmitted;
+      if (!stale() && try_gate_locked(id, a)) return GateResult::kAdmitted;
       ++counts_.gate_waits;
     }
     a.request = request;
@@ -345,6 +351,7 @@ GateResult ThreadAccounts::gate(std::int64_t id, const GateRequest& request, lon
       a.waiting = Waiting::kNone;
       return GateResult::kInterrupted;
     }
+    if (stale()) return GateResult::kTimedOut;
     if (try_gate_locked(id, a)) return GateResult::kAdmitted;
     a.stuck_at = epoch_;
     if (everyone_stuck_locked()) {
@@ -522,6 +529,25 @@ std::string ThreadAccounts::refusal_locked(const Account& a, std::size_t bytes,
          "), and every trial was waiting for another's memory. Raise the session's "
          "memory_limit (waterwave.training_session(device, memory_limit=...)), train fewer "
          "trials at once, or use smaller batches";
+}
+
+std::size_t ThreadAccounts::room_beside_live(std::int64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (accounts_.find(id) == accounts_.end()) {
+    throw ConfigError("thread account " + std::to_string(id) + " is not open");
+  }
+  if (budget_ == 0) return std::numeric_limits<std::size_t>::max();
+  std::size_t live = outside_;
+  for (const auto& [other, a] : accounts_) {
+    if (a.member) live = add_sat(live, add_sat(a.base, a.usage.allocated));
+  }
+  return sub_floor(budget_, live);
+}
+
+void ThreadAccounts::relook() {
+  std::lock_guard<std::mutex> g(mu_);
+  relooks_.fetch_add(1, std::memory_order_acq_rel);
+  if (waiters_ != 0) cv_.notify_all();
 }
 
 ShareStats ThreadAccounts::share_stats() {

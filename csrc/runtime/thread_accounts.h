@@ -54,6 +54,11 @@ struct GateRequest {
   std::size_t rest = 0;     // the most it rises before its pass ends (>= rise)
   std::size_t end = 0;      // its predicted bytes once the pass ends
   bool boundary = false;    // the gate starts a pass (the member holds no activations)
+  // Asking to run alone: relook() calls its member has seen (relooks()
+  // before it chose what to ask); one since returns the gate at once.
+  // kRelooksNow: those made by the time it arrives.
+  std::uint64_t relooks_seen = kRelooksNow;
+  static constexpr std::uint64_t kRelooksNow = std::numeric_limits<std::uint64_t>::max();
 };
 
 // The budget's figures, for a session's stats().
@@ -171,6 +176,16 @@ class ThreadAccounts {
   // fails, until the last active member leaves.
   void interrupt();
   ShareStats share_stats();
+  // The budget less what every member holds live (bases, and `outside`),
+  // regions in flight left out: how plentiful memory is, for a member
+  // choosing what to ask at a gate. The largest size_t with no budget;
+  // ConfigError for an account not open.
+  std::size_t room_beside_live(std::int64_t id);
+  // Every gate waiting to run its pass alone returns kTimedOut now, so that
+  // its member may ask otherwise: a first pass of its kind was just
+  // measured (sharing.py's borrowed asks). relooks(): how many so far.
+  void relook();
+  std::uint64_t relooks() const { return relooks_.load(std::memory_order_acquire); }
   void reset_share_peak();
 
   // Around a wait on the allocation path: give up Python's GIL if the
@@ -248,6 +263,7 @@ class ThreadAccounts {
   std::uint64_t member_frees_ = 0; // frees of members' blocks
   std::uint64_t passes_ = 0;       // passes admitted at boundaries
   std::uint64_t arrivals_ = 0;     // members arrived at gates
+  std::atomic<std::uint64_t> relooks_{0};  // relook() calls (changed under mu_)
   std::size_t waiters_ = 0;        // threads blocked on cv_
   bool interrupted_ = false;
   ShareStats counts_;              // the counters of share_stats()

@@ -249,13 +249,8 @@ class Member:
             self.measured_passes += measuring
         if measuring:
             self._kind = (structure_of(self._modules), signature, size)
-            borrowed = self._borrowed_ask(self._kind)
-            if borrowed is None:
-                self._wait(None, 0, live, boundary=True)
-            else:
+            if self._wait_first_pass(live):
                 self.borrowed_passes += 1
-                rise, net = borrowed
-                self._wait(rise, with_slack(rise), live + net, boundary=True)
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, with_slack(rest), live + net, boundary=True)
@@ -284,8 +279,9 @@ class Member:
         regions = recorder.regions
         if self._prediction is None:  # measured at every module: choose the gates
             self.gates[signature] = frozenset(gate_keys(regions, split_for(regions, self.budget)))
-            self.session.first_passes.note(self._kind, rise_of(regions),
-                                           sum(r.net for r in regions))
+            if self.session.first_passes.note(self._kind, rise_of(regions),
+                                              sum(r.net for r in regions)):
+                self.ledger.relook()  # members waiting to run this kind alone may borrow it
             self._gate_points = frozenset((k[0], k[1]) for keys in self.gates.values()
                                           for k in keys if isinstance(k[0], int))
         self.profiles.learn(signature, self._size,
@@ -307,21 +303,44 @@ class Member:
         self._as_predicted = 0
         return Region(START, rise, net)
 
+    def _wait_first_pass(self, live: int) -> bool:
+        """Wait at a first pass's boundary (``live`` bytes held): with what
+        a member of the same structure needed for it (``_borrowed_ask``),
+        else alone. Waiting alone, it looks again whenever a member has
+        measured a first pass (``relook``) and at each poll: trials of one
+        model that start together wait while the first of them is
+        measured, then run beside each other rather than one by one (on a
+        GPU a first pass takes seconds: cuDNN's autotuning). True where it
+        was admitted with a borrowed ask."""
+        borrowed = None
+        while True:
+            if borrowed is None:
+                seen = self.ledger.relooks()  # one after this returns the gate at once
+                borrowed = self._borrowed_ask(self._kind)
+            if borrowed is None:
+                result = self._gate(None, 0, live, True, seen)
+            else:
+                rise, net = borrowed
+                result = self._gate(rise, with_slack(rise), live + net, True)
+            if result == ADMITTED:
+                return borrowed is not None
+
     def _borrowed_ask(self, kind: tuple) -> tuple[int, int] | None:
         """A first pass's (rise, net) to ask at its boundary, where a member
         of the same structure measured a pass of ``kind``: that pass's, each
         with room for another optimizer's state beside it (twice the
         model's bytes: Adam keeps two tensors a parameter). None where none
-        was measured, or where the budget's room now is not twice the rise
-        asked: memory is not plentiful, and the pass runs alone, as any
-        first pass, so that a wrong guess costs a wait, never a failure."""
+        was measured, or where the budget less what the members hold live
+        (regions in flight left out) is not twice the rise asked: memory is
+        not plentiful, and the pass runs alone, as any first pass, so that
+        a wrong guess costs a wait, never a failure. Where it is, the gate
+        still admits the ask only beside the others' regions."""
         seen = self.session.first_passes.get(kind)
         if seen is None:
             return None
         spare = 2 * self.base
         rise, net = seen[0] + spare, max(0, seen[1]) + spare
-        share = self.ledger.share_stats()
-        if 2 * rise > share["budget"] - share["held"]:
+        if 2 * rise > self.ledger.room_beside_live(self.account.id):
             return None
         return rise, net
 
@@ -360,14 +379,19 @@ class Member:
     def _wait(self, rise, rest: int, end: int, boundary: bool) -> None:
         """Wait at a gate until the session admits the region (``rise`` None:
         the pass runs alone). Ctrl-C (the session interrupted) raises here."""
-        while True:
-            result = self.ledger.gate(self.account.id, rise, max(0, rest), max(0, end), boundary,
-                                      GATE_POLL_MS)
-            if result == ADMITTED:
-                return
-            if result == INTERRUPTED:
-                raise KeyboardInterrupt(f"{self.name!r} stopped at a gate: training was "
-                                        "interrupted")
+        while self._gate(rise, rest, end, boundary) != ADMITTED:
+            pass
+
+    def _gate(self, rise, rest: int, end: int, boundary: bool, relooks_seen=None) -> int:
+        """One call at a gate: ADMITTED, or TIMED_OUT after a poll or a
+        relook (the member still waits there, and calls again, perhaps
+        asking otherwise). Ctrl-C (the session interrupted) raises here."""
+        result = self.ledger.gate(self.account.id, rise, max(0, rest), max(0, end), boundary,
+                                  GATE_POLL_MS, relooks_seen)
+        if result == INTERRUPTED:
+            raise KeyboardInterrupt(f"{self.name!r} stopped at a gate: training was "
+                                    "interrupted")
+        return result
 
     def module_called(self, index: int):
         def pre_hook(module, args):

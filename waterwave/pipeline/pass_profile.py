@@ -277,13 +277,15 @@ class FirstPasses:
         self._lock = threading.Lock()
         self._seen: OrderedDict = OrderedDict()
 
-    def note(self, kind: tuple, rise: int, net: int) -> None:
+    def note(self, kind: tuple, rise: int, net: int) -> bool:
+        """Keep a first pass of ``kind``; True where it is the first."""
         with self._lock:
             if kind in self._seen:
-                return
+                return False
             self._seen[kind] = (rise, net)
             if len(self._seen) > self.MOST:
                 self._seen.popitem(last=False)
+            return True
 
     def get(self, kind: tuple) -> tuple[int, int] | None:
         """(rise, net) of the first pass measured of ``kind``; None: none yet."""
