@@ -406,7 +406,7 @@ class Widening(nn.Module):
 
 def test_a_steady_member_learns_a_pass_that_outgrows_its_prediction(session):
     """Step after step of one shape, a small model's passes take the steady
-    path (``Member._begin_pass``): a pass that rises past its prediction
+    path (``Member._root_hook``): a pass that rises past its prediction
     leaves it and is learned as it ends, so the very next pass asks for it."""
     from waterwave.pipeline.pass_profile import START
 

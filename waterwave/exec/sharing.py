@@ -141,7 +141,7 @@ class Member:
         self._recorder = None
         self._modules = modules if budget else [model]
         self._root_handles = [
-            model.register_forward_pre_hook(self._root_called, with_kwargs=True)]
+            model.register_forward_pre_hook(self._root_hook(), with_kwargs=True)]
         self._root_return = None  # the model's forward hook, where a pass needs it
         if self.on_cuda:
             self._enter_stream()
@@ -189,49 +189,79 @@ class Member:
         return bool(self.budget)
 
     # Passes -----------------------------------------------------------------
-    def _root_called(self, module, args, kwargs):
-        # The model called from its own forward (a nested call) is one pass,
-        # where the forward hook counts the depth; where it is not placed (a
-        # small model's steady passes), every call starts one.
-        if threading.get_ident() == self.thread:
-            self._depth += 1
-            if self._depth == 1:
-                self._begin_pass(args, kwargs)
-            if self._root_return is None:
-                self._depth = 0
+    def _root_hook(self):
+        """The model's forward pre-hook for this block: where a pass begins.
+
+        A closure over what each call reads, since a small model's step is
+        short (a digits MLP's about 250 µs on the CPU) and every method call
+        and attribute lookup here is felt. The model called from its own
+        forward (a nested call) is one pass, where the forward hook counts
+        the depth; where it is not placed (a small model's steady passes),
+        every call starts one."""
+        import torch
+
+        thread, ledger, account, root = self.thread, self.ledger, self.account.id, self._modules[0]
+        take_peak, gate, get_ident = ledger.take_peak, ledger.gate, threading.get_ident
+        grad_enabled, tensor = torch.is_grad_enabled, torch.Tensor
+        gating, on_cuda = self.gating, self.on_cuda
+
+        def called(module, args, kwargs):
+            if get_ident() == thread:
+                self._depth += 1
+                if self._depth == 1:
+                    pass_begins(args, kwargs)
+                if self._root_return is None:
+                    self._depth = 0
+
+        def pass_begins(args, kwargs):
+            self.passes += 1
+            live, peak = take_peak(account)  # _read(), inline
+            if self._carried_peak:
+                peak = max(peak, self._carried_peak)
+                self._carried_peak = 0
+            if peak > self.most:
+                self.most = peak
+            if not gating:  # counted only; Ctrl-C still stops it here
+                self._wait(0, 0, 0, boundary=True)
+                return
+            signature = (grad_enabled(), root.training)
+            size = (args[0].numel() if not kwargs and len(args) == 1 and type(args[0]) is tensor
+                    else elements(args) + (elements(kwargs) if kwargs else 0))
+            steady, recorder = self._steady, self._recorder
+            if (steady is not None and steady.signature == signature and steady.size == size
+                    and not recorder.regions):
+                # The steady path: a small model's step after step, the same
+                # batch shape. Where the pass ending teaches nothing, the
+                # next asks what this one asked: nothing else of _start_pass
+                # changes. Exactly as predicted is the common case, taken
+                # here (_single_region_ended's first rule); else that decides.
+                start = recorder.start
+                if (max(0, peak - start) == steady.rise
+                        and max(live, self._after_step) - start == steady.net):
+                    region = None
+                else:
+                    region = self._single_region_ended(recorder, live, peak, steady.rise,
+                                                       steady.net)
+                if region is None:
+                    if on_cuda:
+                        self.session.probe_sharing_budget()
+                    if gate(account, steady.rise, max(0, steady.rest), max(0, live + steady.net),
+                            True, GATE_POLL_MS) != ADMITTED:
+                        self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
+                    recorder.start = recorder._level = live  # recorder.restart(live), inline
+                    self._after_step = 0
+                    return
+                self.profiles.learn(signature, size, [region])
+                self._recorder = None  # ended: _start_pass goes on from here
+            self._start_pass(signature, size, live, peak)
+
+        return called
 
     def _root_returned(self, module, args, output):
         if self._depth and threading.get_ident() == self.thread:
             self._depth -= 1
             if self._depth == 0 and self.gating:
                 self._hook_backward(0, output)
-
-    def _begin_pass(self, args, kwargs) -> None:
-        self.passes += 1
-        if not self.gating:  # counted only; Ctrl-C still stops it here
-            self._read()
-            self._wait(0, 0, 0, boundary=True)
-            return
-        signature = (_grad_enabled(), self._modules[0].training)
-        size = elements(args) + (elements(kwargs) if kwargs else 0)
-        live, peak = self._read()
-        steady, recorder = self._steady, self._recorder
-        if (steady is not None and steady.signature == signature and steady.size == size
-                and not recorder.regions):
-            # The steady path: a small model's step after step, the same
-            # batch shape. Where the pass ending teaches nothing, the next
-            # asks what this one asked: nothing else of _start_pass changes.
-            region = self._single_region_ended(recorder, live, peak, steady.rise, steady.net)
-            if region is None:
-                if self.on_cuda:
-                    self.session.probe_sharing_budget()
-                self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
-                recorder.restart(live)
-                self._after_step = 0
-                return
-            self.profiles.learn(signature, size, [region])
-            self._recorder = None  # ended: _start_pass goes on from here
-        self._start_pass(signature, size, live, peak)
 
     def _start_pass(self, signature: tuple, size: int, live: int, peak: int) -> None:
         """The previous pass ends (``live`` and ``peak`` read at its end);
