@@ -403,6 +403,40 @@ def test_sharing_jobs_fit_where_lockstep_runs_out_and_stay_within_the_budget(r18
     assert free.peak_allocated > r.peak_allocated
 
 
+def test_sharing_trials_of_one_model_borrow_the_first_ones_first_step():
+    """Trials of one model as sharing members: the first job of a trace
+    runs its first step alone, measured; the others ask what it needed once
+    it has, where memory is plentiful (the runtime's borrowed first passes),
+    so they run beside its later steps, and the mix ends sooner than the
+    same jobs under other names (other models), whose first steps each run
+    alone."""
+    import torch
+
+    import waterwave as ww
+    from waterwave.sim.eager import eager_trace
+    from waterwave.sim.schedules import SharingSchedule
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = ww.capture(model, (torch.randn(64, 64),), loss_fn=torch.nn.functional.cross_entropy,
+                   optimizer=opt, targets=torch.randint(0, 10, (64,)))
+    one = [eager_trace(g, "H100-80GB", KERNELS, name="trial") for _ in range(3)]
+    others = [eager_trace(g, "H100-80GB", KERNELS, name=f"model{k}") for k in range(3)]
+    first_steps = [jobs[0] for jobs in SharingSchedule(2 * GiB)(one, 2)]
+    assert first_steps[0].borrow is None and first_steps[0].rise is None
+    assert all(s.borrow is not None and s.borrow.source == 0 for s in first_steps[1:])
+    assert not any(jobs[0].borrow for jobs in SharingSchedule(2 * GiB)(others, 2))
+    ends = {}
+    for label, jobs in (("one model", one), ("other models", others)):
+        r = simulate(jobs, "H100-80GB", 2 * GiB, "sharing", "waterwave", steps=6,
+                     concurrent_kernels=True)
+        assert r.ok and r.sharing["forced"] == 0
+        ends[label] = r.time_us[-1]
+    assert ends["one model"] < ends["other models"]
+
+
 def test_the_sharing_schedule_cuts_steps_by_the_members_rule(r18):
     from waterwave.sim.schedules import GatedSegment
 

@@ -43,5 +43,7 @@ def trained(job) -> None:
 
 def held_on(device: str) -> int:
     """What the jobs awaiting their first step on ``device`` hold."""
+    if not _AWAITING:  # the common case, read at every sharing block's start and end
+        return 0
     with _LOCK:
         return sum(nbytes for where, nbytes in list(_AWAITING.values()) if where == device)

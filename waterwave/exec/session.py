@@ -434,6 +434,8 @@ class TrainingSession(SettingsView):
     def _between_calls(self, feed: RoundFeed | None, trainer=None) -> int:
         """What the session's jobs not training in ``feed`` hold between their
         calls, with what the trainers other than ``trainer`` hold."""
+        if not self._pipelined and not self._trainers:  # sharing members alone: each block's
+            return awaiting_jobs.held_on(self.device)   # start and end reads this
         inside = {id(m) for m, f in self._members.values() if f is feed}
         return sum(m.held() + m.reserve() for m in list(self._pipelined.values())
                    if id(m) not in inside) + sum(

@@ -42,7 +42,7 @@ from .. import _C
 from ..alloc import POLICIES, Allocator, AllocatorConfig, cache_splits
 from .gpus import GPU
 from .gpus import gpu as named_gpu
-from ..pipeline.pass_profile import GPU_MARGIN
+from ..pipeline.pass_profile import GPU_MARGIN, with_slack
 from .schedules import GatedSegment, Segment, SegmentSchedule, SessionSchedule
 from .schedules import schedule as named_schedule
 from .trace import Op, Trace
@@ -300,8 +300,17 @@ class _Run:
         as the others run)."""
         account = self.accounts[t.job]
         live = self.ledger.usage(account)[0]
-        if self.ledger.gate(account, seg.rise, max(0, seg.rest), max(0, live + seg.net),
-                            seg.boundary, 0) != 0:
+        rise, rest, net = seg.rise, seg.rest, seg.net
+        borrow = seg.borrow
+        if rise is None and borrow is not None:
+            source = self.threads[borrow.source]
+            # Its kind measured (the runtime's relook) and memory plentiful:
+            # ask what that first step needed rather than run alone.
+            if ((source.done or source.seg >= borrow.source_segments)
+                    and 2 * borrow.rise <= self.ledger.room_beside_live(account)):
+                rise, rest, net = borrow.rise, with_slack(borrow.rise), borrow.net
+        if self.ledger.gate(account, rise, max(0, rest), max(0, live + net), seg.boundary,
+                            0) != 0:
             return False
         self.admitted[t.job] = t.seg
         t.ready = max(t.ready, self.device.now())  # it waited until now

@@ -26,7 +26,9 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   (``SharingSchedule``): no rounds; each job's step cut at its gates by the
   members' rule (``pipeline.pass_profile``), each segment starting when the
   shared budget (csrc/runtime/shared_budget.cpp, the same code) admits it, a
-  job's first step alone and measured, its later ones predicted from it.
+  job's first step alone and measured, its later ones predicted from it; the
+  first step of a job whose trace another job measured first borrows that
+  measure, as trials of one model do at run time.
 - ``session``: what a training session runs (``SessionSchedule``): each
   job first measured alone, then side by side, in turn, one after another
   or the memory pairing, as ``pipeline.session_choice`` chooses from those
@@ -156,6 +158,20 @@ class GatedSegment(Segment):
     net: int = 0            # its change from here to its end
     boundary: bool = False  # the step's first segment
     gate: bool = True       # False: inside a step measured alone, no gate
+    # A first step another job of the same trace measures first (trials of
+    # one model): what to ask instead of running alone once that job's first
+    # step has ended, where memory is plentiful (sharing.py's borrowed ask).
+    borrow: "Borrowed | None" = None
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """A borrowed first step's ask, and whose first step measures it: job
+    ``source`` once its thread is past its first ``source_segments``."""
+    rise: int
+    net: int
+    source: int
+    source_segments: int
 
 
 @dataclass
@@ -171,7 +187,8 @@ class SharingSchedule:
 
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         out = []
-        for t in jobs:
+        measured_by: dict = {}  # a trace's kind -> (the job that measures it, its segments)
+        for j, t in enumerate(jobs):
             regions = op_regions(t)
             gates = gate_keys(regions, split_for(regions, self.memory_limit or 0))
             coarse = coarsen(regions, gates)
@@ -184,12 +201,22 @@ class SharingSchedule:
                     rest = max(rest, level + later.rise)
                     level += later.net
                 asks.append((r.rise, with_slack(rest), level))  # as a member asks
+            # Trials of one model: the first job of a trace measures its
+            # first step; the others' first steps may borrow what it needed.
+            kind = (t.name, tuple(regions), tuple(t.persistent))
+            source = measured_by.setdefault(kind, (j, len(spans)))
+            borrow = None
+            if source[0] != j:
+                rise, net = first_step(t)
+                spare = 2 * sum(footprint(n) for _, n, _, at in t.persistent if at < 0)
+                borrow = Borrowed(rise + spare, max(0, net) + spare, *source)
             segments = []
             for step in range(steps):
                 for i, (first, last) in enumerate(spans):
                     if step == 0:  # measured alone: one gate, at the step's start
                         segments.append(GatedSegment(0, step, first, last, None, 0, 0, i == 0,
-                                                     gate=i == 0))
+                                                     gate=i == 0, borrow=borrow if i == 0
+                                                     else None))
                     else:
                         segments.append(GatedSegment(0, step, first, last, *asks[i], i == 0))
             out.append(segments)
@@ -260,6 +287,21 @@ def op_regions(t: Trace) -> list[Region]:
         up = sum(size[b] for b, _ in op.alloc)
         out.append(Region(START if k == 0 else ("op", k), up, up - sum(size[b] for b in op.free)))
     return out
+
+
+def first_step(t: Trace) -> tuple[int, int]:
+    """The first step's (rise, net) from its start, each block at its
+    ``footprint``, the persistent blocks it makes (an optimizer's state)
+    included: what a member measures of its first pass."""
+    size = {b: footprint(n) for op in t.ops for b, n in op.alloc}
+    made = t.persistent_at()
+    level = rise = 0
+    for k, op in enumerate(t.ops):
+        level += sum(footprint(n) for _, n, _ in made.get(k, []))
+        level += sum(size[b] for b, _ in op.alloc)
+        rise = max(rise, level)
+        level -= sum(size[b] for b in op.free)
+    return rise, level
 
 
 def group_rises(t: Trace) -> list[tuple[int, int]]:
