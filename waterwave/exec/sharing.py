@@ -130,6 +130,10 @@ class Member:
         # pass, and the peak read there (carried to the next point's read).
         self._after_step = 0
         self._carried_peak = 0
+        # Whether an optimizer's step is a point of the running pass (it is
+        # measured, or has gates inside): the global step hook reads it, at
+        # every step of every member.
+        self.step_point = False
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int, modules: list) -> None:
@@ -139,6 +143,7 @@ class Member:
         self.budget, self.base = budget, base
         self._depth = 0
         self._recorder = None
+        self.step_point = False
         self._modules = modules if budget else [model]
         self._root_handles = [
             model.register_forward_pre_hook(self._root_hook(), with_kwargs=True)]
@@ -178,6 +183,7 @@ class Member:
         if self._root_return is not None:
             self._root_return.remove()
         self._root_handles, self._hooks, self._hooked, self._placed = [], {}, None, False
+        self.step_point = False
         self._root_return = None
         if self._stream_context is not None:
             self._exit_stream()
@@ -288,6 +294,7 @@ class Member:
         self._after_step = 0
         self._signature, self._size, self._prediction = signature, size, prediction
         self._gates_now = self.gates.get(signature, frozenset())
+        self.step_point = measuring or bool(self._gates_now)
         self._occurrences.clear()
         if not measuring and prediction.scale == 1.0 and not self._gates_now and (
                 signature != BLOCK_START):
@@ -298,6 +305,7 @@ class Member:
     def _end_pass(self, live: int, peak: int) -> None:
         recorder, signature, prediction = self._recorder, self._signature, self._prediction
         self._recorder = None
+        self.step_point = False
         if not recorder.regions and prediction is not None and prediction.scale == 1.0:
             predicted_rise, _, predicted_net = prediction.at(START)
             region = self._single_region_ended(recorder, live, peak, predicted_rise,
@@ -598,14 +606,14 @@ def _optimizer_hooks_off() -> None:
 
 def _optimizer_stepping(optimizer, args, kwargs):
     member = getattr(_local, "member", None)
-    if member is not None and member.gating:
+    if member is not None and member.step_point:
         member.optimizer_step()
     return None
 
 
 def _optimizer_stepped(optimizer, args, kwargs):
     member = getattr(_local, "member", None)
-    if member is not None and member.gating:
+    if member is not None and member.budget:  # gating
         member.optimizer_stepped()
     return None
 
