@@ -715,6 +715,23 @@ def test_the_model_outside_its_blocks_carries_no_hooks(session):
     pickle.loads(pickle.dumps(model))
 
 
+def test_a_model_copied_inside_its_block_is_a_model_like_any(session):
+    """A best-so-far snapshot taken mid-epoch (``copy.deepcopy``) inside the
+    block: the copy is made, evaluates and trains, and the block goes on."""
+    session.configure(memory_limit=64 << 20)
+    model, data = wide_member(0, batch=32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with ww.sharing(model) as member:
+        mlp_loop(model, opt, data[:3])
+        best = copy.deepcopy(model)
+        best(data[0][0])  # the copy's call is no pass of the member's
+        mlp_loop(model, opt, data[3:])
+    assert member.passes == len(data)
+    with torch.no_grad():
+        assert best(data[0][0]).shape == model(data[0][0]).shape
+    mlp_loop(best, torch.optim.SGD(best.parameters(), lr=0.01), data[:2])
+
+
 def test_sharing_refuses_what_it_cannot_share(session):
     with pytest.raises(TypeError, match="torch.nn.Module"):
         ww.sharing(torch.zeros(3)).__enter__()

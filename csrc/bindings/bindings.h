@@ -24,6 +24,7 @@ void bind_sim(py::module_& m);       // bind_sim.cpp
 void bind_stack(py::module_& m);     // bind_stack.cpp
 void bind_cuda(py::module_& m);      // bind_cuda.cpp
 void bind_accounts(py::module_& m);  // bind_accounts.cpp
+void bind_sharing(py::module_& m);   // bind_sharing.cpp
 void bind_planner(py::module_& m);   // bind_planner.cpp
 void bind_bench(py::module_& m);     // bind_bench.cpp
 

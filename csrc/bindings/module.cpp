@@ -35,6 +35,7 @@ PYBIND11_MODULE(_C, m) {
   bind_stack(m);
   bind_cuda(m);
   bind_accounts(m);
+  bind_sharing(m);
   bind_planner(m);
   bind_bench(m);
   // Ctrl-C for threads that train off the main thread (waterwave/exec/ctrl_c.py).

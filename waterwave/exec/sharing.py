@@ -196,75 +196,49 @@ class Member:
 
     # Passes -----------------------------------------------------------------
     def _root_hook(self):
-        """The model's forward pre-hook for this block: where a pass begins.
-
-        A closure over what each call reads, since a small model's step is
-        short (a digits MLP's about 250 µs on the CPU) and every method call
-        and attribute lookup here is felt. The model called from its own
-        forward (a nested call) is one pass, where the forward hook counts
-        the depth; where it is not placed (a small model's steady passes),
-        every call starts one."""
+        """The model's forward pre-hook for this block, where a pass begins:
+        ``_C.PassBoundary`` (``csrc/bindings/bind_sharing.cpp``). It keeps
+        the depth of nested calls (the model called from its own forward is
+        one pass, where the forward hook counts the depth; where it is not
+        placed, a small model's steady passes, every call starts one), counts
+        the pass, reads the account and takes the steady path's common case
+        itself: a pass exactly as predicted asks at its gate what the last
+        one asked. Every other case is ``_pass_begins``. In C++ because a
+        small model's step is short (a digits MLP's about 250 µs on the CPU)
+        and, after a step's torch work, each line of Python costs several
+        times what it costs warm."""
         import torch
 
-        thread, ledger, account, root = self.thread, self.ledger, self.account.id, self._modules[0]
-        take_peak, gate, get_ident = ledger.take_peak, ledger.gate, threading.get_ident
-        grad_enabled, tensor = torch.is_grad_enabled, torch.Tensor
-        gating, on_cuda = self.gating, self.on_cuda
+        from .. import _C
 
-        def called(module, args, kwargs):
-            if get_ident() == thread:
-                self._depth += 1
-                if self._depth == 1:
-                    pass_begins(args, kwargs)
-                if self._root_return is None:
-                    self._depth = 0
+        return _C.PassBoundary(self, self.ledger, self.account.id, self.thread,
+                               self._modules[0], self.gating, self.on_cuda,
+                               torch.is_grad_enabled, torch.Tensor, elements)
 
-        def pass_begins(args, kwargs):
-            self.passes += 1
-            live, peak = take_peak(account)  # _read(), inline
-            if self._carried_peak:
-                peak = max(peak, self._carried_peak)
-                self._carried_peak = 0
-            if peak > self.most:
-                self.most = peak
-            if not gating:  # counted only; Ctrl-C still stops it here
-                self._wait(0, 0, 0, boundary=True)
+    def _pass_begins(self, signature: tuple, size: int, live: int, peak: int) -> None:
+        """A pass of ``signature`` and ``size`` begins, the account read at
+        ``live`` and ``peak`` (``_root_hook``), where the steady path's
+        common case did not hold."""
+        steady, recorder = self._steady, self._recorder
+        if (steady is not None and steady.signature == signature and steady.size == size
+                and not recorder.regions):
+            # The steady path: a small model's step after step, the same
+            # batch shape. Where the pass ending teaches nothing, the next
+            # asks what this one asked: nothing else of _start_pass changes.
+            region = self._single_region_ended(recorder, live, peak, steady.rise, steady.net)
+            if region is None:
+                if self.on_cuda:
+                    self.session.probe_sharing_budget()
+                self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
+                recorder.restart(live)
+                self._after_step = 0
                 return
-            signature = (grad_enabled(), root.training)
-            size = (args[0].numel() if not kwargs and len(args) == 1 and type(args[0]) is tensor
-                    else elements(args) + (elements(kwargs) if kwargs else 0))
-            steady, recorder = self._steady, self._recorder
-            if (steady is not None and steady.signature == signature and steady.size == size
-                    and not recorder.regions):
-                # The steady path: a small model's step after step, the same
-                # batch shape. Where the pass ending teaches nothing, the
-                # next asks what this one asked: nothing else of _start_pass
-                # changes. Exactly as predicted is the common case, taken
-                # here (_single_region_ended's first rule); else that decides.
-                start = recorder.start
-                if (max(0, peak - start) == steady.rise
-                        and max(live, self._after_step) - start == steady.net):
-                    region = None
-                else:
-                    region = self._single_region_ended(recorder, live, peak, steady.rise,
-                                                       steady.net)
-                if region is None:
-                    if on_cuda:
-                        self.session.probe_sharing_budget()
-                    if gate(account, steady.rise, max(0, steady.rest), max(0, live + steady.net),
-                            True, GATE_POLL_MS) != ADMITTED:
-                        self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
-                    recorder.start = recorder._level = live  # recorder.restart(live), inline
-                    self._after_step = 0
-                    return
-                self.profiles.learn(signature, size, [region])
-                self._recorder = None  # ended: _start_pass goes on from here
-            self._start_pass(signature, size, live, peak)
-
-        return called
+            self.profiles.learn(signature, size, [region])
+            self._recorder = None  # ended: _start_pass goes on from here
+        self._start_pass(signature, size, live, peak)
 
     def _root_returned(self, module, args, output):
-        if self._depth and threading.get_ident() == self.thread:
+        if self._depth and threading.get_ident() == self.thread and module is self._modules[0]:
             self._depth -= 1
             if self._depth == 0 and self.gating:
                 self._hook_backward(0, output)
@@ -433,7 +407,10 @@ class Member:
 
     def module_called(self, index: int):
         def pre_hook(module, args):
-            if threading.get_ident() == self.thread and self._recorder is not None:
+            # (A copy of the model made inside the block carries the hook:
+            # its calls are not this pass's.)
+            if (threading.get_ident() == self.thread and self._recorder is not None
+                    and self._modules[index] is module):
                 key = (index, "f", self._occurrences[(index, "f")])
                 self._occurrences[(index, "f")] += 1
                 self._point(key)
@@ -441,7 +418,8 @@ class Member:
 
     def module_returned(self, index: int):
         def post_hook(module, args, output):
-            if threading.get_ident() == self.thread and self._recorder is not None:
+            if (threading.get_ident() == self.thread and self._recorder is not None
+                    and self._modules[index] is module):
                 self._hook_backward(index, output)
         return post_hook
 

@@ -1,0 +1,177 @@
+// waterwave._C.PassBoundary: a waterwave.sharing member's forward pre-hook on
+// its model, where each pass begins (waterwave/exec/sharing.py, Member).
+//
+// Why in C++: a small model's step is short (a digits MLP's about 250 µs on
+// the CPU), its pass boundary runs at every step, and after a step's torch
+// work each line of Python costs several times what it costs warm. The
+// common case, a steady pass (one region, no gate inside, the same
+// signature and size) that ended exactly as predicted, is taken here: read
+// the member's account, check the prediction, ask the same at its gate. It
+// is sharing.py's steady path; every other case, and every rule past
+// "exactly as predicted: nothing to learn", is the member's own Python
+// (Member._pass_begins), called with what was read here. The member's state
+// stays in its Python attributes, read and written here by name.
+//
+// May include: bindings.h, runtime/.
+#include <Python.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "../runtime/thread_accounts.h"
+#include "bindings.h"
+
+namespace waterwave::bindings {
+
+namespace {
+
+// An attribute name, interned once and kept for the process's life.
+PyObject* name(const char* s) { return PyUnicode_InternFromString(s); }
+
+struct Names {
+  PyObject* depth = name("_depth");
+  PyObject* root_return = name("_root_return");
+  PyObject* passes = name("passes");
+  PyObject* carried_peak = name("_carried_peak");
+  PyObject* most = name("most");
+  PyObject* steady = name("_steady");
+  PyObject* recorder = name("_recorder");
+  PyObject* after_step = name("_after_step");
+  PyObject* regions = name("regions");
+  PyObject* start = name("start");
+  PyObject* level = name("_level");
+  PyObject* training = name("training");
+  PyObject* numel = name("numel");
+};
+
+const Names& names() {
+  static const Names* n = new Names();  // never destroyed: used until exit
+  return *n;
+}
+
+std::int64_t as_int(const py::handle& h) { return h.cast<std::int64_t>(); }
+
+class PassBoundary {
+ public:
+  PassBoundary(py::object member, ThreadAccounts& ledger, std::int64_t account,
+               unsigned long thread, py::object root, bool gating, bool on_cuda,
+               py::object grad_enabled, py::object tensor_type, py::object elements)
+      : member_(std::move(member)), ledger_(ledger), account_(account), thread_(thread),
+        root_(std::move(root)), gating_(gating), on_cuda_(on_cuda),
+        grad_enabled_(std::move(grad_enabled)), tensor_type_(std::move(tensor_type)),
+        elements_(std::move(elements)) {}
+
+  // The model's forward pre-hook (with_kwargs): (module, args, kwargs) -> None.
+  void call(const py::handle& module, const py::tuple& args, const py::dict& kwargs) {
+    // Another thread's call, or a copy of the model made inside the block,
+    // which carries the hook (copy.deepcopy keeps it): not this member's pass.
+    if (module.ptr() != root_.ptr() || PyThread_get_thread_ident() != thread_) return;
+    const Names& n = names();
+    // The model called from its own forward is one pass, where the forward
+    // hook counts the depth; where it is not placed, every call starts one.
+    const std::int64_t depth = as_int(member_.attr(n.depth)) + 1;
+    member_.attr(n.depth) = py::int_(depth);
+    if (depth == 1) begins(args, kwargs);
+    if (member_.attr(n.root_return).is_none()) member_.attr(n.depth) = py::int_(0);
+  }
+
+ private:
+  void begins(const py::tuple& args, const py::dict& kwargs) {
+    const Names& n = names();
+    member_.attr(n.passes) = py::int_(as_int(member_.attr(n.passes)) + 1);
+    // The account's bytes live and most since the last read (Member._read).
+    const AccountUsage u = ledger_.take_peak(account_);
+    const std::size_t live = u.allocated;
+    std::size_t peak = u.peak;
+    const std::int64_t carried = as_int(member_.attr(n.carried_peak));
+    if (carried != 0) {
+      peak = std::max(peak, static_cast<std::size_t>(carried));
+      member_.attr(n.carried_peak) = py::int_(0);
+    }
+    if (static_cast<std::int64_t>(peak) > as_int(member_.attr(n.most))) {
+      member_.attr(n.most) = py::int_(peak);
+    }
+    if (!gating_) {  // counted only; Ctrl-C still stops it here
+      member_.attr("_wait")(0, 0, 0, true);
+      return;
+    }
+    const bool grad = grad_enabled_().cast<bool>();
+    const bool training = PyObject_IsTrue(root_.attr(n.training).ptr()) == 1;
+    std::int64_t size;
+    if (kwargs.empty() && args.size() == 1 &&
+        Py_TYPE(args[0].ptr()) == reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) {
+      size = as_int(args[0].attr(n.numel)());  // the usual call: one tensor
+    } else {
+      size = as_int(elements_(args)) + (kwargs.empty() ? 0 : as_int(elements_(kwargs)));
+    }
+    if (steady_exactly(grad, training, size, live, peak)) return;
+    member_.attr("_pass_begins")(py::make_tuple(grad, training), size, live, peak);
+  }
+
+  // The steady path where the pass ending was exactly as predicted (its rise
+  // and its net change the prediction's): nothing to learn, the next pass
+  // asks what this one asked. False where the member's Python decides.
+  bool steady_exactly(bool grad, bool training, std::int64_t size, std::size_t live,
+                      std::size_t peak) {
+    const Names& n = names();
+    const py::object steady = member_.attr(n.steady);
+    if (steady.is_none()) return false;
+    const py::tuple s = steady.cast<py::tuple>();  // _Steady(signature, size, rise, net, rest)
+    const py::tuple signature = s[0].cast<py::tuple>();
+    if (signature.size() != 2 || PyObject_IsTrue(signature[0].ptr()) != grad ||
+        PyObject_IsTrue(signature[1].ptr()) != training || as_int(s[1]) != size) {
+      return false;
+    }
+    const py::object recorder = member_.attr(n.recorder);
+    if (recorder.is_none() || py::len(recorder.attr(n.regions)) != 0) return false;
+    const std::int64_t start = as_int(recorder.attr(n.start));
+    const std::int64_t after = as_int(member_.attr(n.after_step));
+    const std::int64_t rise = as_int(s[2]), net = as_int(s[3]), rest = as_int(s[4]);
+    const std::int64_t risen = std::max<std::int64_t>(0, static_cast<std::int64_t>(peak) - start);
+    const std::int64_t ended = std::max<std::int64_t>(static_cast<std::int64_t>(live), after) -
+                               start;
+    if (risen != rise || ended != net) return false;
+    if (on_cuda_) member_.attr("session").attr("probe_sharing_budget")();
+    const std::int64_t end = static_cast<std::int64_t>(live) + net;
+    const GateRequest request{static_cast<std::size_t>(rise),
+                              static_cast<std::size_t>(std::max<std::int64_t>(0, rest)),
+                              static_cast<std::size_t>(std::max<std::int64_t>(0, end)), true};
+    if (ledger_.gate(account_, request, 0) != GateResult::kAdmitted) {
+      member_.attr("_wait")(rise, rest, end, true);  // it waits: Python's loop, the GIL given up
+    }
+    recorder.attr(n.start) = py::int_(live);  // PassRecorder.restart(live)
+    recorder.attr(n.level) = py::int_(live);
+    member_.attr(n.after_step) = py::int_(0);
+    return true;
+  }
+
+  py::object member_;
+  ThreadAccounts& ledger_;
+  std::int64_t account_;
+  unsigned long thread_;
+  py::object root_;
+  bool gating_, on_cuda_;
+  py::object grad_enabled_, tensor_type_, elements_;
+};
+
+}  // namespace
+
+void bind_sharing(py::module_& m) {
+  py::class_<PassBoundary>(m, "PassBoundary",
+                           "A sharing member's forward pre-hook on its model, where each pass "
+                           "begins (waterwave/exec/sharing.py).")
+      .def(py::init<py::object, ThreadAccounts&, std::int64_t, unsigned long, py::object, bool,
+                    bool, py::object, py::object, py::object>(),
+           py::arg("member"), py::arg("ledger"), py::arg("account"), py::arg("thread"),
+           py::arg("root"), py::arg("gating"), py::arg("on_cuda"), py::arg("grad_enabled"),
+           py::arg("tensor_type"), py::arg("elements"), py::keep_alive<1, 3>())
+      .def("__call__", &PassBoundary::call, py::arg("module"), py::arg("args"),
+           py::arg("kwargs"))
+      // A model copied inside its block (a best-so-far snapshot) keeps the
+      // hook as it is, as a Python function hook would be kept.
+      .def("__copy__", [](const py::object& self) { return self; })
+      .def("__deepcopy__", [](const py::object& self, const py::object&) { return self; },
+           py::arg("memo"));
+}
+
+}  // namespace waterwave::bindings
