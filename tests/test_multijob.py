@@ -437,6 +437,44 @@ def test_sharing_trials_of_one_model_borrow_the_first_ones_first_step():
     assert ends["one model"] < ends["other models"]
 
 
+def _mlp_trace(width: int, layers: int, batch: int):
+    """An MLP job's eager trace (sharing_vs_plain's shapes), on the H100."""
+    import torch
+
+    import waterwave as ww
+    from waterwave.sim.eager import eager_trace
+
+    mods, features = [], 64
+    for _ in range(layers):
+        mods += [torch.nn.Linear(features, width), torch.nn.ReLU()]
+        features = width
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(features, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = ww.capture(model, (torch.randn(batch, 64),), loss_fn=torch.nn.functional.cross_entropy,
+                   optimizer=opt, targets=torch.randint(0, 10, (batch,)))
+    return eager_trace(g, "H100-80GB", KERNELS, name=f"mlp{width}x{layers}-bs{batch}")
+
+
+def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
+    """As the runtime's members do (``wait_for_frees``): an operator the
+    device cannot place, its budget admitting it, waits for another job's
+    frees and runs; where every job would wait, one fails with the device's
+    out of memory. (Before the simulator modelled it, the first mix ran out
+    of memory here.)"""
+    import torch
+
+    torch.manual_seed(0)
+    big, mid, small = _mlp_trace(4096, 2, 256), _mlp_trace(1024, 3, 1024), _mlp_trace(64, 1, 64)
+    cap = 471_689_427  # a mix and cap of bench/concurrent/sharing_vs_plain.py (about 450 MiB)
+    r = simulate([big, mid, small], "H100-80GB", cap, "sharing", "waterwave", steps=30,
+                 record=False, concurrent_kernels=True)
+    assert r.ok and r.sharing["device_waits"] > 0
+    assert r.peak_reserved <= cap
+    r = simulate([big, _mlp_trace(512, 1, 1024)], "H100-80GB", 379_560_484, "sharing",
+                 "waterwave", steps=30, record=False, concurrent_kernels=True)
+    assert not r.ok and "out of memory" in r.oom["message"]
+
+
 def test_the_sharing_schedule_cuts_steps_by_the_members_rule(r18):
     from waterwave.sim.schedules import GatedSegment
 

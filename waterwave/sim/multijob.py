@@ -239,6 +239,12 @@ class _Run:
             for account in self.accounts:
                 self.ledger.join(account, 0)
             self.admitted = [-1] * len(jobs)  # each thread's segment its gate admitted
+        # Sharing jobs the device ran out for, as the runtime's members wait
+        # for each other's frees (ThreadAccounts::wait_for_frees): job ->
+        # (frees seen when it began waiting, the device's error).
+        self.frees = 0
+        self.device_waiting: dict[int, tuple[int, Exception]] = {}
+        self.device_waits = 0
 
     # The event loop --------------------------------------------------------
     def go(self) -> None:
@@ -256,6 +262,12 @@ class _Run:
                     pick = self._next()
                     if pick is not None:
                         break
+                if pick is None and self.device_waiting:
+                    # Every job waits, one of them for the device: it fails,
+                    # as the runtime fails one member when all of them wait.
+                    job, (_, error) = next(iter(self.device_waiting.items()))
+                    self.current = job
+                    raise error
                 if pick is None:
                     raise RuntimeError("every sharing job waits at a gate and none is admitted")
             if pick is None:
@@ -291,6 +303,10 @@ class _Run:
         seg = t.segment()
         if seg is None or seg.round > self.round:
             return False
+        if t.job in self.device_waiting:  # until another job frees, then it tries again
+            if self.device_waiting[t.job][0] == self.frees:
+                return False
+            del self.device_waiting[t.job]
         if self.ledger is None or t.op or self.admitted[t.job] == t.seg or not seg.gate:
             return True
         return self._gate(t, seg)
@@ -344,9 +360,12 @@ class _Run:
         if start > self.device.now():
             self.device.advance_host(start - self.device.now())
         self._release_due()
-        if seg.step == 0:
-            for b, n, s in self.persistent_at[j].get(k, []):
-                self.kept[j][b] = self._alloc(j, n)
+        try:
+            self._allocate_op(j, seg.step, k, op, t.stream)
+        except _C.OutOfMemoryError as e:
+            if not self._wait_for_device(t, e):
+                raise
+            return
         self._run_op(j, seg.step, op, t.stream)
         end = max(start, self.device.now()) + op.cpu_us + self._first_call(t, res, op)
         t.ready = end
@@ -377,10 +396,39 @@ class _Run:
         return op.first_us
 
     # One operator --------------------------------------------------------------
+    def _allocate_op(self, j: int, step: int, k: int, op: Op, stream: int) -> None:
+        """Operator ``k``'s blocks (and, in the first step, the persistent
+        blocks made before it); all or none: on out of memory, those made
+        are freed again and the error raised."""
+        made = []  # (the dictionary it went into, its key)
+        try:
+            if step == 0:
+                for b, n, _ in self.persistent_at[j].get(k, []):
+                    self.kept[j][b] = self._alloc(j, n)
+                    made.append((self.kept[j], b))
+            for b, n in op.alloc:
+                self.ptr[j][(step, b)] = self._alloc(j, n)
+                made.append((self.ptr[j], (step, b)))
+        except _C.OutOfMemoryError:
+            for where, key in reversed(made):
+                self._free(j, where.pop(key), stream)
+            raise
+
+    def _wait_for_device(self, t: _Thread, error: Exception) -> bool:
+        """The device ran out for a sharing job's operator: it waits for
+        another job's frees and tries again, where another job could free
+        (True); else the error stands (False)."""
+        if self.ledger is None:
+            return False
+        if not any(o is not t and not o.done and o.job not in self.device_waiting
+                   for o in self.threads):
+            return False
+        self.device_waiting[t.job] = (self.frees, error)
+        self.device_waits += 1
+        return True
+
     def _run_op(self, j: int, step: int, op: Op, stream: int) -> None:
         ptr = self.ptr[j]
-        for b, n in op.alloc:
-            ptr[(step, b)] = self._alloc(j, n)
         if op.gpu_us > 0:
             self._wait_for_queue(j)
             uses = [ptr.get((step, b)) or self.kept[j].get(b) for b in (*op.use, *op.free)]
@@ -432,6 +480,7 @@ class _Run:
             return
         self.job_bytes[j] -= self.sizes.pop(p)
         self.alloc.free(p)
+        self.frees += 1
         if self.ledger is not None:
             self.ledger.free(p)
 
@@ -441,6 +490,7 @@ class _Run:
             _, j, p = heapq.heappop(self.deferred)
             self.job_bytes[j] -= self.sizes.pop(p)
             self.alloc.free(p)
+            self.frees += 1
             if self.ledger is not None:
                 self.ledger.free(p)
 
@@ -463,6 +513,7 @@ class _Run:
         if self.ledger is not None:
             share = self.ledger.share_stats()
             r.sharing = {k: share[k] for k in ("budget", "peak", "gate_waits", "forced")}
+            r.sharing["device_waits"] = self.device_waits
 
     def _steady_rates(self, batch_sizes: list[int | None]) -> tuple[float | None, float | None]:
         """Samples per second of all jobs together in steady steps, and the

@@ -28,7 +28,9 @@ CounterBarrier between node-group pairs. Within a round, jobs run freely.
   shared budget (csrc/runtime/shared_budget.cpp, the same code) admits it, a
   job's first step alone and measured, its later ones predicted from it; the
   first step of a job whose trace another job measured first borrows that
-  measure, as trials of one model do at run time.
+  measure, as trials of one model do at run time; an operator the device
+  cannot place waits for another job's frees (multijob.py), as a member's
+  allocation does.
 - ``session``: what a training session runs (``SessionSchedule``): each
   job first measured alone, then side by side, in turn, one after another
   or the memory pairing, as ``pipeline.session_choice`` chooses from those
