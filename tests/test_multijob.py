@@ -438,21 +438,20 @@ def test_sharing_trials_of_one_model_borrow_the_first_ones_first_step():
 
 
 def _mlp_trace(width: int, layers: int, batch: int):
-    """An MLP job's eager trace (sharing_vs_plain's shapes), on the H100."""
-    import torch
+    """An MLP job's eager trace on the H100: a job of
+    bench/concurrent/sharing_vs_plain.py's mixes."""
+    import sys
+    from pathlib import Path
 
-    import waterwave as ww
     from waterwave.sim.eager import eager_trace
 
-    mods, features = [], 64
-    for _ in range(layers):
-        mods += [torch.nn.Linear(features, width), torch.nn.ReLU()]
-        features = width
-    model = torch.nn.Sequential(*mods, torch.nn.Linear(features, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = ww.capture(model, (torch.randn(batch, 64),), loss_fn=torch.nn.functional.cross_entropy,
-                   optimizer=opt, targets=torch.randint(0, 10, (batch,)))
-    return eager_trace(g, "H100-80GB", KERNELS, name=f"mlp{width}x{layers}-bs{batch}")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "concurrent"))
+    try:
+        from sharing_vs_plain import mlp_graph
+    finally:
+        sys.path.pop(0)
+    return eager_trace(mlp_graph(width, layers, batch), "H100-80GB", KERNELS,
+                       name=f"mlp{width}x{layers}-bs{batch}")
 
 
 def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():

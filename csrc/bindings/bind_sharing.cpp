@@ -25,28 +25,23 @@ namespace waterwave::bindings {
 
 namespace {
 
-// An attribute name, interned once and kept for the process's life.
-PyObject* name(const char* s) { return PyUnicode_InternFromString(s); }
-
-struct Names {
-  PyObject* depth = name("_depth");
-  PyObject* root_return = name("_root_return");
-  PyObject* passes = name("passes");
-  PyObject* carried_peak = name("_carried_peak");
-  PyObject* most = name("most");
-  PyObject* steady = name("_steady");
-  PyObject* recorder = name("_recorder");
-  PyObject* after_step = name("_after_step");
-  PyObject* regions = name("regions");
-  PyObject* start = name("start");
-  PyObject* level = name("_level");
-  PyObject* training = name("training");
-  PyObject* numel = name("numel");
+// The attribute names the hook reads and writes, interned once and kept for
+// the process's life (used until exit).
+enum Attr {
+  kDepth, kRootReturn, kPasses, kCarriedPeak, kMost, kSteady, kRecorder, kAfterStep,
+  kRegions, kStart, kLevel, kTraining, kNumel, kAttrs
 };
+constexpr const char* kAttrNames[kAttrs] = {
+    "_depth", "_root_return", "passes", "_carried_peak", "most", "_steady", "_recorder",
+    "_after_step", "regions", "start", "_level", "training", "numel"};
 
-const Names& names() {
-  static const Names* n = new Names();  // never destroyed: used until exit
-  return *n;
+py::handle name(Attr a) {
+  static PyObject** const interned = [] {
+    auto** names = new PyObject*[kAttrs];
+    for (int i = 0; i < kAttrs; ++i) names[i] = PyUnicode_InternFromString(kAttrNames[i]);
+    return names;
+  }();
+  return interned[a];
 }
 
 std::int64_t as_int(const py::handle& h) { return h.cast<std::int64_t>(); }
@@ -66,41 +61,39 @@ class PassBoundary {
     // Another thread's call, or a copy of the model made inside the block,
     // which carries the hook (copy.deepcopy keeps it): not this member's pass.
     if (module.ptr() != root_.ptr() || PyThread_get_thread_ident() != thread_) return;
-    const Names& n = names();
     // The model called from its own forward is one pass, where the forward
     // hook counts the depth; where it is not placed, every call starts one.
-    const std::int64_t depth = as_int(member_.attr(n.depth)) + 1;
-    member_.attr(n.depth) = py::int_(depth);
+    const std::int64_t depth = as_int(member_.attr(name(kDepth))) + 1;
+    member_.attr(name(kDepth)) = py::int_(depth);
     if (depth == 1) begins(args, kwargs);
-    if (member_.attr(n.root_return).is_none()) member_.attr(n.depth) = py::int_(0);
+    if (member_.attr(name(kRootReturn)).is_none()) member_.attr(name(kDepth)) = py::int_(0);
   }
 
  private:
   void begins(const py::tuple& args, const py::dict& kwargs) {
-    const Names& n = names();
-    member_.attr(n.passes) = py::int_(as_int(member_.attr(n.passes)) + 1);
+    member_.attr(name(kPasses)) = py::int_(as_int(member_.attr(name(kPasses))) + 1);
     // The account's bytes live and most since the last read (Member._read).
     const AccountUsage u = ledger_.take_peak(account_);
     const std::size_t live = u.allocated;
     std::size_t peak = u.peak;
-    const std::int64_t carried = as_int(member_.attr(n.carried_peak));
+    const std::int64_t carried = as_int(member_.attr(name(kCarriedPeak)));
     if (carried != 0) {
       peak = std::max(peak, static_cast<std::size_t>(carried));
-      member_.attr(n.carried_peak) = py::int_(0);
+      member_.attr(name(kCarriedPeak)) = py::int_(0);
     }
-    if (static_cast<std::int64_t>(peak) > as_int(member_.attr(n.most))) {
-      member_.attr(n.most) = py::int_(peak);
+    if (static_cast<std::int64_t>(peak) > as_int(member_.attr(name(kMost)))) {
+      member_.attr(name(kMost)) = py::int_(peak);
     }
     if (!gating_) {  // counted only; Ctrl-C still stops it here
       member_.attr("_wait")(0, 0, 0, true);
       return;
     }
     const bool grad = grad_enabled_().cast<bool>();
-    const bool training = PyObject_IsTrue(root_.attr(n.training).ptr()) == 1;
+    const bool training = PyObject_IsTrue(root_.attr(name(kTraining)).ptr()) == 1;
     std::int64_t size;
     if (kwargs.empty() && args.size() == 1 &&
         Py_TYPE(args[0].ptr()) == reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) {
-      size = as_int(args[0].attr(n.numel)());  // the usual call: one tensor
+      size = as_int(args[0].attr(name(kNumel))());  // the usual call: one tensor
     } else {
       size = as_int(elements_(args)) + (kwargs.empty() ? 0 : as_int(elements_(kwargs)));
     }
@@ -113,8 +106,7 @@ class PassBoundary {
   // asks what this one asked. False where the member's Python decides.
   bool steady_exactly(bool grad, bool training, std::int64_t size, std::size_t live,
                       std::size_t peak) {
-    const Names& n = names();
-    const py::object steady = member_.attr(n.steady);
+    const py::object steady = member_.attr(name(kSteady));
     if (steady.is_none()) return false;
     const py::tuple s = steady.cast<py::tuple>();  // _Steady(signature, size, rise, net, rest)
     const py::tuple signature = s[0].cast<py::tuple>();
@@ -122,10 +114,10 @@ class PassBoundary {
         PyObject_IsTrue(signature[1].ptr()) != training || as_int(s[1]) != size) {
       return false;
     }
-    const py::object recorder = member_.attr(n.recorder);
-    if (recorder.is_none() || py::len(recorder.attr(n.regions)) != 0) return false;
-    const std::int64_t start = as_int(recorder.attr(n.start));
-    const std::int64_t after = as_int(member_.attr(n.after_step));
+    const py::object recorder = member_.attr(name(kRecorder));
+    if (recorder.is_none() || py::len(recorder.attr(name(kRegions))) != 0) return false;
+    const std::int64_t start = as_int(recorder.attr(name(kStart)));
+    const std::int64_t after = as_int(member_.attr(name(kAfterStep)));
     const std::int64_t rise = as_int(s[2]), net = as_int(s[3]), rest = as_int(s[4]);
     const std::int64_t risen = std::max<std::int64_t>(0, static_cast<std::int64_t>(peak) - start);
     const std::int64_t ended = std::max<std::int64_t>(static_cast<std::int64_t>(live), after) -
@@ -139,9 +131,9 @@ class PassBoundary {
     if (ledger_.gate(account_, request, 0) != GateResult::kAdmitted) {
       member_.attr("_wait")(rise, rest, end, true);  // it waits: Python's loop, the GIL given up
     }
-    recorder.attr(n.start) = py::int_(live);  // PassRecorder.restart(live)
-    recorder.attr(n.level) = py::int_(live);
-    member_.attr(n.after_step) = py::int_(0);
+    recorder.attr(name(kStart)) = py::int_(live);  // PassRecorder.restart(live)
+    recorder.attr(name(kLevel)) = py::int_(live);
+    member_.attr(name(kAfterStep)) = py::int_(0);
     return true;
   }
 
