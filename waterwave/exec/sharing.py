@@ -602,12 +602,6 @@ _optimizer_stepping.waterwave_not_in_captured_steps = True
 _optimizer_stepped.waterwave_not_in_captured_steps = True
 
 
-def _grad_enabled() -> bool:
-    import torch
-
-    return torch.is_grad_enabled()
-
-
 def elements(value, depth: int = 0) -> int:
     """The elements of the tensors in a model's arguments (nested lists,
     tuples and mappings: a dict batch, a PackedSequence)."""
