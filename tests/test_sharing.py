@@ -17,6 +17,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import start_and_join
 
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
@@ -608,6 +609,41 @@ def test_first_passes_waiting_alone_borrow_once_their_kind_is_measured(session):
     for member in stats:  # what each allocates before its call, and its first pass
         assert member["borrowed_passes"] >= 2
         assert member["measured_passes"] >= 1
+
+
+def test_many_trials_of_two_models_starting_together_each_measure_once(session):
+    """Thread stress for first passes and their relooks: six trials of two
+    structures start at once, from six threads, under a plentiful budget.
+    Every trial finishes, and only the first of each structure runs its
+    first passes alone: each other trial borrows what that one measured,
+    whether it arrived before or after the measuring ended."""
+    gc.collect()
+    session.configure(memory_limit=session.stats()["members_bytes"] + (1 << 30))
+    start, stats, errors = threading.Barrier(6), [], []
+    # Structures no earlier test measured (the session keeps first passes).
+    widths = [40, 56, 40, 56, 40, 56]
+
+    def trial(k, width):
+        try:
+            torch.manual_seed(k)
+            model = Pausable(hidden=width)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(4)]
+            start.wait(30)
+            for _ in range(3):
+                with ww.sharing(model) as member:
+                    mlp_loop(model, opt, data)
+            stats.append((width, member.stats()))
+        except BaseException as e:  # noqa: BLE001 (the test reads it)
+            errors.append(e)
+
+    threads = [threading.Thread(target=trial, args=(k, w)) for k, w in enumerate(widths)]
+    start_and_join(threads, timeout=120, hang="trials of two models sharing hung")
+    assert not errors and len(stats) == 6
+    for width in set(widths):
+        borrowed = [m["borrowed_passes"] for w, m in stats if w == width]
+        assert sorted(b > 0 for b in borrowed) == [False, True, True]
+        assert all(m["passes"] == 12 for w, m in stats if w == width)
 
 
 def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):
