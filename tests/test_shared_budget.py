@@ -468,16 +468,32 @@ def test_a_waiting_allocation_gives_up_the_gil():
                                    min_size=1, max_size=4),
                           st.integers(1, 6)),                # passes
                 min_size=1, max_size=4),
-       st.integers(600, 3000))
-def test_random_members_end_and_never_pass_the_budget(specs, budget):
+       st.integers(600, 3000), st.booleans())
+def test_random_members_end_and_never_pass_the_budget(specs, budget, relooking):
     # Any mix (mispredictions included): every run ends, the members' bytes
-    # never pass the budget, and a member fails only with out of memory.
+    # never pass the budget, and a member fails only with out of memory;
+    # also with relooks all along (first passes measured meanwhile), which
+    # return the gates waiting to run alone to their members again and again.
     ledger = _C.ThreadAccounts()
     ledger.set_budget(budget)
     bases = [min(base, budget // (2 * len(specs))) for base, _, _ in specs]
     members = [SimMember(ledger, base) for base in bases]
     plans = [[regions] * passes for _, regions, passes in specs]
-    run_members(members, plans, timeout=60)
+    done = threading.Event()
+
+    def relook():
+        while not done.wait(0.0005):
+            ledger.relook()
+
+    relooks = threading.Thread(target=relook, daemon=True)
+    if relooking:
+        relooks.start()
+    try:
+        run_members(members, plans, timeout=60)
+    finally:
+        done.set()
+        if relooking:
+            relooks.join()
     stats = ledger.share_stats()
     assert stats["peak"] <= budget
     for m, (_, regions, passes) in zip(members, specs):
