@@ -48,7 +48,8 @@ from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..graph import footprint
 from ..pipeline.pairing import JobGroups, JobPlan, whole_run
-from ..pipeline.pass_profile import START, Region, coarsen, gate_keys, split_for, with_slack
+from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
+                                     with_slack)
 from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, choose
 from .trace import Trace
 
@@ -279,31 +280,25 @@ class SessionSchedule:
                          "waterwave.sim.simulate, which gives it the device to measure them on")
 
 
-def op_regions(t: Trace) -> list[Region]:
+def op_regions(t: Trace, first: bool = False) -> list[Region]:
     """A step's regions from one operator to the next (each at its blocks'
     ``footprint``), keyed by the operator's index: what a member's points
-    measure, at every operator."""
+    measure, at every operator. ``first``: the first step's, with the
+    persistent blocks it makes before each operator (an optimizer's state)."""
     size = {b: footprint(n) for op in t.ops for b, n in op.alloc}
+    made = t.persistent_at() if first else {}
     out = []
     for k, op in enumerate(t.ops):
-        up = sum(size[b] for b, _ in op.alloc)
+        up = sum(size[b] for b, _ in op.alloc) + sum(footprint(n) for _, n, _ in made.get(k, []))
         out.append(Region(START if k == 0 else ("op", k), up, up - sum(size[b] for b in op.free)))
     return out
 
 
 def first_step(t: Trace) -> tuple[int, int]:
-    """The first step's (rise, net) from its start, each block at its
-    ``footprint``, the persistent blocks it makes (an optimizer's state)
-    included: what a member measures of its first pass."""
-    size = {b: footprint(n) for op in t.ops for b, n in op.alloc}
-    made = t.persistent_at()
-    level = rise = 0
-    for k, op in enumerate(t.ops):
-        level += sum(footprint(n) for _, n, _ in made.get(k, []))
-        level += sum(size[b] for b, _ in op.alloc)
-        rise = max(rise, level)
-        level -= sum(size[b] for b in op.free)
-    return rise, level
+    """The first step's (rise, net) from its start: what a member measures
+    of its first pass."""
+    regions = op_regions(t, first=True)
+    return rise_of(regions), sum(r.net for r in regions)
 
 
 def group_rises(t: Trace) -> list[tuple[int, int]]:
