@@ -157,6 +157,10 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
             if session is not None:  # its model is the member's now, counted there
                 awaiting_jobs.trained(job)
             keep_grads = session is None
+            plain = job.plain_step(keep_grads)
+            schedulers = bool(job.step_schedulers)
+            # A CPU's loss is read at once: only a GPU's waits for the device.
+            on_cpu = job.device is None or job.device.type == "cpu"
             for step in range(steps):
                 if stopped():
                     return
@@ -165,9 +169,17 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                 fetching = False
                 # After its first step, a step that freed its gradients left
                 # them None: the next need not zero them.
-                loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
-                                      grads_none=step > 0 and not keep_grads)
-                job.after_step()
+                grads_none = step > 0 and not keep_grads
+                if plain is not None:
+                    loss = plain(inputs, targets, grads_none)
+                else:
+                    loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
+                                          grads_none=grads_none)
+                if schedulers:
+                    job.after_step()
+                if on_cpu:
+                    job.losses.append(loss.item())
+                    continue
                 pending.append(loss.detach())
                 if len(pending) > LOSSES_IN_FLIGHT:
                     job.losses.append(float(pending.pop(0)))
