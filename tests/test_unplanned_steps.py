@@ -282,3 +282,28 @@ def test_accumulation_and_clipping_unplanned_train_as_the_eager_loop(unplanned):
         expected.append(((losses[0] + losses[1]) / 2).item())
     assert got == expected and not job.captured
     assert_same_model(reference, model)
+
+
+def test_only_a_plain_step_takes_the_one_closure_path(unplanned):
+    """``Job.plain_step`` (one batch a step, no autocast, GradScaler or
+    clipping) runs the same operators as ``_eager_step``; any other setting
+    keeps ``_eager_step``, and keyword batches go there from the closure."""
+    def job(**settings):
+        model = net(3)
+        return ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model),
+                      data=batches(n=4, seed=3), **settings)
+
+    assert job().plain_step(False) is not None
+    for settings in ({"accumulate_grad_batches": 2}, {"clip_grad_norm": 1.0},
+                     {"clip_grad_value": 0.5}, {"autocast_dtype": torch.bfloat16}):
+        assert job(**settings).plain_step(False) is None, settings
+    plain, full = job(), job()
+    step = plain.plain_step(keep_grads=False)
+    for k in range(3):
+        inputs, targets = plain.next_batch()
+        full_inputs, full_targets = full.next_batch()
+        assert step(inputs, targets, k > 0).item() == full._eager_step(
+            full_inputs, full_targets, False, k > 0).item()
+        assert all(p.grad is None for p in plain.model.parameters())  # freed, as captured steps
+    assert_same_model(full.model, plain.model)
+    assert plain.stats()["eager_steps"] == full.stats()["eager_steps"] == 3
