@@ -458,8 +458,11 @@ def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
     """As the runtime's members do (``wait_for_frees``): an operator the
     device cannot place, its budget admitting it, waits for another job's
     frees and runs; where every job would wait, one fails with the device's
-    out of memory. (Before the simulator modelled it, the first mix ran out
-    of memory here.)"""
+    out of memory. While one waits, the others' passes do not start, so
+    that what they free reaches it (ThreadAccounts holds their boundaries).
+    (Before the simulator modelled the wait, the first mix ran out of
+    memory here; before it held the boundaries, the second mix's small job
+    went on through 306 device waits of the large one.)"""
     import torch
 
     torch.manual_seed(0)
@@ -472,6 +475,7 @@ def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
     r = simulate([big, _mlp_trace(512, 1, 1024)], "H100-80GB", 379_560_484, "sharing",
                  "waterwave", steps=30, record=False, concurrent_kernels=True)
     assert not r.ok and "out of memory" in r.oom["message"]
+    assert 0 < r.sharing["device_waits"] <= 10
 
 
 def test_the_sharing_schedule_cuts_steps_by_the_members_rule(r18):

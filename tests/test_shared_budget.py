@@ -341,6 +341,48 @@ def test_a_thread_that_is_no_member_or_a_member_alone_never_waits_for_the_device
     assert ledger.share_stats()["device_waits"] == 0
 
 
+def test_while_the_device_refuses_a_member_the_others_next_passes_wait():
+    """The budget has room the device's cache holds: member b waits for the
+    device. Member a, its pass over, does not start its next one, which
+    would take again what b waits for; once member c (still in its pass)
+    frees and b's allocation goes through, a starts."""
+    ledger, a, b = two_members(10_000)
+    c = ledger.open()
+    ledger.join(c, 0)
+    device = Device(ledger, 500)
+    for member, ptr, nbytes in ((a, 1, 100), (b, 2, 150), (c, 3, 200)):
+        assert ledger.gate(member, 300, 300, 0, True, 0) == ADMITTED
+        _C.ThreadAccounts.set_thread(member)
+        device.allocate(ptr, nbytes)
+    device.free(1)  # a's pass frees what it made
+    _C.ThreadAccounts.set_thread(0)
+    done = threading.Event()
+
+    def member_b():
+        _C.ThreadAccounts.set_thread(b)
+        try:
+            device.allocate(4, 200)  # 550 of 500 with c's: the device refuses
+            done.set()
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+
+    t = threading.Thread(target=member_b)
+    t.start()
+    deadline = time.monotonic() + 5
+    while ledger.share_stats()["waiting"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ledger.share_stats()["waiting"] == 1
+    assert ledger.gate(a, 100, 100, 0, True, 0) == TIMED_OUT  # the budget has room; b waits
+    _C.ThreadAccounts.set_thread(c)
+    device.free(3)  # c's pass frees: b's allocation goes through
+    _C.ThreadAccounts.set_thread(0)
+    assert done.wait(5)
+    t.join()
+    assert ledger.gate(a, 100, 100, 0, True, 5000) == ADMITTED
+    stats = ledger.share_stats()
+    assert stats["device_waits"] == 1 and stats["failed"] == 0
+
+
 def test_members_all_waiting_for_the_device_fail_one_and_the_other_goes_on():
     """Both members hold memory and each asks for more than the device has
     left: one of them fails (the one furthest past what it was admitted

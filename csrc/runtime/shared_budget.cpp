@@ -30,7 +30,10 @@
 // memory no member counts, or something outside the members took it). A
 // member's allocation then waits as one past its budget does, for the
 // members' frees (wait_for_frees), in the same tie-break: a member never
-// waits there alone, and a thread that is no member never waits.
+// waits there alone, and a thread that is no member never waits. Meanwhile
+// the others' next passes wait at their boundaries: the room the ledger saw
+// is in the cache, and what they free must reach the member the device
+// refused before their next pass takes it again.
 //
 // May include: core/.
 #include <algorithm>
@@ -158,6 +161,10 @@ bool ThreadAccounts::boundary_blocked_locked(std::int64_t id, const Account& a) 
   for (const auto& [other, b] : accounts_) {
     if (other == id || !b.active) continue;
     if (b.alone && b.in_pass) return true;  // a pass runs alone
+    // The device refused it what the budget admits (its cache held the
+    // room): the others' next passes wait, so that what they free goes to
+    // it, not to their own next pass, which would take it again.
+    if (b.waiting == Waiting::kAllocation && b.device) return true;
     if (b.waiting != Waiting::kBoundary || b.arrived > a.arrived) continue;
     // One that came first waits to run alone: let the passes drain. Or it
     // has waited while others started more than their share of passes.
@@ -376,6 +383,7 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
   }
   ++counts_.allocation_waits;
   it->second.waiting = Waiting::kAllocation;
+  it->second.device = false;
   changed_locked();
   void* gil = release_gil(lk);  // others must run to free memory
   bool ok = true;
@@ -419,6 +427,7 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
   if (!others_active_locked(id)) return false;  // alone: no one will free for it
   if (it->second.waiting == Waiting::kNone) {  // this allocation's first wait
     it->second.waiting = Waiting::kAllocation;
+    it->second.device = true;
     it->second.want = bytes;
     ++counts_.device_waits;
     changed_locked();

@@ -216,6 +216,7 @@ class ThreadAccounts {
     Waiting waiting = Waiting::kNone;
     GateRequest request;        // while waiting at a gate
     std::size_t want = 0;       // while waiting to allocate: the bytes
+    bool device = false;        // that wait is for the device (wait_for_frees)
     std::uint64_t arrived = 0;  // when it began waiting (arrivals_), for its turn
     std::uint64_t ticket = 0;   // passes_ when it began waiting
     std::uint64_t stuck_at = 0; // the epoch at which it last found no room

@@ -244,6 +244,10 @@ class _Run:
         # (frees seen when it began waiting, the device's error).
         self.frees = 0
         self.device_waiting: dict[int, tuple[int, Exception]] = {}
+        # Jobs the device refused and that have not allocated since: while
+        # one is, the others' passes do not start (ThreadAccounts holds
+        # their boundaries), so that their frees come back to it.
+        self.device_refused: set[int] = set()
         self.device_waits = 0
 
     # The event loop --------------------------------------------------------
@@ -314,6 +318,8 @@ class _Run:
     def _gate(self, t: _Thread, seg: GatedSegment) -> bool:
         """A sharing job at a gate: admitted now, or waiting (asked again
         as the others run)."""
+        if seg.boundary and any(j != t.job for j in self.device_refused):
+            return False  # a pass starts once the job the device refused has its memory
         account = self.accounts[t.job]
         live = self.ledger.usage(account)[0]
         rise, rest, net = seg.rise, seg.rest, seg.net
@@ -366,6 +372,7 @@ class _Run:
             if not self._wait_for_device(t, e):
                 raise
             return
+        self.device_refused.discard(j)
         self._run_op(j, seg.step, op, t.stream)
         end = max(start, self.device.now()) + op.cpu_us + self._first_call(t, res, op)
         t.ready = end
@@ -424,6 +431,7 @@ class _Run:
                    for o in self.threads):
             return False
         self.device_waiting[t.job] = (self.frees, error)
+        self.device_refused.add(t.job)
         self.device_waits += 1
         return True
 
