@@ -5,11 +5,12 @@
 // the CPU), its pass boundary runs at every step, and after a step's torch
 // work each line of Python costs several times what it costs warm. The
 // common case, a steady pass (one region, no gate inside, the same
-// signature and size) that ended exactly as predicted, is taken here: read
+// signature and size) that ended with nothing to learn, is taken here: read
 // the member's account, check the prediction, ask the same at its gate. It
-// is sharing.py's steady path; every other case, and every rule past
-// "exactly as predicted: nothing to learn", is the member's own Python
-// (Member._pass_begins), called with what was read here. The member's state
+// is sharing.py's steady path under Member._single_region_ended's rule
+// (exactly as predicted; or within it, fewer than `recent` such passes in a
+// row); every other case is the member's own Python (Member._pass_begins),
+// called with what was read here. The member's state
 // stays in its Python attributes, read and written here by name.
 //
 // May include: bindings.h, runtime/.
@@ -29,11 +30,11 @@ namespace {
 // the process's life (used until exit).
 enum Attr {
   kDepth, kRootReturn, kPasses, kCarriedPeak, kMost, kSteady, kRecorder, kAfterStep,
-  kRegions, kStart, kLevel, kTraining, kNumel, kAttrs
+  kRegions, kStart, kLevel, kTraining, kNumel, kAsPredicted, kAttrs
 };
 constexpr const char* kAttrNames[kAttrs] = {
     "_depth", "_root_return", "passes", "_carried_peak", "most", "_steady", "_recorder",
-    "_after_step", "regions", "start", "_level", "training", "numel"};
+    "_after_step", "regions", "start", "_level", "training", "numel", "_as_predicted"};
 
 py::handle name(Attr a) {
   static PyObject** const interned = [] {
@@ -50,11 +51,12 @@ class PassBoundary {
  public:
   PassBoundary(py::object member, ThreadAccounts& ledger, std::int64_t account,
                unsigned long thread, py::object root, bool gating, bool on_cuda,
-               py::object grad_enabled, py::object tensor_type, py::object elements)
+               py::object grad_enabled, py::object tensor_type, py::object elements,
+               std::int64_t recent)
       : member_(std::move(member)), ledger_(ledger), account_(account), thread_(thread),
         root_(std::move(root)), gating_(gating), on_cuda_(on_cuda),
         grad_enabled_(std::move(grad_enabled)), tensor_type_(std::move(tensor_type)),
-        elements_(std::move(elements)) {}
+        elements_(std::move(elements)), recent_(recent) {}
 
   // The model's forward pre-hook (with_kwargs): (module, args, kwargs) -> None.
   void call(const py::handle& module, const py::tuple& args, const py::dict& kwargs) {
@@ -97,14 +99,17 @@ class PassBoundary {
     } else {
       size = as_int(elements_(args)) + (kwargs.empty() ? 0 : as_int(elements_(kwargs)));
     }
-    if (steady_exactly(grad, training, size, live, peak)) return;
+    if (steady_nothing_learned(grad, training, size, live, peak)) return;
     member_.attr("_pass_begins")(py::make_tuple(grad, training), size, live, peak);
   }
 
-  // The steady path where the pass ending was exactly as predicted (its rise
-  // and its net change the prediction's): nothing to learn, the next pass
-  // asks what this one asked. False where the member's Python decides.
-  bool steady_exactly(bool grad, bool training, std::int64_t size, std::size_t live,
+  // The steady path where the pass ending taught nothing: exactly as
+  // predicted (its rise and its net change the prediction's), or within
+  // the prediction with fewer than `recent` such passes in a row (every
+  // recent-th is learned, so that a first pass's one-time costs age out).
+  // The next pass asks what this one asked. False where the member's
+  // Python decides.
+  bool steady_nothing_learned(bool grad, bool training, std::int64_t size, std::size_t live,
                       std::size_t peak) {
     const py::object steady = member_.attr(name(kSteady));
     if (steady.is_none()) return false;
@@ -122,7 +127,12 @@ class PassBoundary {
     const std::int64_t risen = std::max<std::int64_t>(0, static_cast<std::int64_t>(peak) - start);
     const std::int64_t ended = std::max<std::int64_t>(static_cast<std::int64_t>(live), after) -
                                start;
-    if (risen != rise || ended != net) return false;
+    if (risen != rise || ended != net) {
+      if (risen > rise || ended > net) return false;
+      const std::int64_t in_a_row = as_int(member_.attr(name(kAsPredicted))) + 1;
+      if (in_a_row >= recent_) return false;  // learned: the Python's case
+      member_.attr(name(kAsPredicted)) = py::int_(in_a_row);
+    }
     if (on_cuda_) member_.attr("session").attr("probe_sharing_budget")();
     const std::int64_t end = static_cast<std::int64_t>(live) + net;
     const GateRequest request{static_cast<std::size_t>(rise),
@@ -144,6 +154,7 @@ class PassBoundary {
   py::object root_;
   bool gating_, on_cuda_;
   py::object grad_enabled_, tensor_type_, elements_;
+  std::int64_t recent_;
 };
 
 }  // namespace
@@ -153,10 +164,11 @@ void bind_sharing(py::module_& m) {
                            "A sharing member's forward pre-hook on its model, where each pass "
                            "begins (waterwave/exec/sharing.py).")
       .def(py::init<py::object, ThreadAccounts&, std::int64_t, unsigned long, py::object, bool,
-                    bool, py::object, py::object, py::object>(),
+                    bool, py::object, py::object, py::object, std::int64_t>(),
            py::arg("member"), py::arg("ledger"), py::arg("account"), py::arg("thread"),
            py::arg("root"), py::arg("gating"), py::arg("on_cuda"), py::arg("grad_enabled"),
-           py::arg("tensor_type"), py::arg("elements"), py::keep_alive<1, 3>())
+           py::arg("tensor_type"), py::arg("elements"), py::arg("recent"),
+           py::keep_alive<1, 3>())
       .def("__call__", &PassBoundary::call, py::arg("module"), py::arg("args"),
            py::arg("kwargs"))
       // A model copied inside its block (a best-so-far snapshot) keeps the

@@ -142,10 +142,12 @@ class BatchFeed:
         return max(0, total - largest)
 
     def _to_device(self, xs: tuple) -> tuple:
-        import torch
-
         if self.device is None:
             return xs
+        if self.device.type == "cpu" and all(getattr(x, "is_cpu", True) for x in xs):
+            return xs  # a CPU job's batch, on the CPU already: every step of a digits trial
+        import torch
+
         moved = tuple(x.to(self.device, non_blocking=True)
                       if isinstance(x, torch.Tensor) and x.device != self.device else x for x in xs)
         return xs.with_values(moved) if isinstance(xs, Keywords) else moved

@@ -202,8 +202,9 @@ class Member:
         one pass, where the forward hook counts the depth; where it is not
         placed, a small model's steady passes, every call starts one), counts
         the pass, reads the account and takes the steady path's common case
-        itself: a pass exactly as predicted asks at its gate what the last
-        one asked. Every other case is ``_pass_begins``. In C++ because a
+        itself: a pass that ended with nothing to learn
+        (``_single_region_ended``'s rule) asks at its gate what the last one
+        asked. Every other case is ``_pass_begins``. In C++ because a
         small model's step is short (a digits MLP's about 250 µs on the CPU)
         and, after a step's torch work, each line of Python costs several
         times what it costs warm."""
@@ -213,7 +214,7 @@ class Member:
 
         return _C.PassBoundary(self, self.ledger, self.account.id, self.thread,
                                self._modules[0], self.gating, self.on_cuda,
-                               torch.is_grad_enabled, torch.Tensor, elements)
+                               torch.is_grad_enabled, torch.Tensor, elements, RECENT)
 
     def _pass_begins(self, signature: tuple, size: int, live: int, peak: int) -> None:
         """A pass of ``signature`` and ``size`` begins, the account read at
