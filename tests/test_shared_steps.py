@@ -82,6 +82,39 @@ def test_jobs_under_a_budget_train_side_by_side_as_sharing_members_each_as_its_e
     assert shared.training == [] and stats["sharing"] == []
 
 
+def test_a_plain_job_tells_its_member_of_its_steps_and_hooks_no_optimizer(shared, monkeypatch):
+    """``job.train``'s usual step (``Job.steps_plain``) steps the optimizer
+    itself: its block (``job_sharing``) registers no global optimizer hook,
+    which every optimizer's step in the process would run, and the step
+    still is a point of the member's measured first pass, told by the job.
+    A job of other settings (accumulation) keeps the hooks. (Its step comes
+    in the second batch's pass, predicted from the first: no point there.)"""
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+    from waterwave.exec.sharing import Member
+
+    told = []
+    real = Member.optimizer_step
+    monkeypatch.setattr(Member, "optimizer_step", lambda self: (told.append(1), real(self))[1])
+    hooks_seen = []
+
+    def loss(output, target):
+        hooks_seen.append(len(_global_optimizer_pre_hooks))
+        return loss_fn(output, target)
+
+    for settings, hooks, points in (({}, 0, True), ({"accumulate_grad_batches": 2}, 1, False)):
+        told.clear()
+        hooks_seen.clear()
+        model = net(5)
+        job = ww.Job(model, loss_fn=loss, optimizer=OPTIMIZERS["sgd"](model),
+                     data=batches(n=4, seed=5), **settings)
+        assert job.steps_plain == (not settings)
+        job.train(2, session=shared)
+        assert set(hooks_seen) == {hooks}, settings
+        assert bool(told) == points, settings  # the measured first pass's step point
+        assert not _global_optimizer_pre_hooks  # none left after the block
+
+
 def test_a_model_no_capture_can_take_trains_under_a_budget(shared):
     data = batches(n=4, seed=2)
     model, reference = Branches(), Branches()

@@ -12,13 +12,13 @@ from typing import Any
 
 from ..capturing import fake_step
 from ..capturing.fake_step import CaptureError, default_loss
-from ..capturing.keywords import call_model, input_names
+from ..capturing.keywords import Keywords, call_model, input_names
 from ..capturing.optimizers import GradClip
 from .batches import BatchFeed
 from .between_calls import BetweenCalls
 from .pipeline_settings import whole_steps
 from .session import TrainingSession, training_session
-from .sharing import base_bytes, sharing
+from .sharing import base_bytes, job_sharing, sharing
 from .step import CapturedStep, batches_per_step
 
 
@@ -302,9 +302,13 @@ class Job:
             self._other_shapes[key] = capture
         return self._other_shapes[key]
 
-    def sharing_block(self, session: TrainingSession) -> sharing:
-        """Its model as a ``waterwave.sharing`` member of ``session``."""
-        return sharing(self.model, session, name=self.name)
+    def sharing_block(self, session: TrainingSession, steps_told: bool = False) -> sharing:
+        """Its model as a ``waterwave.sharing`` member of ``session``;
+        ``steps_told``: the caller's steps tell the member of each optimizer
+        step (``plain_step``'s, given the member), so no global optimizer
+        hook runs for it (``job_sharing``)."""
+        block = job_sharing if steps_told else sharing
+        return block(self.model, session, name=self.name)
 
     def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None,
                    keep_grads: bool = False, grads_none: bool = False):
@@ -325,19 +329,28 @@ class Job:
         with block:
             return self._eager_step(inputs, targets, keep_grads, grads_none)
 
-    def plain_step(self, keep_grads: bool):
-        """``_eager_step`` as one closure for the usual step: one batch a
-        step, no autocast, GradScaler or clipping, positional inputs
-        (others go to ``_eager_step``), the same operators in the same
-        order. A digits-sized step takes a few hundred µs on the CPU, and
-        ``_eager_step``'s settings, read at every step, several of them.
-        None where the job's settings are not plain:
+    @property
+    def steps_plain(self) -> bool:
+        """Whether its step is the usual one, which ``plain_step`` runs: one
+        batch a step, no autocast, GradScaler or clipping, positional
+        inputs."""
+        _, clip, k, autocast_dtype, scaler = self._capture
+        return (k == 1 and autocast_dtype is None and not clip.active
+                and (scaler is None or not scaler.is_enabled())
+                and not isinstance(self._example[0], Keywords))
+
+    def plain_step(self, keep_grads: bool, member=None):
+        """``_eager_step`` as one closure for the usual step
+        (``steps_plain``; a batch of other inputs goes to ``_eager_step``),
+        the same operators in the same order. A digits-sized step takes a
+        few hundred µs on the CPU, and ``_eager_step``'s settings, read at
+        every step, several of them. ``member``: the job's sharing member,
+        told of each optimizer step where the step is a point of its pass
+        (``job_sharing``). None where the step is not plain:
         ``(inputs, targets, grads_none) -> loss`` otherwise."""
-        loss_fn, clip, k, autocast_dtype, scaler = self._capture
-        if k != 1 or autocast_dtype is not None or clip.active or (
-                scaler is not None and scaler.is_enabled()):
+        if not self.steps_plain:
             return None
-        loss_fn = loss_fn or default_loss
+        loss_fn = self._capture[0] or default_loss
         model, opt = self._model, self._optimizer
 
         def step(inputs: tuple, targets, grads_none: bool):
@@ -347,6 +360,8 @@ class Job:
                 opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(*inputs), *(targets or ()))
             loss.backward()
+            if member is not None and member.step_point:
+                member.optimizer_step()
             opt.step()
             if not keep_grads:
                 opt.zero_grad(set_to_none=True)

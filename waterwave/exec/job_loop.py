@@ -151,13 +151,14 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
     reads them: on a GPU reading one waits for the device."""
     fetching = False
     pending: list = []
-    block = contextlib.nullcontext() if session is None else job.sharing_block(session)
+    block = (contextlib.nullcontext() if session is None
+             else job.sharing_block(session, steps_told=job.steps_plain))
     try:
-        with grad_mode(), block:
+        with grad_mode(), block as member:
             if session is not None:  # its model is the member's now, counted there
                 awaiting_jobs.trained(job)
             keep_grads = session is None
-            plain = job.plain_step(keep_grads)
+            plain = job.plain_step(keep_grads, member)
             schedulers = bool(job.step_schedulers)
             # A CPU's loss is read at once: only a GPU's waits for the device.
             on_cpu = job.device is None or job.device.type == "cpu"
@@ -177,10 +178,14 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                                           grads_none=grads_none)
                 if schedulers:
                     job.after_step()
+                # The step's loss tensor goes before the next step starts, so
+                # that each pass of the member starts from the same bytes.
                 if on_cpu:
                     job.losses.append(loss.item())
+                    loss = None
                     continue
                 pending.append(loss.detach())
+                loss = None
                 if len(pending) > LOSSES_IN_FLIGHT:
                     job.losses.append(float(pending.pop(0)))
     except KeyboardInterrupt:

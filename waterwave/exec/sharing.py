@@ -134,6 +134,9 @@ class Member:
         # measured, or has gates inside): the global step hook reads it, at
         # every step of every member.
         self.step_point = False
+        # Whether the block's caller tells it of each optimizer step
+        # (``job_sharing``), so that the global optimizer hooks pass it by.
+        self.steps_told = False
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int, modules: list) -> None:
@@ -496,6 +499,11 @@ class sharing:
     device is the model's (its parameters'); ``session`` another than the
     device's; ``name`` what stats and errors call it (the model's class)."""
 
+    # Whether the block hooks every optimizer's step (the global optimizer
+    # hooks, while any block runs): a user's loop steps its optimizer where
+    # only a hook sees it.
+    hooks_optimizers = True
+
     def __init__(self, model, session=None, *, name: str | None = None):
         import torch
 
@@ -524,17 +532,20 @@ class sharing:
                                    f"{_local.member.name!r}): one block per thread")
             member.thread = threading.get_ident()
         try:
-            _optimizer_hooks_on()
+            if self.hooks_optimizers:
+                _optimizer_hooks_on()
         except BaseException:
             member.thread = None
             raise
+        member.steps_told = not self.hooks_optimizers
         modules = list(model.modules())  # one walk of the model, for its bytes and its hooks
         base = base_bytes(model, session.device, modules)
         try:
             budget = session.join_sharing(member, base)
         except BaseException:
             member.thread = None
-            _optimizer_hooks_off()
+            if self.hooks_optimizers:
+                _optimizer_hooks_off()
             raise
         self.member = member
         try:
@@ -554,9 +565,24 @@ class sharing:
         try:
             member.exit()
         finally:
-            _optimizer_hooks_off()
+            if self.hooks_optimizers:
+                _optimizer_hooks_off()
             member.session.leave_sharing(member)
         return None
+
+
+class job_sharing(sharing):
+    """``sharing`` for a ``Job``'s eager steps (``job.train`` where nothing
+    is captured), whose loop steps the optimizer itself: it tells the member
+    of each step (``Member.optimizer_step`` where the step is a point of the
+    pass), so no global optimizer hook runs for it, at every step of every
+    optimizer in the process. Its steps free their gradients right after
+    the update, within the pass, so nothing is read after the step: what
+    the pass ends with is what the next one starts from. (A batch of other
+    inputs, which ``Job.plain_step`` hands to ``_eager_step``, tells
+    nothing: that pass has no point at its step, and is measured coarser.)"""
+
+    hooks_optimizers = False
 
 
 def _optimizer_hooks_on() -> None:
@@ -585,14 +611,14 @@ def _optimizer_hooks_off() -> None:
 
 def _optimizer_stepping(optimizer, args, kwargs):
     member = getattr(_local, "member", None)
-    if member is not None and member.step_point:
+    if member is not None and member.step_point and not member.steps_told:
         member.optimizer_step()
     return None
 
 
 def _optimizer_stepped(optimizer, args, kwargs):
     member = getattr(_local, "member", None)
-    if member is not None and member.budget:  # gating
+    if member is not None and member.budget and not member.steps_told:  # gating
         member.optimizer_stepped()
     return None
 
@@ -683,4 +709,4 @@ def base_bytes(model, device: str, modules: list | None = None) -> int:
     return sum(storages.values())
 
 
-__all__ = ["sharing", "Member", "Region"]
+__all__ = ["sharing", "job_sharing", "Member", "Region"]
