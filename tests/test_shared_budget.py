@@ -343,9 +343,9 @@ def test_a_thread_that_is_no_member_or_a_member_alone_never_waits_for_the_device
 
 def test_while_the_device_refuses_a_member_the_others_next_passes_wait():
     """The budget has room the device's cache holds: member b waits for the
-    device. Member a, its pass over, does not start its next one, which
-    would take again what b waits for; once member c (still in its pass)
-    frees and b's allocation goes through, a starts."""
+    device. Member a, its pass over, does not start its next one while c's
+    pass runs, which would take again what c frees for b; once c frees and
+    b's allocation goes through, a starts."""
     ledger, a, b = two_members(10_000)
     c = ledger.open()
     ledger.join(c, 0)
@@ -381,6 +381,44 @@ def test_while_the_device_refuses_a_member_the_others_next_passes_wait():
     assert ledger.gate(a, 100, 100, 0, True, 5000) == ADMITTED
     stats = ledger.share_stats()
     assert stats["device_waits"] == 1 and stats["failed"] == 0
+
+
+def test_with_no_other_pass_in_flight_a_refused_member_waits_and_the_others_go_on():
+    """Memory outside the members' blocks (a trial's evaluation) fills the
+    device: member b waits for it. Member a's next pass starts, since no
+    pass in flight would free anything for b, and b neither fails nor hangs:
+    once the outside memory is freed, b's next look finds it."""
+    ledger, a, b = two_members(10_000)
+    device = Device(ledger, 500)
+    assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED
+    assert ledger.gate(b, 300, 300, 0, True, 0) == ADMITTED
+    _C.ThreadAccounts.set_thread(b)
+    device.allocate(1, 150)
+    _C.ThreadAccounts.set_thread(0)
+    with device.lock:
+        device.used += 300  # an evaluation outside every block
+    done = threading.Event()
+
+    def member_b():
+        _C.ThreadAccounts.set_thread(b)
+        try:
+            device.allocate(2, 100)  # 550 of 500
+            done.set()
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+
+    t = threading.Thread(target=member_b)
+    t.start()
+    deadline = time.monotonic() + 5
+    while ledger.share_stats()["waiting"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED  # a's next pass starts
+    assert not done.wait(0.3)
+    with device.lock:
+        device.used -= 300  # the evaluation ends; no member's free wakes b: its poll does
+    assert done.wait(5)
+    t.join()
+    assert ledger.share_stats()["failed"] == 0
 
 
 def test_members_all_waiting_for_the_device_fail_one_and_the_other_goes_on():

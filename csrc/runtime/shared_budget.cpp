@@ -30,10 +30,11 @@
 // memory no member counts, or something outside the members took it). A
 // member's allocation then waits as one past its budget does, for the
 // members' frees (wait_for_frees), in the same tie-break: a member never
-// waits there alone, and a thread that is no member never waits. Meanwhile
-// the others' next passes wait at their boundaries: the room the ledger saw
-// is in the cache, and what they free must reach the member the device
-// refused before their next pass takes it again.
+// waits there alone, and a thread that is no member never waits. Meanwhile,
+// while another member's pass is in flight, the others' next passes wait at
+// their boundaries: the room the ledger saw is in the cache, and what that
+// pass frees must reach the member the device refused before their next
+// pass takes it again.
 //
 // May include: core/.
 #include <algorithm>
@@ -162,9 +163,18 @@ bool ThreadAccounts::boundary_blocked_locked(std::int64_t id, const Account& a) 
     if (other == id || !b.active) continue;
     if (b.alone && b.in_pass) return true;  // a pass runs alone
     // The device refused it what the budget admits (its cache held the
-    // room): the others' next passes wait, so that what they free goes to
-    // it, not to their own next pass, which would take it again.
-    if (b.waiting == Waiting::kAllocation && b.device) return true;
+    // room): while a third member's pass runs, and will free, the next
+    // passes wait, so that what it frees goes to the refused member, not to
+    // their own next pass, which would take it again. With no pass but the
+    // refused one's in flight they go on, as before: nothing a member holds
+    // at its boundary would come free, and memory held outside the blocks
+    // (a trial's evaluation) may.
+    if (b.waiting == Waiting::kAllocation && b.device &&
+        std::any_of(accounts_.begin(), accounts_.end(), [&](const auto& kv) {
+          return kv.first != id && kv.first != other && kv.second.active && kv.second.in_pass;
+        })) {
+      return true;
+    }
     if (b.waiting != Waiting::kBoundary || b.arrived > a.arrived) continue;
     // One that came first waits to run alone: let the passes drain. Or it
     // has waited while others started more than their share of passes.

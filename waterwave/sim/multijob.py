@@ -245,8 +245,9 @@ class _Run:
         self.frees = 0
         self.device_waiting: dict[int, tuple[int, Exception]] = {}
         # Jobs the device refused and that have not allocated since: while
-        # one is, the others' passes do not start (ThreadAccounts holds
-        # their boundaries), so that their frees come back to it.
+        # one is and a third job is in the middle of a step, the others'
+        # steps do not start (ThreadAccounts holds their boundaries), so
+        # that what that step frees comes back to it.
         self.device_refused: set[int] = set()
         self.device_waits = 0
 
@@ -318,7 +319,7 @@ class _Run:
     def _gate(self, t: _Thread, seg: GatedSegment) -> bool:
         """A sharing job at a gate: admitted now, or waiting (asked again
         as the others run)."""
-        if seg.boundary and any(j != t.job for j in self.device_refused):
+        if seg.boundary and self._held_for_refused(t.job):
             return False  # a pass starts once the job the device refused has its memory
         account = self.accounts[t.job]
         live = self.ledger.usage(account)[0]
@@ -337,6 +338,16 @@ class _Run:
         self.admitted[t.job] = t.seg
         t.ready = max(t.ready, self.device.now())  # it waited until now
         return True
+
+    def _held_for_refused(self, job: int) -> bool:
+        """Whether ``job``'s next step waits for a job the device refused:
+        one does, and a third job is in the middle of a step, whose frees
+        should reach it first (``ThreadAccounts::boundary_blocked_locked``)."""
+        refused = self.device_refused - {job}
+        return bool(refused) and any(
+            o.job != job and o.job not in refused and not o.done
+            and (o.op or not o.segment().boundary or self.admitted[o.job] == o.seg)
+            for o in self.threads)
 
     def _resource(self, t: _Thread) -> int:
         seg = t.segment()
