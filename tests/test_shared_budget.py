@@ -341,6 +341,29 @@ def test_a_thread_that_is_no_member_or_a_member_alone_never_waits_for_the_device
     assert ledger.share_stats()["device_waits"] == 0
 
 
+def refused_allocation(ledger, device, member, ptr, nbytes):
+    """``member`` allocates ``nbytes`` on ``device`` from a thread of its own,
+    which the device refuses: (the thread, an event set once it went
+    through), returned once the ledger shows it waiting."""
+    done = threading.Event()
+
+    def allocate():
+        _C.ThreadAccounts.set_thread(member)
+        try:
+            device.allocate(ptr, nbytes)
+            done.set()
+        finally:
+            _C.ThreadAccounts.set_thread(0)
+
+    t = threading.Thread(target=allocate)
+    t.start()
+    deadline = time.monotonic() + 5
+    while ledger.share_stats()["waiting"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ledger.share_stats()["waiting"] == 1
+    return t, done
+
+
 def test_while_the_device_refuses_a_member_the_others_next_passes_wait():
     """The budget has room the device's cache holds: member b waits for the
     device. Member a, its pass over, does not start its next one while c's
@@ -356,22 +379,7 @@ def test_while_the_device_refuses_a_member_the_others_next_passes_wait():
         device.allocate(ptr, nbytes)
     device.free(1)  # a's pass frees what it made
     _C.ThreadAccounts.set_thread(0)
-    done = threading.Event()
-
-    def member_b():
-        _C.ThreadAccounts.set_thread(b)
-        try:
-            device.allocate(4, 200)  # 550 of 500 with c's: the device refuses
-            done.set()
-        finally:
-            _C.ThreadAccounts.set_thread(0)
-
-    t = threading.Thread(target=member_b)
-    t.start()
-    deadline = time.monotonic() + 5
-    while ledger.share_stats()["waiting"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ledger.share_stats()["waiting"] == 1
+    t, done = refused_allocation(ledger, device, b, 4, 200)  # 550 of 500 with c's
     assert ledger.gate(a, 100, 100, 0, True, 0) == TIMED_OUT  # the budget has room; b waits
     _C.ThreadAccounts.set_thread(c)
     device.free(3)  # c's pass frees: b's allocation goes through
@@ -397,21 +405,7 @@ def test_with_no_other_pass_in_flight_a_refused_member_waits_and_the_others_go_o
     _C.ThreadAccounts.set_thread(0)
     with device.lock:
         device.used += 300  # an evaluation outside every block
-    done = threading.Event()
-
-    def member_b():
-        _C.ThreadAccounts.set_thread(b)
-        try:
-            device.allocate(2, 100)  # 550 of 500
-            done.set()
-        finally:
-            _C.ThreadAccounts.set_thread(0)
-
-    t = threading.Thread(target=member_b)
-    t.start()
-    deadline = time.monotonic() + 5
-    while ledger.share_stats()["waiting"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    t, done = refused_allocation(ledger, device, b, 2, 100)  # 550 of 500
     assert ledger.gate(a, 100, 100, 0, True, 0) == ADMITTED  # a's next pass starts
     assert not done.wait(0.3)
     with device.lock:
