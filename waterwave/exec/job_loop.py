@@ -178,13 +178,12 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                                           grads_none=grads_none)
                 if schedulers:
                     job.after_step()
-                # The step's loss tensor goes before the next step starts, so
-                # that each pass of the member starts from the same bytes.
                 if on_cpu:
                     job.losses.append(loss.item())
-                    loss = None
-                    continue
-                pending.append(loss.detach())
+                else:
+                    pending.append(loss.detach())
+                # The step's loss tensor goes before the next step starts, so
+                # that each pass of the member starts from the same bytes.
                 loss = None
                 if len(pending) > LOSSES_IN_FLIGHT:
                     job.losses.append(float(pending.pop(0)))

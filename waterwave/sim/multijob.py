@@ -343,6 +343,8 @@ class _Run:
         """Whether ``job``'s next step waits for a job the device refused:
         one does, and a third job is in the middle of a step, whose frees
         should reach it first (``ThreadAccounts::boundary_blocked_locked``)."""
+        if not self.device_refused:  # the usual case, at every step's gate
+            return False
         refused = self.device_refused - {job}
         return bool(refused) and any(
             o.job != job and o.job not in refused and not o.done
