@@ -59,7 +59,7 @@ def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
     py = sys.executable
     return [
         ("GPU tests (pytest -m gpu)",
-         [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+         [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", "--durations=0",
           *(["-k", tests] if tests else [])]),
         # What the project is for, trials per hour, right after the tests: a
         # budget that ends sooner (a 10-minute call) still measures it.
