@@ -131,17 +131,17 @@ bench: build
 	$(PY) bench/concurrent/host.py --out bench/results
 	$(PY) bench/concurrent/train_host.py --out bench/results
 
-# When a GPU is lent, the one command to run: every GPU test, then every GPU
-# benchmark (bench/gpu_check.py lists them), their figures under $(RESULTS)
+# When a GPU is lent, the one command to run: the sharing tests and the
+# measured Optuna searches first, then every other GPU test and GPU benchmark
+# (bench/gpu_check.py lists them), their figures under $(RESULTS)
 # with the device named, within $(GPU_BUDGET_MIN) minutes. It refuses to run
 # without a GPU rather than skip everything. bench-gpu: the benchmarks alone.
 # Through the device tool (10-minute calls; 8 files at most come back from
 # $OUT, so GPU_PACK packs them all into one, rewritten after each part):
 #   make gpu-check SYSTEM_PYTHON=python3 RESULTS=/tmp/gpu GPU_PACK=$OUT/gpu_check.tgz
 # GPU_PARTS="concurrent trainer": only the parts whose names hold one of
-# these words (what an earlier check's budget left out); GPU_TESTS=sharing:
-# only the GPU tests pytest -k selects (GPU_PARTS="pytest Optuna"
-# GPU_TESTS=sharing: the sharing tests and the Optuna searches).
+# these words (what an earlier check's budget left out: GPU_PARTS="other
+# recorded inside"); GPU_TESTS=resnet18: only the GPU tests pytest -k selects.
 RESULTS ?= bench/results
 GPU_BUDGET_MIN ?= 9
 gpu-check: build

@@ -5,15 +5,18 @@ for the session that is lent a GPU.
 
 Runs, in this order, each as a child process with its time measured:
 
-1. ``pytest -m gpu``: every test marked ``gpu`` (allocator, torch's memory
-   functions under it, CuPy, the concurrent trainer, sharing);
-2. the GPU benchmarks (``make bench-gpu`` runs these alone): the measured
-   Optuna searches (trials per hour, what the project is for: first, so
-   that a short budget still measures them), how far rounding moves
-   float16 Adam, eagerly and through ``job.train``, a recorded step through
-   each policy, allocator cost inside PyTorch, training under each
-   allocator, concurrent jobs under 12 GiB, the ConcurrentTrainer's largest
-   batch.
+1. the GPU tests of sharing (``pytest -m gpu -k sharing``: trials sharing a
+   capped GPU, each against its eager loop);
+2. the measured Optuna searches (trials per hour, what the project is
+   for): these two first, so that one 10-minute call measures them;
+3. the other GPU tests (``-k 'not sharing'``: the allocator, torch's memory
+   functions under it, cuDNN, CUDA graphs, ``torch.compile``, CuPy, the
+   concurrent trainer);
+4. the other GPU benchmarks (``make bench-gpu`` runs every benchmark
+   alone): how far rounding moves float16 Adam, eagerly and through
+   ``job.train``, a recorded step through each policy, allocator cost
+   inside PyTorch, training under each allocator, concurrent jobs under 12
+   GiB, the ConcurrentTrainer's largest batch.
 
 The GPU machines reach no package index, and their Python lacks Optuna, so
 the tests of a study on the GPU would skip. ``make gpu-wheels`` (here, with
@@ -28,11 +31,12 @@ Each benchmark writes its own figures under ``--out`` naming the device; this
 script adds ``gpu_check.json`` and ``gpu_check.md``: the device, torch, the
 date, each part's exit status and time, rewritten after every part (so a
 run stopped from outside still leaves what it measured), the GPU tests'
-output in ``gpu_tests.log`` and each benchmark's in ``gpu_part_<name>.log``
+output in ``gpu_tests_sharing.log`` and ``gpu_tests.log``, each ending with
+every test's time, and each benchmark's in ``gpu_part_<name>.log``
 (what a benchmark stopped by the budget printed before it wrote its
 files). ``--only WORD ...`` runs the parts whose names hold one of the
 words (``--only concurrent``: what a previous check's budget left out);
-``--tests EXPR`` runs the GPU tests pytest's ``-k EXPR`` selects. A
+``--tests EXPR`` narrows the GPU tests to those pytest's ``-k EXPR`` selects. A
 part still running when the budget (9 minutes by default) is spent is
 stopped and reported as such, so the whole ends within the budget. Without a CUDA GPU it says so and exits 2 before
 running anything: a GPU check that skips everything proves nothing.
@@ -53,21 +57,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SHARING_TESTS = "GPU tests of sharing (pytest -m gpu -k sharing)"
+OTHER_TESTS = "the other GPU tests (pytest -m gpu -k 'not sharing')"
+TEST_LOGS = {SHARING_TESTS: "gpu_tests_sharing.log", OTHER_TESTS: "gpu_tests.log"}
+
+
+def pytest_part(py: str, select: str, tests: str | None) -> list[str]:
+    """``pytest -m gpu`` over the GPU tests ``-k select`` chooses, narrowed
+    by ``tests`` (a ``-k`` expression) where given; each test's time at the
+    end of its log."""
+    expr = f"({select}) and ({tests})" if tests else select
+    return [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+            "--durations=0", "-k", expr]
+
+
 def parts(out: Path, tests: str | None = None) -> list[tuple[str, list[str]]]:
     """Every part, in order; ``tests``: a pytest ``-k`` expression choosing
-    among the GPU tests (None: all of them)."""
+    among the GPU tests (None: all of them). What the project is for comes
+    first: the sharing tests (trials sharing a capped GPU), then trials per
+    hour, so that one 10-minute call measures them (the whole GPU suite ran
+    past 7 minutes on an H200); the other GPU tests after."""
     py = sys.executable
     return [
-        ("GPU tests (pytest -m gpu)",
-         [py, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", "--durations=0",
-          *(["-k", tests] if tests else [])]),
-        # What the project is for, trials per hour, right after the tests: a
-        # budget that ends sooner (a 10-minute call) still measures it.
+        (SHARING_TESTS, pytest_part(py, "sharing", tests)),
         ("an Optuna search of small trials, five ways",
          [py, "bench/concurrent/search_measured.py", "--family", "small", "--out", str(out)]),
         ("an Optuna search of memory-bound trials, six ways",
          [py, "bench/concurrent/search_measured.py", "--family", "memory-bound",
           "--out", str(out)]),
+        (OTHER_TESTS, pytest_part(py, "not sharing", tests)),
         ("rounding spread of float16 Adam",
          [py, "bench/rounding_spread.py", "--device", "cuda",
           "--out", str(out / "rounding_spread_cuda.json")]),
@@ -158,7 +176,8 @@ def chosen(all_parts: list, benchmarks_only: bool, only: list[str] | None) -> li
     """The parts to run: all, or the benchmarks (``--benchmarks-only``), or
     those whose names hold one of ``only``'s words. A word no part's name
     holds is a ValueError naming the parts."""
-    todo = all_parts[1:] if benchmarks_only else all_parts
+    todo = [(name, c) for name, c in all_parts
+            if not (benchmarks_only and c[1:3] == ["-m", "pytest"])]
     if not only:
         return todo
     words = [w.lower() for w in only]
@@ -226,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"gpu-check: {name}: {' '.join(command[1:])}", flush=True)
         start = time.monotonic()
-        log_path = out / ("gpu_tests.log" if command[1:3] == ["-m", "pytest"]
-                          else f"gpu_part_{slug(name)}.log")
+        log_path = out / TEST_LOGS.get(name, f"gpu_part_{slug(name)}.log")
         log = open(log_path, "w")
         try:
             rc = subprocess.run(command, cwd=ROOT, timeout=left, stdout=log, env=child_env(site),
@@ -250,7 +268,8 @@ def write_report(report: dict, out: Path, pack: str | None = None) -> None:
     lines = [f"# gpu-check on one {report['device']}", "",
              f"Measured by `make gpu-check` on {report['date']}, torch {report['torch']}, within "
              f"a budget of {report['budget_min']:g} minutes. Each benchmark's figures are in its "
-             "own file beside this one; the GPU tests' output is in gpu_tests.log.", "",
+             "own file beside this one; the GPU tests' output is in gpu_tests_sharing.log and "
+             "gpu_tests.log.", "",
              *([f"Missing here, so their tests skipped: {', '.join(report['missing'])}.", ""]
                if report.get("missing") else []),
              "| part | status | seconds |", "|---|---|---:|"]

@@ -24,19 +24,32 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_it_runs_the_gpu_tests_first_then_every_gpu_benchmark(tmp_path):
+def test_it_runs_the_sharing_tests_and_searches_first_then_every_other_gpu_test_and_benchmark(
+        tmp_path):
+    """What the project is for first, so that one 10-minute call measures it
+    (the whole GPU suite ran past 7 minutes on an H200): the sharing tests,
+    trials per hour, then the other GPU tests and every GPU benchmark."""
     commands = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path)]
-    assert commands[0].startswith("-m pytest") and "-m gpu" in commands[0]
-    benches = {c.split()[0] for c in commands[1:]}
+    tests = [c for c in commands if c.startswith("-m pytest")]
+    assert commands[0] in tests and "-m gpu" in commands[0] and commands[0].endswith("-k sharing")
+    assert all(c.startswith("bench/concurrent/search_measured.py") for c in commands[1:3])
+    assert commands[3] in tests and commands[3].endswith("-k not sharing") and len(tests) == 2
+    assert all("--durations=0" in c for c in tests)  # each test's time in its log
+    benches = {c.split()[0] for c in commands if c not in tests}
     assert {"bench/gpu.py", "bench/concurrent/gpu.py", "bench/concurrent/trainer_gpu.py",
             "bench/concurrent/search_measured.py"} <= benches
     assert any(c.startswith("-m waterwave bench alloc --gpu") for c in commands)
-    # Trials per hour right after the tests: a short budget still measures them.
-    assert all(c.startswith("bench/concurrent/search_measured.py") for c in commands[1:3])
-    assert "-k" not in commands[0]
-    # --tests: the GPU tests pytest -k selects (the others' commands unchanged).
-    chosen = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path, "sharing")]
-    assert chosen[0].endswith("-k sharing") and chosen[1:] == commands[1:]
+    # --tests: both test parts narrowed by pytest -k (the others' commands unchanged).
+    chosen = [" ".join(c[1:]) for _, c in gpu_check.parts(tmp_path, "resnet18")]
+    assert chosen[0].endswith("-k (sharing) and (resnet18)")
+    assert chosen[3].endswith("-k (not sharing) and (resnet18)")
+    assert [c for c in chosen if not c.startswith("-m pytest")] == [
+        c for c in commands if c not in tests]
+    # --benchmarks-only (make bench-gpu): no tests; --only pytest: both test parts.
+    all_parts = gpu_check.parts(tmp_path)
+    assert not any(c[1:3] == ["-m", "pytest"] for _, c in gpu_check.chosen(all_parts, True, None))
+    assert [n for n, _ in gpu_check.chosen(all_parts, False, ["pytest"])] == [
+        gpu_check.SHARING_TESTS, gpu_check.OTHER_TESTS]
 
 
 def stand_in(monkeypatch, scripts: dict) -> None:
