@@ -36,10 +36,11 @@ every test's time, and each benchmark's in ``gpu_part_<name>.log``
 (what a benchmark stopped by the budget printed before it wrote its
 files). ``--only WORD ...`` runs the parts whose names hold one of the
 words (``--only concurrent``: what a previous check's budget left out);
-``--tests EXPR`` narrows the GPU tests to those pytest's ``-k EXPR`` selects. A
-part still running when the budget (9 minutes by default) is spent is
-stopped and reported as such, so the whole ends within the budget. Without a CUDA GPU it says so and exits 2 before
-running anything: a GPU check that skips everything proves nothing.
+``--tests EXPR`` narrows the GPU tests to those pytest's ``-k EXPR``
+selects. A part still running when the budget (9 minutes by default) is
+spent is stopped and reported as such, so the whole ends within the
+budget. Without a CUDA GPU it says so and exits 2 before running anything:
+a GPU check that skips everything proves nothing.
 
 May import: the standard library; torch (to name the device).
 """
