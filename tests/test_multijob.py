@@ -38,6 +38,8 @@ def test_every_policy_and_schedule_runs_without_hazards(r18, policy, schedule):
     assert r.ok and r.hazards == 0 and r.oom is None
     assert r.peak_allocated <= r.peak_reserved and r.peak_allocated >= jobs[0].peak_live()
     assert all(x and x > 0 for x in r.step_time_us) and r.throughput > 0
+    # The whole run holds each job's steady steps (steps - 1 of them) and more.
+    assert r.elapsed_us >= max(2 * x for x in r.step_time_us)
     assert len(r.time_us) == len(r.reserved) == len(r.per_job[0]) == len(r.per_job[1])
     assert r.time_us == sorted(r.time_us)  # the host's clock never runs back
 
@@ -189,6 +191,10 @@ def test_one_jobs_throughput_is_its_batch_over_its_step_time(r18):
     assert r.throughput == pytest.approx(16 / r.step_time_us[0] * 1e6, rel=1e-9)
     assert r.gpu_busy == pytest.approx(sum(op.gpu_us for op in t.ops) / r.step_time_us[0],
                                        rel=1e-9)
+    # The whole run: its first step (warm-up, first calls) and 3 steady ones.
+    first = r.elapsed_us - 3 * r.step_time_us[0]
+    assert r.step_time_us[0] < first < r.elapsed_us
+    assert r.first_step_us == [pytest.approx(first, rel=1e-9)]
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "turns"])
@@ -512,3 +518,31 @@ def test_sharing_keeps_large_blocks_whole_where_splitting_them_runs_out(r18):
     assert kept.sharing["peak"] <= kept.sharing["budget"]
     turns = simulate(jobs, "H100-80GB", 3 * GiB, "turns", "pytorch", steps=4)
     assert turns.ok and kept.throughput > turns.throughput
+
+
+def test_sharing_vs_plain_reports_the_steady_rate_and_the_whole_run(tmp_path):
+    """bench/concurrent/sharing_vs_plain.py: each way's steady rate over the
+    best plain schedule's, and the whole run (the quickest plain schedule's
+    length over the way's), in its JSON and its table."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "concurrent"))
+    try:
+        import sharing_vs_plain
+    finally:
+        sys.path.pop(0)
+    assert sharing_vs_plain.main(["--mixes", "2", "--steps", "3", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "sharing_vs_plain_3steps.json").read_text())
+    judged = [r for r in rows if "best" in r]
+    assert judged
+    for r in judged:
+        assert all(e > 0 for e in r["plain_elapsed_us"].values())
+        for way in ("sharing", "session"):
+            w = r[way]
+            if w["ok"]:
+                assert w["whole_of_best"] == pytest.approx(
+                    min(r["plain_elapsed_us"].values()) / w["elapsed_us"])
+    text = (tmp_path / "sharing_vs_plain_3steps.md").read_text()
+    assert "| sharing, whole run |" in text and "over the whole run" in text

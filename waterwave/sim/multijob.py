@@ -72,6 +72,10 @@ class SimResult:
     peak_allocated: int = 0
     step_time_us: list[float | None] = field(default_factory=list)  # per job
     throughput: float | None = None  # samples per second, all jobs, in steady steps
+    # When the last job ended its last step (host time from the start): the
+    # whole run's length, first steps and the jobs' unequal ends included.
+    elapsed_us: float | None = None
+    first_step_us: list[float | None] = field(default_factory=list)  # when each job's first ended
     gpu_busy: float | None = None    # the GPU's busy share over the same time
     syncs: int = 0
     stream_waits: int = 0
@@ -528,6 +532,9 @@ class _Run:
             done = sorted(ends.items())
             r.step_time_us.append((done[-1][1] - done[0][1]) / (len(done) - 1)
                                   if len(done) >= 2 else None)
+            r.first_step_us.append(done[0][1] if done else None)
+        if r.ok and all(self.step_ends):
+            r.elapsed_us = max(max(ends.values()) for ends in self.step_ends)
         if r.ok and all(x is not None for x in r.step_time_us):
             r.throughput, r.gpu_busy = self._steady_rates(r.batch_sizes)
         r.time_us, r.reserved, r.per_job = self.time, self.reserved, self.per_job
