@@ -88,6 +88,26 @@ def test_each_part_is_reported_and_the_budget_stops_what_runs_past_it(tmp_path, 
     assert not (tmp_path / "gpu_part_late.log").exists()
 
 
+def test_a_test_part_left_nothing_to_run_is_no_failure(tmp_path, monkeypatch):
+    """--tests narrows both test parts: one it leaves no test (pytest's exit
+    5) says so, and the check still passes; the tests' log is its own."""
+    empty = tmp_path / "test_nothing.py"
+    empty.write_text("def test_one():\n    pass\n")
+    pytest.importorskip("torch")
+    monkeypatch.setattr(gpu_check, "device_name", lambda: "a stand-in GPU")
+    monkeypatch.setattr(gpu_check, "parts", lambda out, tests=None: [
+        (gpu_check.SHARING_TESTS, [sys.executable, "-m", "pytest", "-q", "-p",
+                                   "no:cacheprovider", str(empty)]),
+        (gpu_check.OTHER_TESTS, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 "-k", "nothing_is_called_this", str(empty)])])
+    out = tmp_path / "out"
+    assert gpu_check.main(["--out", str(out)]) == 0
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert [p["status"] for p in report["parts"]] == ["passed", gpu_check.NO_TESTS]
+    assert "1 passed" in (out / "gpu_tests_sharing.log").read_text()
+    assert "deselected" in (out / "gpu_tests.log").read_text()
+
+
 def test_pack_brings_every_file_back_as_one_after_each_part(tmp_path, monkeypatch):
     """--pack: the device tool brings 8 files of $OUT back at most, so every
     file under --out goes into one .tgz, rewritten after each part (a call

@@ -72,8 +72,9 @@ class SimResult:
     peak_allocated: int = 0
     step_time_us: list[float | None] = field(default_factory=list)  # per job
     throughput: float | None = None  # samples per second, all jobs, in steady steps
-    # When the last job ended its last step (host time from the start): the
-    # whole run's length, first steps and the jobs' unequal ends included.
+    # When the last job's last step ended on the device (the simulated clock
+    # from the start): the whole run's length, first steps and the jobs'
+    # unequal ends included.
     elapsed_us: float | None = None
     first_step_us: list[float | None] = field(default_factory=list)  # when each job's first ended
     gpu_busy: float | None = None    # the GPU's busy share over the same time
