@@ -195,7 +195,8 @@ def test_the_example_search_runs_and_reports_its_trials_and_the_simulated_gpu(tm
     assert r.stdout.count("held-out accuracy") == 5  # four trials and the best
     assert "at most 2 training at once" in r.stdout or "at most 1 training at once" in r.stdout
     assert "2 of these trials on a simulated H100-80GB" in r.stdout
-    assert "a session choosing its way:" in r.stdout
+    assert "each trial its own eager loop, sharing (job.train's default):" in r.stdout
+    assert "a session choosing its way (capture=True):" in r.stdout
     assert "(all simulated, not measured on a GPU;" in r.stdout
 
 
@@ -216,6 +217,9 @@ def test_trials_on_a_simulated_gpu_train_in_a_session_where_side_by_side_runs_ou
     assert session["ran"] in ("free", "turns", "sequential", "memory")
     if one_by_one["ok"]:  # the session is the best way that fits, one after another among them
         assert session["throughput"] >= 0.97 * one_by_one["throughput"]
+    members = r["sharing"]  # job.train's default: runs, sound, under the cap
+    assert members["ok"] and members["hazards"] == 0
+    assert members["peak_reserved"] <= r["memory_limit"]
     assert 0 < r["blas_workspaces"] < r["lockstep"]["peak_reserved"]
     with pytest.raises(ValueError, match="needs the graphs"):
         trials_on_gpu([])

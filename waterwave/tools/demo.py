@@ -142,10 +142,12 @@ def trials_on_gpu(graphs: list, gpu: str = "H100-80GB", steps: int = 6) -> dict:
     """What trials that trained side by side (their captured steps, ``Job.graph``)
     would do on a simulated ``gpu`` under a cap just below what they reserve
     side by side under PyTorch's caching policy: there side by side runs out
-    of memory, and the choice is between one trial after another and a
-    training session (``sim.schedules.SessionSchedule``: side by side, in
-    turn, one after another or paired, whichever it measures fastest), each
-    under its own allocator. Every figure is simulated."""
+    of memory, and the choice is between one trial after another, the
+    trials as sharing members (``job.train``'s default: each trial its own
+    eager loop, gated by a budget) and a captured training session
+    (``sim.schedules.SessionSchedule``: side by side, in turn, one after
+    another or paired, whichever it measures fastest), each under its own
+    allocator. Every figure is simulated."""
     if not graphs:
         raise ValueError("trials_on_gpu needs the graphs of the trials that trained together")
     kernels = KernelModel.load()
@@ -158,6 +160,8 @@ def trials_on_gpu(graphs: list, gpu: str = "H100-80GB", steps: int = 6) -> dict:
     shared = simulate(traces, gpu, cap, session, policy, steps, config=config, record=False)
     capped = simulate(plain, gpu, cap, "lockstep", "pytorch", steps, record=False)
     one_by_one = simulate(plain, gpu, cap, "sequential", "pytorch", steps, record=False)
+    policy, config = ALLOCATORS["sharing"]  # job.train's default: each trial its own eager loop
+    members = simulate(plain, gpu, cap, "sharing", policy, steps, config=config, record=False)
     # Blocks past the graph's tensors are the BLAS libraries' workspaces, per stream.
     workspaces = sum(n for g, t in zip(graphs, plain) for b, n, _, _ in t.persistent
                      if b >= len(g.tensors))
@@ -172,6 +176,8 @@ def trials_on_gpu(graphs: list, gpu: str = "H100-80GB", steps: int = 6) -> dict:
                          "throughput": side_by_side.throughput},
             "lockstep_under_the_limit": figures(capped),
             "sequential": figures(one_by_one),
+            "sharing": {**figures(members), "hazards": members.hazards,
+                        "forced": (members.sharing or {}).get("forced")},
             "session": {**figures(shared), "hazards": shared.hazards,
                         "ran": shared.session["pairing"] if shared.session else None,
                         "why": shared.session["why"] if shared.session else None}}
@@ -185,9 +191,12 @@ def format_trials(r: dict) -> str:
         return rate(x["throughput"]) if x["ok"] else "runs out of memory"
 
     session, cap = r["session"], r["memory_limit"] / MiB
-    speedup = (f"  ({session['throughput'] / r['sequential']['throughput']:.2f}x one after "
-               "another)" if session["ok"] and r["sequential"]["ok"] and session["throughput"]
-               and r["sequential"]["throughput"] else "")
+
+    def speedup(x):
+        one = r["sequential"]
+        return (f"  ({x['throughput'] / one['throughput']:.2f}x one after another)"
+                if x["ok"] and one["ok"] and x["throughput"] and one["throughput"] else "")
+
     return "\n".join([
         f"{r['trials']} of these trials on a simulated {r['gpu']}:",
         f"  side by side, no cap (PyTorch):  {r['lockstep']['peak_reserved'] / MiB:8.1f} MiB "
@@ -197,7 +206,9 @@ def format_trials(r: dict) -> str:
         f"  under a cap of {cap:.0f} MiB, a MiB short of that:",
         f"    side by side (PyTorch):        {run(r['lockstep_under_the_limit'])}",
         f"    one after another (PyTorch):   {run(r['sequential'])}",
-        f"    a session choosing its way:    {run(session)}"
-        + (f", running {session['ran']}" if session["ran"] else "") + speedup,
+        f"    each trial its own eager loop, sharing (job.train's default): "
+        f"{run(r['sharing'])}{speedup(r['sharing'])}",
+        f"    a session choosing its way (capture=True): {run(session)}"
+        + (f", running {session['ran']}" if session["ran"] else "") + speedup(session),
         "  (all simulated, not measured on a GPU; the simulated session probes side by side too,"
         " where a trainer on a GPU runs it only when the peaks measured alone fit)"])
