@@ -31,7 +31,6 @@ from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
 from waterwave.sim.schedules import ALLOCATORS, SessionSchedule  # noqa: E402
 
-MiB = 1 << 20
 GPU = "H100-80GB"
 KERNELS = KernelModel.load()
 PLAIN = ("sequential", "turns", "lockstep")  # one after another, in turn, side by side
@@ -79,7 +78,7 @@ def test_the_session_schedule_runs_only_through_the_simulator():
 # Launch-bound steps (the digits search's) to steps that keep the GPU busy
 # alone; the same mixes bench/concurrent/sharing_vs_plain.py measures.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "concurrent"))
-from sharing_vs_plain import SHAPES  # noqa: E402
+from sharing_vs_plain import SHAPES, cap_between  # noqa: E402
 from sharing_vs_plain import mlp_graph as _mlp  # noqa: E402
 
 sys.path.pop(0)
@@ -116,8 +115,7 @@ def test_a_session_runs_wherever_side_by_side_fits_and_stays_under_the_cap(picks
     ranged from 0.76 to the best."""
     one_at_a_time = run("sequential", picks, None, concurrent).peak_reserved
     side_by_side = run("lockstep", picks, None, concurrent).peak_reserved
-    lo, hi = 0.95 * one_at_a_time, 1.1 * max(side_by_side, one_at_a_time)
-    cap = int(lo + room * (hi - lo))
+    cap = cap_between(one_at_a_time, side_by_side, room)
     plain = {s: run(s, picks, cap, concurrent) for s in PLAIN}
     fits = {s: r.throughput for s, r in plain.items() if r.ok}
     session = run("session", picks, cap, concurrent)

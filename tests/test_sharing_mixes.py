@@ -28,7 +28,7 @@ from waterwave.sim.multijob import simulate  # noqa: E402
 from waterwave.sim.schedules import ALLOCATORS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "concurrent"))
-from sharing_vs_plain import SHAPES, mlp_graph  # noqa: E402
+from sharing_vs_plain import SHAPES, cap_between, mlp_graph  # noqa: E402
 
 sys.path.pop(0)
 
@@ -61,8 +61,7 @@ def test_sharing_runs_every_job_where_side_by_side_fits_under_the_cap(picks, roo
     by side (the benchmark's)."""
     one_at_a_time = run("sequential", picks, None, concurrent).peak_reserved
     side_by_side = run("lockstep", picks, None, concurrent).peak_reserved
-    lo, hi = 0.95 * one_at_a_time, 1.1 * max(side_by_side, one_at_a_time)
-    cap = int(lo + room * (hi - lo))
+    cap = cap_between(one_at_a_time, side_by_side, room)
     lockstep = run("lockstep", picks, cap, concurrent)
     shared = run("sharing", picks, cap, concurrent)
     event(f"side by side {'fits' if lockstep.ok else 'runs out'}; sharing "

@@ -62,6 +62,15 @@ def mlp_graph(width: int, layers: int, batch: int):
                       name=f"mlp{width}x{layers}-bs{batch}")
 
 
+def cap_between(one_at_a_time: int, side_by_side: int, room: float) -> int:
+    """A cap ``room`` (0 to 1) of the way from one that fits a job at a time
+    (5% under one after another's reserved peak) to one with room for all
+    side by side (10% over side by side's): the caps the mixes are measured
+    under, here and in the property tests."""
+    lo, hi = 0.95 * one_at_a_time, 1.1 * max(side_by_side, one_at_a_time)
+    return int(lo + room * (hi - lo))
+
+
 def run(graphs, kernels, schedule: str, picks, cap, concurrent: bool, steps: int = 6):
     policy, config = ALLOCATORS[schedule]
     cut = SessionSchedule().partition if schedule == "session" else (lambda g: None)
@@ -81,8 +90,7 @@ def measure(mixes: int, seed: int, steps: int = 6) -> list[dict]:
         room, concurrent = rng.random(), rng.random() < 0.5
         one = run(graphs, kernels, "sequential", picks, None, concurrent).peak_reserved
         side = run(graphs, kernels, "lockstep", picks, None, concurrent).peak_reserved
-        lo, hi = 0.95 * one, 1.1 * max(side, one)
-        cap = int(lo + room * (hi - lo))
+        cap = cap_between(one, side, room)
         fits, whole, firsts = {}, {}, {}
         for s in PLAIN:
             r = run(graphs, kernels, s, picks, cap, concurrent, steps)

@@ -160,8 +160,9 @@ def trials_on_gpu(graphs: list, gpu: str = "H100-80GB", steps: int = 6) -> dict:
     shared = simulate(traces, gpu, cap, session, policy, steps, config=config, record=False)
     capped = simulate(plain, gpu, cap, "lockstep", "pytorch", steps, record=False)
     one_by_one = simulate(plain, gpu, cap, "sequential", "pytorch", steps, record=False)
-    policy, config = ALLOCATORS["sharing"]  # job.train's default: each trial its own eager loop
-    members = simulate(plain, gpu, cap, "sharing", policy, steps, config=config, record=False)
+    member_policy, member_config = ALLOCATORS["sharing"]  # job.train's default
+    members = simulate(plain, gpu, cap, "sharing", member_policy, steps, config=member_config,
+                       record=False)
     # Blocks past the graph's tensors are the BLAS libraries' workspaces, per stream.
     workspaces = sum(n for g, t in zip(graphs, plain) for b, n, _, _ in t.persistent
                      if b >= len(g.tensors))
