@@ -92,7 +92,9 @@ def test_a_gpu_session_without_a_limit_probes_again_when_a_pass_starts(monkeypat
     not only at the next block's: probed at block starts alone, 4 resnet50
     trials under a 12 GiB cap on an H200 lost 4 of 8 to the allocator. A
     pass's probe collects no garbage (the member waits for it), and a
-    session with a memory_limit keeps its budget."""
+    session with a memory_limit keeps its budget. A measured budget is
+    marked so: a tie among members past it asks the device rather than
+    failing an allocation; the user's limit is kept."""
     import types
 
     import waterwave.exec.session as session_module
@@ -114,6 +116,7 @@ def test_a_gpu_session_without_a_limit_probes_again_when_a_pass_starts(monkeypat
         free[0] = 40 * MiB  # another trial's model and data, outside every block
         session.probe_sharing_budget()
         assert ledger.share_stats()["budget"] == int((40 + 4) * MiB * (1 - GPU_MARGIN))
+        assert ledger.share_stats()["measured"]  # a tie asks the device (shared_budget.cpp)
         assert session.stats()["budget"] == (40 + 4) * MiB
         session._collected_at -= session_module.COLLECT_EVERY_S
         session.probe_sharing_budget()
@@ -124,6 +127,7 @@ def test_a_gpu_session_without_a_limit_probes_again_when_a_pass_starts(monkeypat
         free[0] = 10 * MiB
         session.probe_sharing_budget()
         assert ledger.share_stats()["budget"] == int(64 * MiB * (1 - GPU_MARGIN))
+        assert not ledger.share_stats()["measured"]  # the user's: a tie fails an allocation
     finally:
         session.leave_sharing(member)
         member.account.close()

@@ -176,3 +176,50 @@ def test_a_member_whose_retry_fails_otherwise_waits_no_more(fake):
     finally:
         leave_all(ledger, (a, b))
     wc.check_invariants(0)
+
+
+@pytest.mark.parametrize("capacity_mib,fails", [(128, 0), (40, 1)])
+def test_past_a_measured_budget_a_tie_asks_the_device(fake, capacity_mib, fails):
+    """A GPU session with no memory_limit measures its budget (95% of what
+    the allocator could give): where every member waits past it, one
+    allocation goes on to the device instead of failing. With the room
+    there (128 MiB) both members get their memory; without it (40 MiB) the
+    device refuses, the refused members wait for each other, and one fails
+    with the device's error, never the budget's. Never a hang."""
+    use(fake)
+    fake.fake_cuda_set_capacity(capacity_mib * MiB)
+    ledger, ids = sharing_members(2)
+    before = ledger.share_stats()
+    ledger.set_budget(38 * MiB, measured=True)
+    errors, started = [None, None], threading.Barrier(2)
+
+    def member(k):
+        _C.ThreadAccounts.set_thread(ids[k])
+        held = _C.cuda_malloc(16 * MiB, 0, S1 if k else S2)
+        try:
+            started.wait()
+            more = _C.cuda_malloc(16 * MiB, 0, S1 if k else S2)  # 64 MiB past 38: both wait
+            _C.cuda_free(more, 16 * MiB, 0, S1 if k else S2)
+        except ww.OutOfMemoryError as e:
+            errors[k] = e
+        finally:
+            _C.cuda_free(held, 16 * MiB, 0, S1 if k else S2)
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    try:
+        start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 20,
+                       "members hung")
+        failed = [e for e in errors if e is not None]
+        assert len(failed) == fails, errors
+        for e in failed:
+            assert "every trial sharing the device was waiting for another's memory" in str(e)
+            assert "memory_limit=" not in str(e)
+        after = ledger.share_stats()
+        assert after["overdrawn"] > before["overdrawn"]
+        assert after["failed"] - before["failed"] == fails
+    finally:
+        ledger.set_budget(0, 0)
+        leave_all(ledger, ids)
+    fake.fake_cuda_complete_all()
+    wc.check_invariants(0)

@@ -445,6 +445,75 @@ def test_members_all_waiting_for_the_device_fail_one_and_the_other_goes_on():
     assert ledger.share_stats()["failed"] == 1 and ledger.share_stats()["device_waits"] == 2
 
 
+def test_past_a_measured_budget_a_tie_lets_one_allocation_ask_the_device():
+    """A GPU session with no memory_limit measures its budget (95% of what
+    the allocator can still give): no limit of the user's. A tie among
+    members waiting past it lets one allocation go on to the device, which
+    has the room here, where the user's budget would fail one (above)."""
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(1000, measured=True)
+    ids = [ledger.open(), ledger.open()]
+    for i in ids:
+        ledger.join(i, 0)
+    device = Device(ledger, 2000)
+    errors = [None, None]
+    started = threading.Barrier(2)
+
+    def member(k):
+        _C.ThreadAccounts.set_thread(ids[k])
+        try:
+            device.allocate(10 + k, 400)
+            started.wait()
+            device.allocate(20 + k, 400)  # 1,600 wanted of 1,000: both wait
+            device.free(20 + k)
+        except MemoryError as e:
+            errors[k] = e
+        finally:
+            device.free(10 + k)
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 10,
+                   "members hung")
+    assert errors == [None, None]
+    stats = ledger.share_stats()
+    assert stats["overdrawn"] == 1 and stats["failed"] == 0
+    assert stats["peak"] == 1200  # past the measured budget, within the device
+    assert device.used == 0
+
+
+@settings(max_examples=20)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 400),   # predicted rise
+                                             st.integers(0, 500)),  # actual bytes
+                                   min_size=1, max_size=4),
+                          st.integers(1, 5)),                # passes
+                min_size=2, max_size=4),
+       st.integers(500, 2500))
+def test_random_members_under_a_measured_budget_fail_only_where_the_device_refuses(specs,
+                                                                                   capacity):
+    # A budget measured as a GPU session measures it (95% of the device):
+    # every run ends, the device never gives more than it has, and a member
+    # fails only with the device's refusal, never the budget's; where every
+    # member's pass fits beside the others' at once, nothing fails.
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(capacity * 95 // 100, measured=True)
+    device = Device(ledger, capacity)
+    members = [SimMember(ledger, 0, device) for _ in specs]
+    plans = [[regions] * passes for regions, passes in specs]
+    run_members(members, plans, timeout=60)
+    assert device.used == 0
+    assert ledger.share_stats()["failed"] <= sum(m.error is not None for m in members)
+    for m, (_, passes) in zip(members, specs):
+        if m.error is not None:
+            assert isinstance(m.error, MemoryError), m.error
+            assert "the device is out of memory" in str(m.error), m.error
+            assert "memory_limit=" not in str(m.error), m.error
+        else:
+            assert m.passes == passes
+    if sum(sum(actual for _, actual in regions) for regions, _ in specs) <= capacity:
+        assert all(m.error is None for m in members)
+
+
 def test_members_at_gates_that_cannot_all_fit_break_the_tie_without_failing():
     # A pass predicted larger than the budget allows beside the others'
     # holdings still runs (a gate goes on with the room there is) and,

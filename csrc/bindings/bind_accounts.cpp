@@ -44,7 +44,7 @@ constexpr std::pair<const char*, std::size_t Share::*> kShareBytes[] = {
 constexpr std::pair<const char*, long long Share::*> kShareCounts[] = {
     {"gate_waits", &Share::gate_waits}, {"allocation_waits", &Share::allocation_waits},
     {"overshoots", &Share::overshoots}, {"forced", &Share::forced}, {"failed", &Share::failed},
-    {"device_waits", &Share::device_waits}};
+    {"overdrawn", &Share::overdrawn}, {"device_waits", &Share::device_waits}};
 
 }  // namespace
 
@@ -72,7 +72,10 @@ void bind_accounts(py::module_& m) {
       .def("set_stream_account", &ThreadAccounts::set_stream_account, py::arg("stream"),
            py::arg("id"), "Untagged threads' allocations on `stream` count to account `id` "
            "(0: to none); they never wait.")
-      .def("set_budget", &ThreadAccounts::set_budget, py::arg("budget"), py::arg("outside") = 0)
+      .def("set_budget", &ThreadAccounts::set_budget, py::arg("budget"), py::arg("outside") = 0,
+           py::arg("measured") = false,
+           "measured: the budget estimates the device's room (no memory_limit): a tie lets "
+           "an allocation waiting for it go on to the device rather than fail.")
       .def("join", &ThreadAccounts::join, py::arg("id"), py::arg("base") = 0)
       .def("leave", &ThreadAccounts::leave, py::arg("id"))
       .def("gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise, std::size_t rest,
@@ -106,6 +109,7 @@ void bind_accounts(py::module_& m) {
         py::dict d;
         for (const auto& [name, field] : kShareBytes) d[name] = s.*field;
         for (const auto& [name, field] : kShareCounts) d[name] = s.*field;
+        d["measured"] = s.measured;
         return d;
       })
       .def("reset_share_peak", &ThreadAccounts::reset_share_peak)

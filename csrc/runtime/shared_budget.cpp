@@ -23,8 +23,17 @@
 // frees. When every active member waits and none fits, the tie is broken:
 // a member waiting to allocate fails (its allocation raises out of memory,
 // naming the budget; its thread unwinds and frees), else a gate goes on with
-// the room there is. So nothing hangs, and the members' bytes never pass
-// the budget.
+// the room there is. So nothing hangs, and the members' bytes never pass a
+// budget the user set.
+//
+// A *measured* budget (a GPU session with no memory_limit) is not the
+// user's: it is 95% of what the allocator could still give when it was
+// last measured, the rest kept for the cache's pieces. There the tie lets
+// the waiting allocation go on to the device instead (overdrawn), which
+// is the limit then: it gives the bytes, or refuses them and the member
+// waits for frees as below. (On an H200, four resnet50 trials under a 12
+// GiB cap lost 2 of 8 to this tie failing allocations of 24.5-49 MiB, with
+// the members holding exactly the budget and the device not full.)
 //
 // The device itself can run out before the budget does (the cache holds
 // memory no member counts, or something outside the members took it). A
@@ -94,10 +103,11 @@ void ThreadAccounts::changed_locked() {
   if (waiters_ != 0) cv_.notify_all();
 }
 
-void ThreadAccounts::set_budget(std::size_t budget, std::size_t outside) {
+void ThreadAccounts::set_budget(std::size_t budget, std::size_t outside, bool measured) {
   std::lock_guard<std::mutex> g(mu_);
   budget_ = budget;
   outside_ = outside;
+  measured_ = measured;
   budget_on_.store(budget != 0 ? 1 : 0, std::memory_order_relaxed);
   changed_locked();
 }
@@ -114,7 +124,7 @@ void ThreadAccounts::join(std::int64_t id, std::size_t base) {
   members_peak_ = std::max(members_peak_, members_live_);
   a.member = a.active = true;
   a.base = base;
-  a.in_pass = a.alone = a.forced = a.fail = false;
+  a.in_pass = a.alone = a.forced = a.fail = a.overdraw = false;
   a.claim = a.need = a.end = 0;
   a.waiting = Waiting::kNone;
   changed_locked();
@@ -125,7 +135,7 @@ void ThreadAccounts::leave(std::int64_t id) {
   auto it = accounts_.find(id);
   if (it == accounts_.end() || !it->second.member) return;
   Account& a = it->second;
-  a.active = a.in_pass = a.alone = a.forced = a.fail = false;
+  a.active = a.in_pass = a.alone = a.forced = a.fail = a.overdraw = false;
   a.claim = a.need = a.end = 0;
   a.waiting = Waiting::kNone;
   if (std::none_of(accounts_.begin(), accounts_.end(),
@@ -304,8 +314,15 @@ void ThreadAccounts::break_tie_locked() {
     if (victim == nullptr || over > most) victim = &a, most = over;
   }
   if (victim != nullptr) {
-    victim->fail = true;
-    ++counts_.failed;
+    // Past a measured budget, the device decides (its refusal is a device
+    // wait, whose tie fails); past the user's, the allocation fails.
+    if (measured_ && !victim->device) {
+      victim->overdraw = true;
+      ++counts_.overdrawn;
+    } else {
+      victim->fail = true;
+      ++counts_.failed;
+    }
     changed_locked();
     return;
   }
@@ -406,6 +423,11 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
       ok = false;
       break;
     }
+    if (a.overdraw) {  // a tie past a measured budget: the device decides
+      a.claim = add_sat(a.usage.allocated, bytes);
+      a.need = std::max(a.need, a.claim);
+      break;
+    }
     if (try_allocation_locked(id, a)) break;
     a.stuck_at = epoch_;
     if (everyone_stuck_locked()) {
@@ -420,7 +442,7 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
   if (it != accounts_.end()) {
     it->second.waiting = Waiting::kNone;
     it->second.want = 0;
-    it->second.fail = false;
+    it->second.fail = it->second.overdraw = false;
     changed_locked();
   }
   take_gil(lk, gil);
@@ -573,6 +595,7 @@ ShareStats ThreadAccounts::share_stats() {
   std::lock_guard<std::mutex> g(mu_);
   ShareStats s = counts_;
   s.budget = budget_;
+  s.measured = measured_;
   s.outside = outside_;
   s.members_live = members_live_;
   s.peak = members_peak_;

@@ -64,6 +64,7 @@ struct GateRequest {
 // The budget's figures, for a session's stats().
 struct ShareStats {
   std::size_t budget = 0;        // 0: none
+  bool measured = false;         // the budget estimates the device's room (set_budget)
   std::size_t outside = 0;       // held beside the members (set by the session)
   std::size_t members_live = 0;  // the members' bytes now, bases included
   std::size_t peak = 0;          // the most members_live reached since reset_peak
@@ -75,6 +76,7 @@ struct ShareStats {
   long long overshoots = 0;      // allocations past a region's prediction that fitted
   long long forced = 0;          // gates admitted to break a tie (every member waiting)
   long long failed = 0;          // allocations failed to break a tie
+  long long overdrawn = 0;       // allocations let past a measured budget to break a tie
   long long device_waits = 0;    // allocations that waited after the device ran out
 };
 
@@ -160,8 +162,12 @@ class ThreadAccounts {
 
   // ---- The shared budget (shared_budget.cpp) ----
   // `budget` bytes for the members' holdings beside `outside` bytes held by
-  // others (0: no budget, nothing waits).
-  void set_budget(std::size_t budget, std::size_t outside);
+  // others (0: no budget, nothing waits). `measured`: the budget is an
+  // estimate of what the device can still give (a GPU session with no
+  // memory_limit), not a limit the user set; where a tie would fail an
+  // allocation waiting for it, the allocation goes on to the device
+  // instead, which is the limit then (shared_budget.cpp).
+  void set_budget(std::size_t budget, std::size_t outside, bool measured = false);
   // The account becomes an active member; `base`: bytes it holds that it
   // did not allocate tagged (its model's parameters).
   void join(std::int64_t id, std::size_t base);
@@ -222,6 +228,7 @@ class ThreadAccounts {
     std::uint64_t stuck_at = 0; // the epoch at which it last found no room
     bool forced = false;        // admit it, room or not (a tie broken)
     bool fail = false;          // fail its allocation (a tie broken)
+    bool overdraw = false;      // let its allocation past a measured budget (a tie broken)
   };
 
   void note(std::int64_t id, Addr ptr, std::size_t bytes);
@@ -258,6 +265,7 @@ class ThreadAccounts {
   std::atomic<int> budget_on_{0};
   std::size_t budget_ = 0;
   std::size_t outside_ = 0;
+  bool measured_ = false;  // the budget estimates the device's room (set_budget)
   std::size_t members_live_ = 0;
   std::size_t members_peak_ = 0;
   std::uint64_t epoch_ = 1;        // bumped whenever room may have appeared

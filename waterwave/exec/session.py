@@ -428,7 +428,10 @@ class TrainingSession(SettingsView):
             return 0
         if self.device != "cpu":  # the caching allocator's fragmentation (pass_profile)
             limit = int(limit * (1 - GPU_MARGIN))
-        ledger.set_budget(limit, self._feed_peaks(self._feed) + self._between_calls(self._feed))
+        # Without a memory_limit the budget is measured, an estimate of the
+        # device's room: a tie lets an allocation ask the device itself.
+        ledger.set_budget(limit, self._feed_peaks(self._feed) + self._between_calls(self._feed),
+                          measured=self.memory_limit is None)
         return limit
 
     def _between_calls(self, feed: RoundFeed | None, trainer=None) -> int:
@@ -532,7 +535,7 @@ class TrainingSession(SettingsView):
                     "peak_bytes": share["peak"], "members_bytes": share["members_live"],
                     "waits": {k: share[k] for k in ("gate_waits", "allocation_waits",
                                                     "device_waits", "overshoots", "forced",
-                                                    "failed")},
+                                                    "failed", "overdrawn")},
                     "jobs_known": len(self._pipelined), "steps_run": self.steps_run,
                     "held_between_calls": self._between_calls(feed),
                     "trainers": [{"training": hold.running, "bytes": hold.bytes}
