@@ -69,19 +69,26 @@ def gpu_section(runs: list[dict]) -> list[str]:
     lines = ["## Inside PyTorch (`--gpu`)", "",
              f"Device: {', '.join(devices) or 'none'}. Each allocator in its own process; host "
              "time per alloc+free pair (ns, median, min-max): `tensor` is `torch.empty(n, "
-             "device=\"cuda\")` and dropping it, `raw` PyTorch's raw alloc and delete.", ""]
+             "device=\"cuda\")` and dropping it, `raw` PyTorch's raw alloc and delete on stream "
+             "0, `raw, current stream` the same on the current stream's handle, `core` "
+             "Waterwave's runtime called straight from Python (`waterwave._C.cuda_malloc` and "
+             "`cuda_free`; Waterwave's allocators only). A run made before the last two existed "
+             "shows '-' there.", ""]
     if any(d == "fake driver" for d in devices):
         lines += ["These figures ran over the test suite's fake driver, not a GPU.", ""]
-    lines += ["| allocator | case | raw | tensor |", "|---|---|---|---|"]
+    lines += ["| allocator | case | raw | raw, current stream | tensor | core |",
+              "|---|---|---|---|---|---|"]
     for r in runs:
         if "failed" in r:
-            lines.append(f"| {r['allocator']} | failed: {r['failed']} | | |")
+            lines.append(f"| {r['allocator']} | failed: {r['failed']} | | | | |")
             continue
+        measured = set(r.get("errors", {})) | {p for paths in r["cases"].values() for p in paths}
         for case, paths in r["cases"].items():
             cells = [f"{paths[p]['ns_per_pair']:.0f} ({paths[p]['min_ns']:.0f}-"
-                     f"{paths[p]['max_ns']:.0f})" if p in paths else "not measured"
-                     for p in ("raw", "tensor")]
-            lines.append(f"| {r['allocator']} | {case} | {cells[0]} | {cells[1]} |")
+                     f"{paths[p]['max_ns']:.0f})" if p in paths
+                     else "not measured" if p in measured else "-"
+                     for p in ("raw", "raw_current", "tensor", "core")]
+            lines.append(f"| {r['allocator']} | {case} | " + " | ".join(cells) + " |")
     errors = [f"- {r['allocator']}, {path} path: {e}" for r in runs for path, e in
               r.get("errors", {}).items()]
     if errors:

@@ -42,7 +42,7 @@ def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake
     # runtime cannot describe a device, so torch.cuda.init() and the tensor
     # path fail; the raw path still runs.
     headers = torch_bridge.cuda_include_dirs() is not None
-    paths = ("raw", "tensor") if headers else ("raw",)
+    paths = ("raw", "raw_current", "tensor", "core") if headers else ("raw", "core")
     if not headers:
         names = names[2:]
     r = bench("--gpu", "--gpu-pairs", "300", "--allocators", ",".join(names), "--out", str(out),
@@ -54,7 +54,8 @@ def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake
     assert list(runs) == names
     for name, run in runs.items():
         assert run["backend"] == ("pluggable" if name.startswith("pluggable") else "waterwave")
-        assert run["device"] == "fake driver" and set(run["errors"]) == {"raw", "tensor"} - set(paths)
+        assert run["device"] == "fake driver"
+        assert set(run["errors"]) == set(gpu_alloc_bench.PATHS) - set(paths)
         assert set(run["cases"]) == set(gpu_alloc_bench.cases())
         for figures in run["cases"].values():
             for path in paths:
@@ -68,6 +69,8 @@ def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake
     assert "These figures ran over the test suite's fake driver, not a GPU." in report
     raw = runs[names[0]]["cases"]["2MiB"]["raw"]["ns_per_pair"]
     assert f"| {names[0]} | 2MiB | {raw:.0f} (" in report
+    core = runs[names[0]]["cases"]["2MiB"]["core"]["ns_per_pair"]
+    assert report.count(f" | {core:.0f} (") >= 1
 
 
 def test_a_wrong_allocator_name_is_one_line():

@@ -102,13 +102,13 @@ def _bench_step(args) -> int:
 
 def _print_gpu_alloc(runs: list[dict]) -> None:
     print("\ninside PyTorch, ns per alloc+free pair (median), each allocator in its own process:")
-    print(f"{'allocator':<20} {'device':<24} {'case':<14} " + " ".join(f"{p:>9}" for p in PATHS))
+    print(f"{'allocator':<20} {'device':<24} {'case':<14} " + " ".join(f"{p:>11}" for p in PATHS))
     for r in runs:
         if "failed" in r:
             print(f"{r['allocator']:<20} failed: {r['failed']}")
             continue
         for case, paths in r["cases"].items():
-            cells = " ".join(f"{paths[p]['ns_per_pair']:>9.0f}" if p in paths else f"{'-':>9}"
+            cells = " ".join(f"{paths[p]['ns_per_pair']:>11.0f}" if p in paths else f"{'-':>11}"
                              for p in PATHS)
             print(f"{r['allocator']:<20} {r['device'][:24]:<24} {case:<14} {cells}")
         for path, error in r["errors"].items():

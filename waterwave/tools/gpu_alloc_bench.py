@@ -15,9 +15,19 @@ cost is the CPU's):
   included);
 - ``raw``: ``torch._C._cuda_cudaCachingAllocator_raw_alloc`` and
   ``raw_delete``, the allocator behind PyTorch's interface without a
-  tensor. It skips CUDA's lazy init, so on a machine without a GPU it runs
-  over the fake driver the tests build: that is how the suite exercises
-  this module; such figures are labelled ``fake driver`` and are no GPU's.
+  tensor, on stream 0. It skips CUDA's lazy init, so on a machine without
+  a GPU it runs over the fake driver the tests build: that is how the
+  suite exercises this module; such figures are labelled ``fake driver``
+  and are no GPU's.
+
+Two more, to find where Waterwave's raw pair spends the 1.0-1.6 us more
+than PyTorch's that the H200 measured while its tensor pair cost less
+(docs/results.md):
+- ``raw_current``: the same binding on the current stream's handle, which
+  the tensor path allocates on (stream 0 is CUDA's legacy default stream);
+- ``core``: Waterwave's runtime called straight from Python
+  (``waterwave._C.cuda_malloc``/``cuda_free``), past PyTorch's binding and
+  registration; Waterwave's allocators only.
 
 Each case: warm-up pairs (the cache then holds what the case needs), then
 ``repeats`` timed runs of ``pairs`` pairs, median and range in ns per pair.
@@ -52,7 +62,7 @@ ALLOCATORS = {
     "pluggable:pytorch": ({}, ("pytorch", "pluggable"), "pluggable"),
     "pluggable:waterwave": ({}, ("waterwave", "pluggable"), "pluggable"),
 }
-PATHS = ("raw", "tensor")
+PATHS = ("raw", "raw_current", "tensor", "core")
 WINDOW = 8  # live allocations in the mixed case, freed oldest first
 
 
@@ -81,16 +91,32 @@ def _timed(alloc, free, sizes: list[int], pairs: int) -> float:
     return elapsed / pairs
 
 
-def _paths(torch):
+def _paths(torch, waterwave: bool) -> dict:
+    """Each path's (alloc, free); ``core`` only under Waterwave's
+    allocators."""
     def tensor_alloc(size):
         return torch.empty(size, dtype=torch.uint8, device="cuda")
 
     raw_alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
     raw_delete = torch._C._cuda_cudaCachingAllocator_raw_delete
-    return {
+    current = []  # the current stream's handle, read once CUDA is up
+
+    def raw_current_alloc(size):
+        if not current:
+            current.append(torch.cuda.current_stream().cuda_stream)
+        return raw_alloc(size, current[0])
+
+    paths = {
         "raw": (lambda size: raw_alloc(size, 0), raw_delete),
+        "raw_current": (raw_current_alloc, raw_delete),
         "tensor": (tensor_alloc, lambda t: None),  # dropping the reference frees it
     }
+    if waterwave:
+        from .. import _C
+
+        paths["core"] = (lambda size: (_C.cuda_malloc(size, 0, 0), size),
+                         lambda held: _C.cuda_free(held[0], held[1], 0, 0))
+    return paths
 
 
 def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
@@ -116,7 +142,7 @@ def measure(allocator: str, pairs: int, repeats: int, seed: int = 1) -> dict:
         torch.cuda.init()
     except Exception:  # noqa: BLE001 - no GPU: the tensor path reports why; raw may still run
         pass
-    for path, (alloc, free) in _paths(torch).items():
+    for path, (alloc, free) in _paths(torch, install is not None).items():
         try:
             for name, sizes in cases(seed).items():
                 _timed(alloc, free, sizes, min(pairs, 2000))  # warm-up: fill the cache
