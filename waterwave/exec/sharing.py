@@ -29,7 +29,9 @@ counts as ending no lower than its optimizer's step left it: a block can end
 after any batch, its gradients alive. A pass larger than any seen is
 predicted scaled; an allocation past a prediction waits for
 the others' frees, and if every member waits, one fails with
-``torch.OutOfMemoryError`` naming the budget while the others go on.
+``torch.OutOfMemoryError`` naming the budget while the others go on. (On a
+GPU with no ``memory_limit`` the budget is measured, not the user's: there
+that allocation asks the device instead, which may refuse it.)
 
 Without a budget (a CPU session with no ``memory_limit``) nothing waits:
 members are counted, and one hook at the model's call lets Ctrl-C stop them.
