@@ -47,6 +47,32 @@ def leave_all(ledger, ids):
         ledger.close(i)
 
 
+def each_holds_then_asks(ledger, ids, held, more, timeout=20):
+    """Members ``ids``, each on a thread of its own (and a stream of its
+    own), allocate ``held`` bytes, meet, then each ask ``more`` and give it
+    back. Returns each one's error (None: it got the memory); every thread
+    unwinds, freeing what it holds, and leaves."""
+    errors, started = [None] * len(ids), threading.Barrier(len(ids))
+
+    def member(k):
+        stream = S1 if k else S2
+        _C.ThreadAccounts.set_thread(ids[k])
+        kept = _C.cuda_malloc(held, 0, stream)
+        try:
+            started.wait()
+            _C.cuda_free(_C.cuda_malloc(more, 0, stream), more, 0, stream)
+        except ww.OutOfMemoryError as e:
+            errors[k] = e
+        finally:
+            _C.cuda_free(kept, held, 0, stream)
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    start_and_join([threading.Thread(target=member, args=(k,)) for k in range(len(ids))],
+                   timeout, "members hung")
+    return errors
+
+
 def test_a_sharing_member_the_device_ran_out_for_waits_for_another_members_free(fake, policy):
     """Where the device itself has no room (here its whole capacity; on a
     GPU also a per-process cap, or a cache no member counts), a sharing
@@ -121,25 +147,8 @@ def test_sharing_members_all_waiting_for_the_device_fail_one_alone(fake):
     fake.fake_cuda_set_capacity(64 * MiB)
     ledger, ids = sharing_members(2)
     failed_before = ledger.share_stats()["failed"]
-    errors, started = [None, None], threading.Barrier(2)
-
-    def member(k):
-        _C.ThreadAccounts.set_thread(ids[k])
-        held = _C.cuda_malloc(28 * MiB, 0, S1 if k else S2)
-        try:
-            started.wait()
-            more = _C.cuda_malloc(20 * MiB, 0, S1 if k else S2)  # 96 MiB of 64: both wait
-            _C.cuda_free(more, 20 * MiB, 0, S1 if k else S2)
-        except ww.OutOfMemoryError as e:
-            errors[k] = e
-        finally:
-            _C.cuda_free(held, 28 * MiB, 0, S1 if k else S2)  # its thread unwinds
-            _C.ThreadAccounts.set_thread(0)
-            ledger.leave(ids[k])
-
     try:
-        start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 20,
-                       "members hung")
+        errors = each_holds_then_asks(ledger, ids, 28 * MiB, 20 * MiB)  # 96 MiB of 64
         failed = [e for e in errors if e is not None]
         assert len(failed) == 1, errors
         assert "out of memory" in str(failed[0])
@@ -191,25 +200,8 @@ def test_past_a_measured_budget_a_tie_asks_the_device(fake, capacity_mib, fails)
     ledger, ids = sharing_members(2)
     before = ledger.share_stats()
     ledger.set_budget(38 * MiB, measured=True)
-    errors, started = [None, None], threading.Barrier(2)
-
-    def member(k):
-        _C.ThreadAccounts.set_thread(ids[k])
-        held = _C.cuda_malloc(16 * MiB, 0, S1 if k else S2)
-        try:
-            started.wait()
-            more = _C.cuda_malloc(16 * MiB, 0, S1 if k else S2)  # 64 MiB past 38: both wait
-            _C.cuda_free(more, 16 * MiB, 0, S1 if k else S2)
-        except ww.OutOfMemoryError as e:
-            errors[k] = e
-        finally:
-            _C.cuda_free(held, 16 * MiB, 0, S1 if k else S2)
-            _C.ThreadAccounts.set_thread(0)
-            ledger.leave(ids[k])
-
     try:
-        start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 20,
-                       "members hung")
+        errors = each_holds_then_asks(ledger, ids, 16 * MiB, 16 * MiB)  # 64 MiB past 38
         failed = [e for e in errors if e is not None]
         assert len(failed) == fails, errors
         for e in failed:

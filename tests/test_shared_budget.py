@@ -193,6 +193,33 @@ def test_a_gate_waits_where_the_state_would_be_unsafe():
     assert ledger.gate(b, 100, 700, 500, True, 0) == ADMITTED
 
 
+def each_holds_then_asks(ledger, ids, memory, held, more, timeout=10):
+    """Members ``ids`` of ``ledger``, each on a thread of its own, take
+    ``held[k]`` bytes from ``memory`` (the ledger itself, or a ``Device``
+    over it), meet, then each ask ``more`` and give it back. Returns each
+    one's error (None: it got the memory); every thread unwinds, freeing
+    what it holds, and leaves."""
+    errors, started = [None] * len(ids), threading.Barrier(len(ids))
+
+    def member(k):
+        _C.ThreadAccounts.set_thread(ids[k])
+        try:
+            memory.allocate(10 + k, held[k])
+            started.wait()
+            memory.allocate(20 + k, more)
+            memory.free(20 + k)
+        except MemoryError as e:
+            errors[k] = e
+        finally:
+            memory.free(10 + k)
+            _C.ThreadAccounts.set_thread(0)
+            ledger.leave(ids[k])
+
+    start_and_join([threading.Thread(target=member, args=(k,)) for k in range(len(ids))],
+                   timeout, "members hung")
+    return errors
+
+
 def test_an_allocation_past_the_budget_waits_for_the_others_frees():
     ledger, a, b = two_members(1000)
     assert ledger.gate(b, 600, 600, 0, True, 0) == ADMITTED
@@ -221,28 +248,7 @@ def test_an_allocation_past_the_budget_waits_for_the_others_frees():
 
 def test_every_member_waiting_fails_one_allocation_naming_the_budget():
     ledger, *ids = two_members(1000)
-    errors = [None, None]
-    started = threading.Barrier(2)
-
-    def member(k):
-        _C.ThreadAccounts.set_thread(ids[k])
-        try:
-            ledger.allocate(10 + k, 400)
-            started.wait()
-            ledger.allocate(20 + k, 400)  # 1,600 wanted of 1,000: both wait
-        except MemoryError as e:
-            errors[k] = e
-            ledger.free(10 + k)  # its thread unwinds
-        finally:
-            _C.ThreadAccounts.set_thread(0)
-            ledger.leave(ids[k])
-
-    threads = [threading.Thread(target=member, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads)
+    errors = each_holds_then_asks(ledger, ids, ledger, [400, 400], 400)  # 1,600 of 1,000
     failed = [e for e in errors if e is not None]
     assert len(failed) == 1, errors  # one fails, alone; the other went on
     assert "memory_limit=1000 bytes" in str(failed[0]) and "every trial" in str(failed[0])
@@ -420,27 +426,8 @@ def test_members_all_waiting_for_the_device_fail_one_and_the_other_goes_on():
     left: one of them fails (the one furthest past what it was admitted
     to), naming why, unwinds and leaves; the other then gets its memory."""
     ledger, *ids = two_members(0)
-    device = Device(ledger, 1000)
-    errors = [None, None]
-    started = threading.Barrier(2)
-
-    def member(k):
-        _C.ThreadAccounts.set_thread(ids[k])
-        try:
-            device.allocate(10 + k, 600 if k == 0 else 300)
-            started.wait()
-            device.allocate(20 + k, 200)  # 1,300 wanted of 1,000: both wait
-            device.free(20 + k)
-        except MemoryError as e:
-            errors[k] = e
-        finally:
-            device.free(10 + k)  # its thread unwinds
-            _C.ThreadAccounts.set_thread(0)
-            ledger.leave(ids[k])
-
-    start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 10,
-                   "members hung")
-    assert errors[1] is None and errors[0] is not None, errors
+    errors = each_holds_then_asks(ledger, ids, Device(ledger, 1000), [600, 300], 200)
+    assert errors[1] is None and errors[0] is not None, errors  # 1,300 wanted of 1,000
     assert "every trial sharing the device was waiting for another's memory" in str(errors[0])
     assert ledger.share_stats()["failed"] == 1 and ledger.share_stats()["device_waits"] == 2
 
@@ -456,25 +443,7 @@ def test_past_a_measured_budget_a_tie_lets_one_allocation_ask_the_device():
     for i in ids:
         ledger.join(i, 0)
     device = Device(ledger, 2000)
-    errors = [None, None]
-    started = threading.Barrier(2)
-
-    def member(k):
-        _C.ThreadAccounts.set_thread(ids[k])
-        try:
-            device.allocate(10 + k, 400)
-            started.wait()
-            device.allocate(20 + k, 400)  # 1,600 wanted of 1,000: both wait
-            device.free(20 + k)
-        except MemoryError as e:
-            errors[k] = e
-        finally:
-            device.free(10 + k)
-            _C.ThreadAccounts.set_thread(0)
-            ledger.leave(ids[k])
-
-    start_and_join([threading.Thread(target=member, args=(k,)) for k in range(2)], 10,
-                   "members hung")
+    errors = each_holds_then_asks(ledger, ids, device, [400, 400], 400)  # 1,600 of 1,000
     assert errors == [None, None]
     stats = ledger.share_stats()
     assert stats["overdrawn"] == 1 and stats["failed"] == 0
