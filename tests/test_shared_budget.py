@@ -256,6 +256,14 @@ def test_every_member_waiting_fails_one_allocation_naming_the_budget():
     assert ledger.share_stats()["peak"] <= 1000
 
 
+# Members on a device: each a list of regions, (predicted rise, bytes
+# actually allocated), run for a number of passes.
+DEVICE_MIXES = st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 500)),
+                                           min_size=1, max_size=4),
+                                  st.integers(1, 5)),
+                        min_size=2, max_size=4)
+
+
 class Device:
     """A device of ``capacity`` bytes under the members' ledger, as the CUDA
     runtime's allocation path uses it: where the device has no room, a
@@ -452,12 +460,7 @@ def test_past_a_measured_budget_a_tie_lets_one_allocation_ask_the_device():
 
 
 @settings(max_examples=20)
-@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 400),   # predicted rise
-                                             st.integers(0, 500)),  # actual bytes
-                                   min_size=1, max_size=4),
-                          st.integers(1, 5)),                # passes
-                min_size=2, max_size=4),
-       st.integers(500, 2500))
+@given(DEVICE_MIXES, st.integers(500, 2500))
 def test_random_members_under_a_measured_budget_fail_only_where_the_device_refuses(specs,
                                                                                    capacity):
     # A budget measured as a GPU session measures it (95% of the device):
@@ -622,12 +625,7 @@ def test_random_members_end_and_never_pass_the_budget(specs, budget, relooking):
 
 
 @settings(max_examples=20)
-@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 400),   # predicted rise
-                                             st.integers(0, 500)),  # actual bytes
-                                   min_size=1, max_size=4),
-                          st.integers(1, 5)),                # passes
-                min_size=2, max_size=4),
-       st.integers(500, 2500), st.sampled_from([0, 4000]))
+@given(DEVICE_MIXES, st.integers(500, 2500), st.sampled_from([0, 4000]))
 def test_random_members_on_a_device_that_runs_out_end_and_fail_only_with_out_of_memory(
         specs, capacity, budget):
     # The device binds, not the budget (none, or one above the device):
