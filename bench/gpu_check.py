@@ -59,7 +59,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 SHARING_TESTS = "GPU tests of sharing (pytest -m gpu -k sharing)"
-OTHER_TESTS = "the other GPU tests (pytest -m gpu -k 'not sharing')"
+# Named without "sharing", so that --only sharing chooses the sharing tests alone.
+OTHER_TESTS = "the other GPU tests (pytest -m gpu, the rest)"
 TEST_LOGS = {SHARING_TESTS: "gpu_tests_sharing.log", OTHER_TESTS: "gpu_tests.log"}
 # pytest's exit 5: --tests left a test part nothing to run (not a failure).
 NO_TESTS = "no test selected"

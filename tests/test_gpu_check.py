@@ -50,6 +50,9 @@ def test_it_runs_the_sharing_tests_and_searches_first_then_every_other_gpu_test_
     assert not any(c[1:3] == ["-m", "pytest"] for _, c in gpu_check.chosen(all_parts, True, None))
     assert [n for n, _ in gpu_check.chosen(all_parts, False, ["pytest"])] == [
         gpu_check.SHARING_TESTS, gpu_check.OTHER_TESTS]
+    # --only sharing: the sharing tests alone, not the other tests' part too.
+    assert [n for n, _ in gpu_check.chosen(all_parts, False, ["sharing"])] == [
+        gpu_check.SHARING_TESTS]
 
 
 def stand_in(monkeypatch, scripts: dict) -> None:
