@@ -130,14 +130,18 @@ int main(int argc, char** argv) {
     if (!failed.exchange(true)) std::fprintf(stderr, "FAILED: %s\n", why.c_str());
   };
 
-  // Odd threads are sharing members (no budget): an allocation the device
-  // cannot serve waits for another member's free and tries again, or fails
-  // in their tie-break; each leaves when it is done, as a sharing block ends.
+  // Odd threads are sharing members: an allocation the device cannot serve
+  // waits for another member's free and tries again, or fails in their
+  // tie-break; each leaves when it is done, as a sharing block ends. With
+  // an even seed they also share a measured budget, as a GPU session with
+  // no memory_limit sets it (95% of the device): an allocation past it
+  // waits for their frees, and a tie lets it ask the device.
   std::vector<std::int64_t> accounts;
   for (int t = 0; t < threads; ++t) accounts.push_back(t % 2 ? rt.accounts().open() : 0);
   for (std::int64_t id : accounts) {
     if (id != 0) rt.accounts().join(id, 0);
   }
+  if (seed % 2 == 0) rt.accounts().set_budget(96 * kMiB / 100 * 95, 0, /*measured=*/true);
 
   auto worker = [&](int tid) {
     std::mt19937_64 rng(seed * 7919 + tid);
@@ -222,6 +226,8 @@ int main(int argc, char** argv) {
     if (rt.accounts().usage(id).allocated != 0) fail("a thread account kept bytes after every free");
     rt.accounts().close(id);
   }
+  const long long overdrawn = rt.accounts().share_stats().overdrawn;
+  rt.accounts().set_budget(0, 0);
 
   if (fail_vmm) fail_vmm("", 0, 0);  // disarm what no call took
   if (set_capacity) set_capacity(1024 * kMiB);
@@ -409,12 +415,13 @@ int main(int argc, char** argv) {
   if (!counter) fail("cannot read the fake driver's counters");
   else if (counter("bytes_in_use") != 0) fail("driver memory leaked");
   std::printf("cuda_backend_run %s%s%s: %d threads x %llu ops, %llu OOMs, %lld device waits "
-              "of sharing members, %llu map failures injected "
+              "of sharing members, %lld allocations past their measured budget, "
+              "%llu map failures injected "
               "(%llu allocations failed with the driver's error), plan of %zu slots served %lld "
               "allocations, %llu pool allocations in %llu captures, %s\n",
               policy.c_str(), config.empty() ? "" : " ", config.c_str(), threads,
               static_cast<unsigned long long>(ops),
-              static_cast<unsigned long long>(ooms.load()), device_waits,
+              static_cast<unsigned long long>(ooms.load()), device_waits, overdrawn,
               static_cast<unsigned long long>(injected.load()),
               static_cast<unsigned long long>(driver_errors.load()), trace.size(),
               static_cast<long long>(ps.planned),
