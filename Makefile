@@ -90,13 +90,36 @@ $(BIN)/libfakecuda.so: tests/cpp/fake_cuda.c
 $(BIN)/cuda_backend_run: $(OBJ)/tests/cpp/cuda_backend_run.o $(CORE_OBJ) $(CUDA_OBJ)
 	$(CXX) $(SAN_FLAGS) $^ -ldl -o $@
 
-SAN_BINS := $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run $(BIN)/cuda_backend_run $(BIN)/libfakecuda.so
+# The threaded drivers again under ThreadSanitizer: the allocator's locks,
+# the sharing members' ledger (waits, ties, a measured budget) and the
+# runtime's pools, its objects in a folder of their own.
+TSAN_FLAGS := -std=c++17 -O1 -g -fsanitize=thread -pthread
+TOBJ := $(BIN)/tsan-obj
+tsan_obj = $(patsubst %.cpp,$(TOBJ)/%.o,$(1))
+
+$(TOBJ)/%.o: %.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(TSAN_FLAGS) -c $< -o $@
+
+$(BIN)/stress_threads_tsan: $(TOBJ)/tests/cpp/stress_threads.o $(call tsan_obj,$(CORE_SRC))
+	$(CXX) $(TSAN_FLAGS) $^ -o $@
+
+$(BIN)/cuda_backend_run_tsan: $(TOBJ)/tests/cpp/cuda_backend_run.o $(call tsan_obj,$(CORE_SRC) $(CUDA_SRC))
+	$(CXX) $(TSAN_FLAGS) $^ -ldl -o $@
+
+$(BIN)/libfakecuda_tsan.so: tests/cpp/fake_cuda.c
+	@mkdir -p $(BIN)
+	$(CC) -shared -fPIC -O1 -g -fsanitize=thread -o $@ $< -lpthread
+
+SAN_BINS := $(BIN)/random_run $(BIN)/stress_threads $(BIN)/offset_search_run $(BIN)/cuda_backend_run $(BIN)/libfakecuda.so \
+	$(BIN)/stress_threads_tsan $(BIN)/cuda_backend_run_tsan $(BIN)/libfakecuda_tsan.so
 sanitize-build: $(SAN_BINS)
 
 # The allocator under AddressSanitizer and UndefinedBehaviorSanitizer: a long
 # random run of each policy (invariants after every step) and a thread stress;
 # the CUDA backend over the fake driver; the planner's offset search on random
-# instances. The runs are independent: tests/cpp/run_all.sh runs them side by
+# instances. The thread stress and the CUDA backend again under
+# ThreadSanitizer. The runs are independent: tests/cpp/run_all.sh runs them side by
 # side and fails if any fails, printing each one's output.
 sanitize: sanitize-build
 	RANDOM_RUN_OPS=$(RANDOM_RUN_OPS) JOBS=$(JOBS) tests/cpp/run_all.sh $(BIN)
