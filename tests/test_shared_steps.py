@@ -134,6 +134,46 @@ def test_a_budget_below_a_step_fails_the_job_naming_the_budget():
     assert job.failed and session.training == [] and session.stats()["sharing"] == []
 
 
+def test_a_failed_job_gives_its_memory_back_when_its_trial_drops_it():
+    """A job that failed under the budget keeps its error, not the frames
+    that raised it: they hold the job, its model and its optimizer, and
+    that cycle kept a failed trial's memory, counted against every other
+    trial's budget, until Python's cycle collector ran (four trials under
+    a budget that fits two all failed). Dropped by its trial, the job goes
+    at once, cycle collector off."""
+    import gc
+    import weakref
+
+    OPTIMIZERS["sgd"](net(0))  # the process's first optimizer stays in torch's import frames
+    session = ww.TrainingSession("cpu", memory_limit=1 << 20)
+    before = session.ledger().share_stats()["members_live"]  # the process's CPU ledger
+    held = {}
+
+    def trial():  # as an Optuna objective: the model is made inside, dropped at the end
+        model = net(3)
+        job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model),
+                     data=batches(rows=4096))
+        held.update(model=weakref.ref(model), job=weakref.ref(job))
+        try:
+            job.train(2, session=session)
+        except torch.OutOfMemoryError as e:
+            held["error"] = e
+            assert job.failed and isinstance(job.error, torch.OutOfMemoryError)
+            assert str(job.error) == str(e) and job.error.__traceback__ is None
+            with pytest.raises(RuntimeError, match="failed earlier"):
+                job.train(1, session=session)
+
+    gc.disable()
+    try:
+        trial()
+        assert "error" in held, "the step fitted the budget: the test needs one it does not"
+        held.pop("error")
+        assert held["job"]() is None and held["model"]() is None
+        assert session.ledger().share_stats()["members_live"] == before
+    finally:
+        gc.enable()
+
+
 def test_capture_is_a_setting_checked_and_changed_between_trainings():
     with pytest.raises(ValueError, match="capture must be True .* or False"):
         ww.TrainingSession("cpu", memory_limit=PLANNING_LIMIT, capture="yes")
