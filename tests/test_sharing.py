@@ -672,6 +672,39 @@ def test_a_member_whose_pass_cannot_fit_fails_alone_with_out_of_memory(session):
     assert session.stats()["training"] == []
 
 
+def test_a_failed_members_model_goes_when_its_trial_drops_it(session):
+    """A member that ran out of memory under the budget leaves nothing of
+    its trial behind it: dropped by the trial, its model and optimizer go
+    at once, cycle collector off, and the budget has their memory back
+    (``job.train``'s failed jobs once kept theirs in a cycle:
+    test_shared_steps.py)."""
+    import weakref
+
+    torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # torch keeps a process's first one
+    session.configure(memory_limit=1 << 20)
+    before = session.ledger().share_stats()["members_live"]
+    held = {}
+
+    def trial():
+        model, data = wide_member(0, batch=2048)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        held.update(model=weakref.ref(model), opt=weakref.ref(opt))
+        try:
+            with ww.sharing(model):
+                mlp_loop(model, opt, data)
+        except torch.OutOfMemoryError:
+            held["failed"] = True
+
+    gc.disable()
+    try:
+        trial()
+        assert held.get("failed"), "the pass fitted the budget: the test needs one it does not"
+        assert held["model"]() is None and held["opt"]() is None
+        assert session.ledger().share_stats()["members_live"] == before
+    finally:
+        gc.enable()
+
+
 def test_a_member_that_raises_leaves_and_the_others_go_on(session):
     session.configure(memory_limit=64 << 20)
     model_a, data_a = wide_member(0, batch=64)
