@@ -218,3 +218,24 @@ def test_the_trial_cost_benchmark_times_a_search_cold_or_warm():
     for mode in trial_cost.MODES:
         for warm in (False, True):
             assert trial_cost.run_mode(mode, trials=2, epochs=1, jobs=2, warm=warm) > 0
+
+
+def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
+    """bench/concurrent/state_fit.py with tiny settings: under a limit that
+    holds every trial's state, each way trains them all, each run in a
+    process of its own, and the report says so; a limit that is no number
+    of MiB is refused."""
+    pytest.importorskip("torch")
+    script = str(ROOT / "bench" / "concurrent" / "state_fit.py")
+    r = subprocess.run([sys.executable, script, "--limits", "200", "--trials", "2", "--steps",
+                        "2", "--repeats", "1", "--out", str(tmp_path)], capture_output=True,
+                       text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "state_fit.json").read_text())
+    assert [(run["way"], run["trained"]) for run in res["runs"]] == [("ww.sharing", 2),
+                                                                    ("job.train", 2)]
+    assert all(run["first_error"] is None for run in res["runs"])
+    assert "| job.train | 200 | 2 |" in (tmp_path / "state_fit.md").read_text()
+    bad = subprocess.run([sys.executable, script, "--limits", "0"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "positive number of MiB" in bad.stderr

@@ -1,0 +1,147 @@
+"""Trials whose state does not all fit at once, on the CPU: how many of them
+each way trains, where one after another would train them all.
+
+    python bench/concurrent/state_fit.py [--limits 35 45] [--trials 4] [--steps 40]
+                                         [--repeats 3] [--out bench/results]
+
+``--trials`` threads each build an MLP (256 -> 1024 -> 1024 -> 10, SGD with
+momentum, batch 512), train it ``--steps`` steps, and drop it, as Optuna's
+objectives do with ``n_jobs``: in ``ww.sharing`` (their own loops), or
+through ``job.train``, in a CPU session with a ``memory_limit`` of each of
+``--limits`` MiB. One trial alone peaks at about 20 MiB, of which its
+model, gradients and momentum are 15.3 MiB, so under 35 MiB two trials'
+state fits at once and under 45 MiB two and a half. Each run is a process of
+its own (a session's budget and the CPU allocator's ledger are the
+process's); the table gives, per way and limit, the trials trained in each
+of ``--repeats`` runs and the session's waits. Results go to
+state_fit.{json,md}, naming the machine. A benchmark, not a test.
+
+May import: waterwave, torch; the standard library.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WAYS = ("ww.sharing", "job.train")
+
+
+def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
+    """One run in this process: the trials trained, the session's waits."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(ROOT))
+    import waterwave as ww
+
+    torch.set_num_threads(1)
+
+    def setup(seed):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                  torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                  torch.nn.Linear(1024, 10))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(seed)
+        data = [(torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g))
+                for _ in range(steps)]
+        return net, opt, data
+
+    session = ww.training_session("cpu", memory_limit=int(limit_mib * 2**20))
+    trained, errors = [], []
+
+    def trial(k):  # as an Optuna objective: the model made inside, dropped at the end
+        net, opt, data = setup(k)
+        try:
+            if way == "job.train":
+                ww.Job(net, loss_fn=F.cross_entropy, optimizer=opt, data=data).train(len(data))
+            else:
+                with ww.sharing(net):
+                    for x, y in data:
+                        opt.zero_grad()
+                        F.cross_entropy(net(x), y).backward()
+                        opt.step()
+            trained.append(k)
+        except torch.OutOfMemoryError as e:
+            errors.append(str(e).splitlines()[0][:200])
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=trial, args=(k,)) for k in range(trials)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = session.stats()
+    return {"way": way, "limit_mib": limit_mib, "trained": len(trained),
+            "seconds": time.perf_counter() - start,
+            "peak_mib": stats["peak_bytes"] / 2**20, "waits": stats["waits"],
+            "first_error": errors[0] if errors else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limits", type=float, nargs="+", default=[35.0, 45.0])
+    ap.add_argument("--trials", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--child", nargs=2, metavar=("WAY", "LIMIT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], float(args.child[1]), args.trials, args.steps)))
+        return 0
+    if args.trials < 1 or args.steps < 1 or args.repeats < 1:
+        ap.error("--trials, --steps and --repeats are at least 1")
+    if any(limit <= 0 for limit in args.limits):
+        ap.error("each of --limits is a positive number of MiB")
+    runs = []
+    for limit in args.limits:
+        for way in WAYS:
+            for _ in range(args.repeats):
+                r = subprocess.run([sys.executable, __file__, "--child", way, str(limit),
+                                    "--trials", str(args.trials), "--steps", str(args.steps)],
+                                   capture_output=True, text=True, timeout=600, check=False)
+                if r.returncode != 0:
+                    print(r.stderr[-2000:], file=sys.stderr)
+                    return 1
+                runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+                print(json.dumps(runs[-1]), flush=True)
+    sys.path.insert(0, str(ROOT))
+    from waterwave.tools.step_bench import cpu_name
+
+    where = f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} cores)"
+    report = {"measured": where, "date": time.strftime("%Y-%m-%d"), "trials": args.trials,
+              "steps": args.steps, "runs": runs}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "state_fit.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = ["# Trials whose state does not all fit at once (measured, CPU)", "",
+             f"`python bench/concurrent/state_fit.py`, {report['date']}, on {where}: "
+             f"{args.trials} MLP trials on threads, {args.steps} steps each, under each "
+             "`memory_limit`; trials trained in each run (one after another would train all "
+             f"{args.trials}), and the session's waits in the last run.", "",
+             "| way | limit MiB | trained, each run | forced | failed | peak MiB |",
+             "|---|---|---|---|---|---|"]
+    for limit in args.limits:
+        for way in WAYS:
+            mine = [r for r in runs if r["way"] == way and r["limit_mib"] == limit]
+            last = mine[-1]
+            lines.append(f"| {way} | {limit:g} | {', '.join(str(r['trained']) for r in mine)} | "
+                         f"{last['waits']['forced']} | {last['waits']['failed']} | "
+                         f"{last['peak_mib']:.1f} |")
+    text = "\n".join(lines) + "\n"
+    (out / "state_fit.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
