@@ -232,8 +232,8 @@ def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
                        text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "state_fit.json").read_text())
-    assert [(run["way"], run["trained"]) for run in res["runs"]] == [("ww.sharing", 2),
-                                                                    ("job.train", 2)]
+    assert [(run["way"], run["trained"]) for run in res["runs"]] == [
+        ("ww.sharing", 2), ("job.train", 2), ("one after another", 2)]
     assert all(run["first_error"] is None for run in res["runs"])
     assert "| job.train | 200 | 2 |" in (tmp_path / "state_fit.md").read_text()
     bad = subprocess.run([sys.executable, script, "--limits", "0"], capture_output=True,

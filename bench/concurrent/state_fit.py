@@ -8,7 +8,8 @@ each way trains, where one after another would train them all.
 momentum, batch 512), train it ``--steps`` steps, and drop it, as Optuna's
 objectives do with ``n_jobs``: in ``ww.sharing`` (their own loops), or
 through ``job.train``, in a CPU session with a ``memory_limit`` of each of
-``--limits`` MiB. One trial alone peaks at about 20 MiB, of which its
+``--limits`` MiB; and, for the record, ``one after another``: the same
+trials in ``ww.sharing``, each thread started once the one before ended. One trial alone peaks at about 20 MiB, of which its
 model, gradients and momentum are 15.3 MiB, so under 35 MiB two trials'
 state fits at once and under 45 MiB two and a half. Each run is a process of
 its own (a session's budget and the CPU allocator's ledger are the
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-WAYS = ("ww.sharing", "job.train")
+WAYS = ("ww.sharing", "job.train", "one after another")
 
 
 def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
@@ -61,7 +62,7 @@ def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
     def trial(k):  # as an Optuna objective: the model made inside, dropped at the end
         net, opt, data = setup(k)
         try:
-            if way == "job.train":
+            if way == "job.train":  # (one after another: its trials in ww.sharing)
                 ww.Job(net, loss_fn=F.cross_entropy, optimizer=opt, data=data).train(len(data))
             else:
                 with ww.sharing(net):
@@ -77,6 +78,8 @@ def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
     threads = [threading.Thread(target=trial, args=(k,)) for k in range(trials)]
     for t in threads:
         t.start()
+        if way == "one after another":  # each trial ends before the next is made
+            t.join()
     for t in threads:
         t.join()
     stats = session.stats()
@@ -126,8 +129,8 @@ def main(argv=None) -> int:
     lines = ["# Trials whose state does not all fit at once (measured, CPU)", "",
              f"`python bench/concurrent/state_fit.py`, {report['date']}, on {where}: "
              f"{args.trials} MLP trials on threads, {args.steps} steps each, under each "
-             "`memory_limit`; trials trained in each run (one after another would train all "
-             f"{args.trials}), and the session's waits in the last run.", "",
+             "`memory_limit`; trials trained in each run, and the session's waits in the "
+             "last run.", "",
              "| way | limit MiB | trained, each run | forced | failed | peak MiB |",
              "|---|---|---|---|---|---|"]
     for limit in args.limits:
