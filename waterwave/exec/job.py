@@ -163,12 +163,7 @@ class Job:
         if session.captures:
             self._follow_model()
         before = len(self.losses)
-        try:
-            session.train(self, steps)
-        except BaseException as e:
-            if e is self.error:
-                self.error = _without_traceback(e)
-            raise
+        session.train(self, steps)
         return self.losses[before:]
 
     @property
@@ -519,23 +514,3 @@ def _batch_key(data: tuple) -> tuple:
         key.append((type(x), x))
     return tuple(key)
 
-
-def _without_traceback(error: BaseException) -> BaseException:
-    """What a failed job keeps of its error once it is raised to the caller:
-    a copy without the traceback. The raised one's traceback holds the
-    frames that trained the job, and they hold the job, its model and its
-    optimizer: kept on the job, that cycle would keep a failed trial's
-    memory, counted against every other trial's budget, until Python's
-    cycle collector ran (under a budget the others then failed too, four
-    of four where one after another fits two). The error itself where it
-    cannot be copied."""
-    import copy
-
-    try:
-        kept = copy.copy(error)
-    except Exception:  # noqa: BLE001 - an exception type that does not copy
-        return error
-    if type(kept) is not type(error) or kept.args != error.args:
-        return error
-    kept.__traceback__ = kept.__cause__ = kept.__context__ = None  # each may hold frames
-    return kept

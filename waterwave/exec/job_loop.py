@@ -201,9 +201,15 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
 
 
 def raise_outcome(job, done: int, steps: int, interrupted: bool) -> None:
-    """After a job's call: its error, or Ctrl-C's if it stopped short."""
+    """After a job's call: its error, or Ctrl-C's if it stopped short. The
+    job keeps the error without its traceback (``_without_traceback``)."""
     if job.error is not None:
-        raise job.error
+        error = job.error
+        job.error = _without_traceback(error)
+        try:
+            raise error
+        finally:  # this frame, in the error's traceback, holds neither
+            del error, job
     if done < steps and interrupted:
         raise KeyboardInterrupt(f"job {job.name!r} stopped after {done} of {steps} steps: "
                                 "training was interrupted")
@@ -261,3 +267,22 @@ class MemoryProbe:
         cap = int(self.stats.get_per_process_memory_fraction(self.device) * total)
         cached = reserved - self.stats.memory_allocated(self.device)
         return min(free, max(0, cap - reserved)) + cached
+
+
+def _without_traceback(error: BaseException) -> BaseException:
+    """What a failed job keeps of the error raised to its caller: a copy
+    without the traceback, the cause or the context. The raised error's
+    traceback gathers the frames that trained the job, and they hold the
+    job, its model and its optimizer: kept on the job, that cycle would
+    keep a failed trial's memory, counted against every other trial's
+    budget, until Python's cycle collector ran (four trials under a CPU
+    budget for two all failed so, bench/concurrent/state_fit.py). The
+    error itself where its type cannot be copied."""
+    import copy
+
+    try:
+        kept = copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception type whose arguments do not rebuild it
+        return error
+    kept.__traceback__ = kept.__cause__ = kept.__context__ = None
+    return kept
