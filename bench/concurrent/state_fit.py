@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 WAYS = ("ww.sharing", "job.train", "one after another")
 
 
@@ -40,7 +41,6 @@ def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, str(ROOT))
     import waterwave as ww
 
     torch.set_num_threads(1)
@@ -117,7 +117,6 @@ def main(argv=None) -> int:
                     return 1
                 runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
                 print(json.dumps(runs[-1]), flush=True)
-    sys.path.insert(0, str(ROOT))
     from waterwave.tools.step_bench import cpu_name
 
     where = f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} cores)"
