@@ -74,6 +74,15 @@ def gpu_section(runs: list[dict]) -> list[str]:
              "Waterwave's runtime called straight from Python (`waterwave._C.cuda_malloc` and "
              "`cuda_free`; Waterwave's allocators only). A run made before the last two existed "
              "shows '-' there.", ""]
+    handles = sorted({str(r["current_stream"]) for r in runs if r.get("current_stream") is not None})
+    if handles:
+        lines += [f"The current stream's handle: {', '.join(handles)} (0: stream 0 itself, so the "
+                  "two raw paths make the same call). The paths took turns, a run of each at a "
+                  "time." if handles == ["0"] else
+                  f"The current stream's handles: {', '.join(handles)}. The paths took turns, a "
+                  "run of each at a time.", ""]
+    else:
+        lines += ["Measured one path after another (a run made before the paths took turns).", ""]
     if any(d == "fake driver" for d in devices):
         lines += ["These figures ran over the test suite's fake driver, not a GPU.", ""]
     lines += ["| allocator | case | raw | raw, current stream | tensor | core |",

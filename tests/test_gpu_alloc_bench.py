@@ -71,6 +71,9 @@ def test_each_waterwave_policy_and_registration_is_timed_in_its_own_process(fake
     assert f"| {names[0]} | 2MiB | {raw:.0f} (" in report
     core = runs[names[0]]["cases"]["2MiB"]["core"]["ns_per_pair"]
     assert report.count(f" | {core:.0f} (") >= 1
+    if headers:  # CUDA started: the fake runtime's current stream is stream 0
+        assert all(run["current_stream"] == 0 for run in runs.values())
+        assert "The current stream's handle: 0 (0: stream 0 itself" in report
 
 
 def test_a_wrong_allocator_name_is_one_line():

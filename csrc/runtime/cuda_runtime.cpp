@@ -80,6 +80,13 @@ void CudaRuntime::reset() {
   }
 }
 
+namespace {
+const char* const kFixedSegmentsHint =
+    ". Where what the process reserves is capped (per_process_memory_fraction), turn on "
+    "expandable segments (waterwave.install_allocator(expandable_segments=True)), whose "
+    "freed pages other trials can take";
+}  // namespace
+
 Addr CudaRuntime::allocate_or_wait(AllocatorStack& s, std::size_t bytes, StreamId stream) {
   // However the allocation ends after a wait (served, or another error on a
   // retry), the thread waits no more: the members' tie-break must not count
@@ -99,12 +106,19 @@ Addr CudaRuntime::allocate_or_wait(AllocatorStack& s, std::size_t bytes, StreamI
         waited.yes = true;
         continue;
       }
-      if (ThreadAccounts::why().empty()) {  // no member's thread: the device's error
-        const std::string backward = accounts_.backward_refusal(stream, bytes);
-        if (backward.empty()) throw;
-        throw OutOfMemoryError(std::string(e.what()) + "; " + backward);
+      std::string why = ThreadAccounts::why();
+      if (why.empty()) {  // no member's thread: the device's error
+        why = accounts_.backward_refusal(stream, bytes);
+        if (why.empty()) throw;
       }
-      throw OutOfMemoryError(std::string(e.what()) + "; " + ThreadAccounts::why());
+      // Trials sharing fixed segments leave the memory one frees cut into
+      // pieces the next cannot use: a cap the members fit in counted bytes
+      // was still too small so for resnet18 trials on an H200, which
+      // trained under it with expandable segments (docs/design/sharing.md).
+      if (!ThreadAccounts::why_is_interrupt() && !s.online().config().expandable_segments) {
+        why += kFixedSegmentsHint;
+      }
+      throw OutOfMemoryError(std::string(e.what()) + "; " + why);
     }
   }
 }

@@ -59,6 +59,7 @@ namespace waterwave {
 namespace {
 
 thread_local std::string t_why;
+thread_local bool t_why_interrupted = false;  // t_why says training was interrupted
 ThreadAccounts::ReleaseHook g_release = nullptr;
 ThreadAccounts::AcquireHook g_acquire = nullptr;
 // Passes per active member that others may start while a member waits at
@@ -92,6 +93,7 @@ void take_gil(std::unique_lock<std::mutex>& lk, void* gil) {
 }  // namespace
 
 const std::string& ThreadAccounts::why() { return t_why; }
+bool ThreadAccounts::why_is_interrupt() { return t_why_interrupted; }
 
 void ThreadAccounts::set_wait_hooks(ReleaseHook release, AcquireHook acquire) {
   g_release = release;
@@ -420,6 +422,7 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
     Account& a = it->second;
     if (interrupted_ || a.fail) {
       t_why = refusal_locked(a, bytes, interrupted_);
+      t_why_interrupted = interrupted_;
       ok = false;
       break;
     }
@@ -451,6 +454,7 @@ bool ThreadAccounts::admit_allocation(std::int64_t id, std::size_t bytes) {
 
 bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
   t_why.clear();
+  t_why_interrupted = false;
   const std::int64_t id = current_;
   if (id == 0) return false;
   std::unique_lock<std::mutex> lk(mu_);
@@ -473,6 +477,7 @@ bool ThreadAccounts::wait_for_frees(std::size_t bytes) {
     Account& a = it->second;
     if (interrupted_ || a.fail) {
       t_why = device_refusal_locked(a, bytes, interrupted_);
+      t_why_interrupted = interrupted_;
       a.waiting = Waiting::kNone;
       a.want = 0;
       a.fail = false;

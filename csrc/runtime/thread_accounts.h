@@ -127,6 +127,8 @@ class ThreadAccounts {
   std::string backward_refusal(StreamId stream, std::size_t bytes);
   // The message of the calling thread's last refused allocation.
   static const std::string& why();
+  // Whether that refusal was training's interruption (Ctrl-C).
+  static bool why_is_interrupt();
   // `size` is asked for only when the block is noted; a zero-byte request
   // (cuDNN's empty workspaces) gets a null pointer, no block, and nothing
   // to note.
