@@ -22,7 +22,10 @@ allocator counts the sharing trials):
   2026-11-27 named ``job.train`` were of this way, the default then;
 - ``ww.sharing, blocks split`` (on a GPU under a cap only): ``ww.sharing``
   with ``ww.cuda.set_max_split_size_mb(None)``, so the session leaves every
-  cached block splittable: what keeping large ones whole gains and costs.
+  cached block splittable: what keeping large ones whole gains and costs;
+- ``ww.sharing, expandable segments`` and ``job.train, expandable
+  segments`` (on a GPU under a cap only): the allocator installed with
+  ``expandable_segments=True``, what the guide advises under a tight cap.
 
 Each trial builds its model (resnet18 on 32x32 images at batch 128, or
 resnet50 on 224x224 at batch 64 under a 12 GiB cap: ``--family``) and an
@@ -56,11 +59,14 @@ for path in (ROOT, HERE):
 from search import FAMILIES, accuracy  # noqa: E402
 
 WAYS = ("one at a time", "side by side (PyTorch)", "ww.sharing", "job.train",
-        "job.train (captured)", "ww.sharing, blocks split")
+        "job.train (captured)", "ww.sharing, blocks split", "ww.sharing, expandable segments",
+        "job.train, expandable segments")
 # Only on a GPU under a cap: what keeping large cached blocks whole
-# (alloc/cache_splits.py) gains and costs there, against splitting any block.
-CAPPED_GPU_WAYS = ("ww.sharing, blocks split",)
-JOB_WAYS = ("job.train", "job.train (captured)")
+# (alloc/cache_splits.py) gains and costs there, against splitting any block,
+# and what expandable segments do there.
+CAPPED_GPU_WAYS = ("ww.sharing, blocks split", "ww.sharing, expandable segments",
+                   "job.train, expandable segments")
+JOB_WAYS = ("job.train", "job.train (captured)", "job.train, expandable segments")
 
 
 def child(way: str, args) -> dict:
@@ -77,7 +83,7 @@ def child(way: str, args) -> dict:
         import waterwave as ww
 
         if device.type == "cuda":
-            ww.install_allocator()
+            ww.install_allocator(expandable_segments=way.endswith("expandable segments"))
             if way == "ww.sharing, blocks split":  # the user's choice: the session keeps it
                 ww.cuda.set_max_split_size_mb(None)
     if device.type == "cuda" and family.memory_limit is not None:
