@@ -647,3 +647,65 @@ def test_random_members_on_a_device_that_runs_out_end_and_fail_only_with_out_of_
             assert m.passes == passes
     if sum(sum(actual for _, actual in regions) for regions, _ in specs) <= capacity:
         assert all(m.error is None for m in members)
+
+
+def members_holding_state(budget: int, held: int, n: int = 2):
+    """A ledger of ``budget`` bytes and ``n`` members, the first holding
+    ``held`` bytes between its passes (a trained trial's optimizer state)."""
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(budget)
+    ids = [ledger.open() for _ in range(n)]
+    for i in ids:
+        ledger.join(i, 0)
+    _C.ThreadAccounts.set_thread(ids[0])
+    ledger.allocate(next(_addresses), held)
+    _C.ThreadAccounts.set_thread(0)
+    return ledger, ids
+
+
+def test_a_first_pass_that_needs_more_than_the_others_state_leaves_waits_for_a_leave():
+    """A first pass to run alone whose kind was measured (``least``: what it
+    rose) is not admitted with less room than that, though no pass is in
+    flight; where draining the others' passes could not give it that room
+    (their state holds it), it holds no one back: their passes go on. Once
+    the member holding the state leaves and closes, it runs."""
+    ledger, (a, b) = members_holding_state(1000, 600)
+    assert ledger.room_beside_live(b) == 400
+    assert ledger.gate(b, None, 0, 0, True, 0, None, 500) == TIMED_OUT  # 400 of 500
+    for _ in range(8):  # a's passes, every one after b arrived, are not held back
+        assert ledger.gate(a, 100, 100, 600, True, 0) == ADMITTED
+    assert ledger.share_stats()["forced"] == 0
+    ledger.leave(a)
+    ledger.close(a)
+    assert ledger.gate(b, None, 0, 0, True, 0, None, 500) == ADMITTED
+
+
+def test_a_first_pass_whose_room_draining_gives_still_holds_the_others_back():
+    """The same first pass where the room it needs is held by a pass in
+    flight, not by state: the others' next passes wait, as for any first
+    pass, so that the room drains to it."""
+    ledger, (a, b) = members_holding_state(1000, 200)
+    assert ledger.gate(a, 300, 300, 200, True, 0) == ADMITTED  # a's pass in flight
+    activations = next(_addresses)
+    _C.ThreadAccounts.set_thread(a)
+    ledger.allocate(activations, 300)
+    _C.ThreadAccounts.set_thread(0)
+    assert ledger.gate(b, None, 0, 0, True, 0, None, 600) == TIMED_OUT  # a in a pass
+    ledger.free(activations)  # a's pass ends
+    assert ledger.gate(a, 100, 100, 200, True, 0) == TIMED_OUT  # b came first: a waits
+    assert ledger.gate(b, None, 0, 0, True, 0, None, 600) == ADMITTED  # 800 of 600
+
+
+def test_a_pass_only_a_leave_makes_room_for_does_not_hold_the_others_back_in_turn():
+    """A predicted pass that waited while the others started more than
+    their share of passes holds their next ones back, so that it gets its
+    turn, but not where the others' state, not their passes, holds its
+    room: holding them back could not give it, and every member would wait
+    on it."""
+    ledger, (a, b) = members_holding_state(1000, 600)
+    assert ledger.gate(b, 500, 500, 500, True, 0) == TIMED_OUT  # 400 of 500 beside a's state
+    for _ in range(12):
+        assert ledger.gate(a, 100, 100, 600, True, 0) == ADMITTED
+    stats = ledger.share_stats()
+    assert stats["forced"] == stats["failed"] == 0
+

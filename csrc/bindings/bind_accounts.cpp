@@ -80,15 +80,17 @@ void bind_accounts(py::module_& m) {
       .def("leave", &ThreadAccounts::leave, py::arg("id"))
       .def("gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise, std::size_t rest,
                       std::size_t end, bool boundary, long timeout_ms,
-                      const py::object& relooks_seen) {
+                      const py::object& relooks_seen, std::size_t least) {
         GateRequest request{rise_or_unknown(rise), rest, end, boundary};
         if (!relooks_seen.is_none()) request.relooks_seen = relooks_seen.cast<std::uint64_t>();
+        request.least = least;
         return gate_holding_the_gil_if_it_admits(a, id, request, timeout_ms);
       }, py::arg("id"), py::arg("rise"), py::arg("rest"), py::arg("end"), py::arg("boundary"),
-         py::arg("timeout_ms"), py::arg("relooks_seen") = py::none(),
+         py::arg("timeout_ms"), py::arg("relooks_seen") = py::none(), py::arg("least") = 0,
          "0: admitted; 1: timed out (still waiting: call again); 2: interrupted. rise None: "
          "no prediction, the pass runs alone; then a relook() after `relooks_seen` (relooks(), "
-         "read before choosing the ask; None: by its arrival) returns it at once.")
+         "read before choosing the ask; None: by its arrival) returns it at once, and `least` "
+         "(a first pass of its kind measured: what it rose) is the room it must have.")
       .def("relooks", &ThreadAccounts::relooks, "relook() calls so far.")
       .def("read_and_gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise,
                                std::size_t rest, long long net, bool boundary, long timeout_ms) {

@@ -189,11 +189,30 @@ bool ThreadAccounts::boundary_blocked_locked(std::int64_t id, const Account& a) 
     }
     if (b.waiting != Waiting::kBoundary || b.arrived > a.arrived) continue;
     // One that came first waits to run alone: let the passes drain. Or it
-    // has waited while others started more than their share of passes.
-    if (b.request.rise == kUnknownRise) return true;
-    if (passes_ - b.ticket > kPatience * active) return true;
+    // has waited while others started more than their share of passes,
+    // unless draining them could not give it its room.
+    if (b.request.rise == kUnknownRise) {
+      if (!beyond_drained_locked(b, b.request.least)) return true;
+      continue;
+    }
+    if (passes_ - b.ticket > kPatience * active && !beyond_drained_locked(b, b.request.rise)) {
+      return true;
+    }
   }
   return false;
+}
+
+bool ThreadAccounts::beyond_drained_locked(const Account& a, std::size_t rise) const {
+  if (budget_ == 0 || rise == 0 || rise == kUnknownRise) return false;
+  std::size_t rest = outside_;
+  for (const auto& [other, b] : accounts_) {
+    if (!b.member) continue;
+    // A pass in flight ends at its prediction, or below what it holds now.
+    const bool flying = b.active && b.in_pass && &b != &a;
+    rest = add_sat(rest, add_sat(b.base, flying ? std::min(b.usage.allocated, b.end)
+                                                : b.usage.allocated));
+  }
+  return add_sat(rest, rise) > budget_;
 }
 
 bool ThreadAccounts::safe_locked(std::int64_t id, std::size_t claim, std::size_t need,
@@ -259,7 +278,7 @@ bool ThreadAccounts::try_gate_locked(std::int64_t id, Account& a) {
         for (const auto& [other, b] : accounts_) {
           if (other != id && b.active && b.in_pass) return false;
         }
-        if (room < live) return false;
+        if (room < add_sat(live, r.least)) return false;
         claim = room;
       } else {
         claim = add_sat(live, r.rise);

@@ -54,6 +54,9 @@ struct GateRequest {
   std::size_t rest = 0;     // the most it rises before its pass ends (>= rise)
   std::size_t end = 0;      // its predicted bytes once the pass ends
   bool boundary = false;    // the gate starts a pass (the member holds no activations)
+  // Running alone: the least it rises, where a first pass of its kind was
+  // measured (0: unknown). It is admitted only with that much room.
+  std::size_t least = 0;
   // Asking to run alone: relook() calls its member has seen (relooks()
   // before it chose what to ask); one since returns the gate at once.
   // kRelooksNow: those made by the time it arrives.
@@ -246,6 +249,11 @@ class ThreadAccounts {
   std::size_t hold_locked(const Account& a) const;
   std::size_t held_locked() const;
   bool boundary_blocked_locked(std::int64_t id, const Account& a) const;
+  // Whether `a`'s pass, asked at its boundary, would not fit even once
+  // every pass in flight ended: what it lacks is the others' state, which
+  // only a member leaving gives back, so holding their passes back for it
+  // (or forcing it in a tie) cannot help it.
+  bool beyond_drained_locked(const Account& a, std::size_t rise) const;
   bool everyone_stuck_locked() const;
   bool others_active_locked(std::int64_t id) const;  // another member in its block
   void break_tie_locked();

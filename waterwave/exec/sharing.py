@@ -336,7 +336,9 @@ class Member:
                 seen = self.ledger.relooks()  # one after this returns the gate at once
                 borrowed = self._borrowed_ask(self._kind)
             if borrowed is None:
-                result = self._gate(None, 0, live, True, seen)
+                measured = self.session.first_passes.get(self._kind)
+                result = self._gate(None, 0, live, True, seen,
+                                    least=0 if measured is None else measured[0])
             else:
                 rise, net = borrowed
                 result = self._gate(rise, with_slack(rise), live + net, True)
@@ -352,13 +354,21 @@ class Member:
         (regions in flight left out) is not twice the rise asked: memory is
         not plentiful, and the pass runs alone, as any first pass, so that
         a wrong guess costs a wait, never a failure. Where it is, the gate
-        still admits the ask only beside the others' regions."""
+        still admits the ask only beside the others' regions.
+
+        Except where that room is less than the measured pass itself rose:
+        then the others' state, not their passes, holds what it lacks, and
+        running alone would only drain their passes and start it short (to
+        fail in the tie-break, where one after another trains it). It asks
+        what was measured, with the spare, and waits at its gate for a
+        member to leave, holding no one back."""
         seen = self.session.first_passes.get(kind)
         if seen is None:
             return None
         spare = 2 * self.base
         rise, net = seen[0] + spare, max(0, seen[1]) + spare
-        if 2 * rise > self.ledger.room_beside_live(self.account.id):
+        room = self.ledger.room_beside_live(self.account.id)
+        if 2 * rise > room and room >= seen[0]:
             return None
         return rise, net
 
@@ -400,12 +410,13 @@ class Member:
         while self._gate(rise, rest, end, boundary) != ADMITTED:
             pass
 
-    def _gate(self, rise, rest: int, end: int, boundary: bool, relooks_seen=None) -> int:
+    def _gate(self, rise, rest: int, end: int, boundary: bool, relooks_seen=None,
+              least: int = 0) -> int:
         """One call at a gate: ADMITTED, or TIMED_OUT after a poll or a
         relook (the member still waits there, and calls again, perhaps
         asking otherwise). Ctrl-C (the session interrupted) raises here."""
         result = self.ledger.gate(self.account.id, rise, max(0, rest), max(0, end), boundary,
-                                  GATE_POLL_MS, relooks_seen)
+                                  GATE_POLL_MS, relooks_seen, least)
         if result == INTERRUPTED:
             raise KeyboardInterrupt(f"{self.name!r} stopped at a gate: training was "
                                     "interrupted")
