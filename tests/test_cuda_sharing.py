@@ -40,6 +40,27 @@ def allocating_member(account, nbytes, got) -> threading.Thread:
     return t
 
 
+def one_holds_the_other_waits(fake, got):
+    """Two members on a 64 MiB device: the first holds 40 MiB (the pointer
+    returned), the second's thread asks 40 MiB more and waits for the
+    device. (ledger, (a, b), pointer, waiting thread); on a failed check
+    both leave."""
+    use(fake)
+    fake.fake_cuda_set_capacity(64 * MiB)
+    ledger, (a, b) = sharing_members(2)
+    try:
+        _C.ThreadAccounts.set_thread(a)
+        p = _C.cuda_malloc(40 * MiB, 0, S1)
+        _C.ThreadAccounts.set_thread(0)
+        t = allocating_member(b, 40 * MiB, got)
+        t.join(0.3)
+        assert t.is_alive() and ledger.share_stats()["waiting"] == 1
+    except BaseException:
+        leave_all(ledger, (a, b))
+        raise
+    return ledger, (a, b), p, t
+
+
 def leave_all(ledger, ids):
     _C.ThreadAccounts.set_thread(0)
     for i in ids:
@@ -150,17 +171,9 @@ def test_a_member_waiting_for_the_device_when_training_is_interrupted_fails_sayi
     """Ctrl-C while a member waits for the device: its allocation fails
     saying training was interrupted, and names no memory setting to change
     (nothing about the memory was wrong)."""
-    use(fake)
-    fake.fake_cuda_set_capacity(64 * MiB)
-    ledger, (a, b) = sharing_members(2)
     got = []
+    ledger, (a, b), p, t = one_holds_the_other_waits(fake, got)
     try:
-        _C.ThreadAccounts.set_thread(a)
-        p = _C.cuda_malloc(40 * MiB, 0, S1)
-        _C.ThreadAccounts.set_thread(0)
-        t = allocating_member(b, 40 * MiB, got)
-        t.join(0.3)
-        assert t.is_alive() and ledger.share_stats()["waiting"] == 1
         ledger.interrupt()
         t.join(5)
         assert not t.is_alive() and isinstance(got[0], ww.OutOfMemoryError), got
@@ -198,18 +211,9 @@ def test_a_member_whose_retry_fails_otherwise_waits_no_more(fake):
     """A member waiting on the device whose retry meets another error (the
     driver's) gets that error, and counts as waiting no more: the members'
     tie-break must not take a running thread for a stuck one."""
-    use(fake)
-    fake.fake_cuda_set_capacity(64 * MiB)
-    ledger, (a, b) = sharing_members(2)
     got = []
+    ledger, (a, b), p, t = one_holds_the_other_waits(fake, got)
     try:
-        _C.ThreadAccounts.set_thread(a)
-        p = _C.cuda_malloc(40 * MiB, 0, S1)
-        _C.ThreadAccounts.set_thread(0)
-
-        t = allocating_member(b, 40 * MiB, got)
-        t.join(0.3)
-        assert t.is_alive() and ledger.share_stats()["waiting"] == 1
         fake.fake_cuda_fail_next_alloc(700)  # its next try meets the driver's error
         t.join(5)
         assert not t.is_alive()
