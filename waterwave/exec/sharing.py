@@ -336,9 +336,10 @@ class Member:
                 seen = self.ledger.relooks()  # one after this returns the gate at once
                 borrowed = self._borrowed_ask(self._kind)
             if borrowed is None:
+                # Under a memory_limit, with at least the room its kind rose.
                 measured = self.session.first_passes.get(self._kind)
-                result = self._gate(None, 0, live, True, seen,
-                                    least=0 if measured is None else measured[0])
+                least = 0 if measured is None or self._budget_measured() else measured[0]
+                result = self._gate(None, 0, live, True, seen, least=least)
             else:
                 rise, net = borrowed
                 result = self._gate(rise, with_slack(rise), live + net, True)
@@ -356,21 +357,29 @@ class Member:
         a wrong guess costs a wait, never a failure. Where it is, the gate
         still admits the ask only beside the others' regions.
 
-        Except where that room is less than the measured pass itself rose:
-        then the others' state, not their passes, holds what it lacks, and
-        running alone would only drain their passes and start it short (to
-        fail in the tie-break, where one after another trains it). It asks
-        what was measured, with the spare, and waits at its gate for a
-        member to leave, holding no one back."""
+        Except, under a ``memory_limit``, where that room is less than the
+        measured pass itself rose: then the others' state, not their
+        passes, holds what it lacks, and running alone would only drain
+        their passes and start it short, to fail in the tie-break where one
+        after another trains it. It asks what was measured, with the spare,
+        and waits at its gate for a member to leave, holding no one back.
+        A measured budget (a GPU's without a limit) is an estimate with a
+        margin, past which a tie asks the device: there it runs alone, as
+        the simulator, which models that case, has it."""
         seen = self.session.first_passes.get(kind)
         if seen is None:
             return None
         spare = 2 * self.base
         rise, net = seen[0] + spare, max(0, seen[1]) + spare
         room = self.ledger.room_beside_live(self.account.id)
-        if 2 * rise > room and room >= seen[0]:
+        if 2 * rise > room and (room >= seen[0] or self._budget_measured()):
             return None
         return rise, net
+
+    def _budget_measured(self) -> bool:
+        """Whether the budget shared is the session's estimate of a GPU's
+        room rather than a ``memory_limit`` the user set."""
+        return bool(self.ledger.share_stats()["measured"])
 
     # Points -----------------------------------------------------------------
     def _point(self, key: tuple) -> None:

@@ -330,21 +330,15 @@ class _Run:
         live = self.ledger.usage(account)[0]
         rise, rest, net = seg.rise, seg.rest, seg.net
         borrow = seg.borrow
-        least = 0
         if rise is None and borrow is not None:
             source = self.threads[borrow.source]
-            # Its kind measured (the runtime's relook): ask what that first
-            # step needed rather than run alone where memory is plentiful, or
-            # where the others' state leaves less than it rose (it waits for
-            # one to end); else alone, with at least that room.
-            if source.done or source.seg >= borrow.source_segments:
-                room = self.ledger.room_beside_live(account)
-                if 2 * borrow.rise <= room or room < borrow.seen:
-                    rise, rest, net = borrow.rise, with_slack(borrow.rise), borrow.net
-                else:
-                    least = borrow.seen
+            # Its kind measured (the runtime's relook) and memory plentiful:
+            # ask what that first step needed rather than run alone.
+            if ((source.done or source.seg >= borrow.source_segments)
+                    and 2 * borrow.rise <= self.ledger.room_beside_live(account)):
+                rise, rest, net = borrow.rise, with_slack(borrow.rise), borrow.net
         if self.ledger.gate(account, rise, max(0, rest), max(0, live + net), seg.boundary,
-                            0, None, least) != 0:
+                            0) != 0:
             return False
         self.admitted[t.job] = t.seg
         t.ready = max(t.ready, self.device.now())  # it waited until now

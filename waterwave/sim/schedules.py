@@ -170,13 +170,11 @@ class GatedSegment(Segment):
 @dataclass(frozen=True)
 class Borrowed:
     """A borrowed first step's ask, and whose first step measures it: job
-    ``source`` once its thread is past its first ``source_segments``.
-    ``seen``: what that first step rose, without the spare."""
+    ``source`` once its thread is past its first ``source_segments``."""
     rise: int
     net: int
     source: int
     source_segments: int
-    seen: int = 0
 
 
 @dataclass
@@ -214,7 +212,7 @@ class SharingSchedule:
             if source[0] != j:
                 rise, net = first_step(t)
                 spare = 2 * sum(footprint(n) for _, n, _, at in t.persistent if at < 0)
-                borrow = Borrowed(rise + spare, max(0, net) + spare, *source, seen=rise)
+                borrow = Borrowed(rise + spare, max(0, net) + spare, *source)
             segments = []
             for step in range(steps):
                 for i, (first, last) in enumerate(spans):
