@@ -821,3 +821,32 @@ def test_sharing_refuses_what_it_cannot_share(session):
         t.start()
         t.join()
         assert "another thread" in str(errors[0])
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_a_first_pass_short_of_its_measured_room_waits_for_a_leave_under_a_limit(measured):
+    """A member's first pass whose kind another member measured (rising 60
+    bytes), where the room beside what every member holds live is 50:
+    under a memory_limit it asks the measured rise with its spare (it waits
+    at its gate for a member to leave); under a measured budget (a GPU's
+    without a limit, an estimate with a margin) it runs alone as before.
+    With room for that rise but not twice it, it runs alone either way."""
+    from types import SimpleNamespace
+
+    from waterwave.exec.sharing import Member
+    from waterwave.pipeline.pass_profile import FirstPasses
+
+    kinds = FirstPasses()
+    kinds.note("mlp", 60, 40)
+    room = {"now": 50}
+    ledger = SimpleNamespace(room_beside_live=lambda _id: room["now"],
+                             share_stats=lambda: {"measured": measured})
+    member = object.__new__(Member)  # the rule alone: no block, no hooks
+    member.session = SimpleNamespace(first_passes=kinds)
+    member.ledger, member.account, member.base = ledger, SimpleNamespace(id=1), 5
+    assert member._borrowed_ask("mlp") == (None if measured else (70, 50))
+    room["now"] = 100  # 60 fits, 2 x 70 does not: alone, with at least 60 free
+    assert member._borrowed_ask("mlp") is None
+    room["now"] = 140  # plenty: the measured ask beside the others
+    assert member._borrowed_ask("mlp") == (70, 50)
+    assert member._borrowed_ask("another model") is None
