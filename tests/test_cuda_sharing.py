@@ -40,18 +40,31 @@ def allocating_member(account, nbytes, got) -> threading.Thread:
     return t
 
 
-def one_holds_the_other_waits(fake, got):
-    """Two members on a 64 MiB device: the first holds 40 MiB (the pointer
-    returned), the second's thread asks 40 MiB more and waits for the
-    device. (ledger, (a, b), pointer, waiting thread); on a failed check
-    both leave."""
-    use(fake)
+def one_holding(fake, expandable=False):
+    """Two members on a 64 MiB device (fixed or expandable segments), the
+    first holding 40 MiB on S1: (ledger, (a, b), its pointer)."""
+    if expandable:
+        use_expandable(fake, "waterwave")
+    else:
+        use(fake)
     fake.fake_cuda_set_capacity(64 * MiB)
     ledger, (a, b) = sharing_members(2)
+    _C.ThreadAccounts.set_thread(a)
     try:
-        _C.ThreadAccounts.set_thread(a)
         p = _C.cuda_malloc(40 * MiB, 0, S1)
-        _C.ThreadAccounts.set_thread(0)
+    except BaseException:
+        leave_all(ledger, (a, b))
+        raise
+    _C.ThreadAccounts.set_thread(0)
+    return ledger, (a, b), p
+
+
+def one_holds_the_other_waits(fake, got):
+    """``one_holding``, and the second member's thread asking 40 MiB more,
+    waiting for the device: (ledger, (a, b), pointer, waiting thread); on a
+    failed check both leave."""
+    ledger, (a, b), p = one_holding(fake)
+    try:
         t = allocating_member(b, 40 * MiB, got)
         t.join(0.3)
         assert t.is_alive() and ledger.share_stats()["waiting"] == 1
@@ -136,16 +149,8 @@ def test_a_members_backward_the_device_ran_out_for_fails_at_once_saying_why(fake
     ones too (under a cap on an H200, four resnet18 trials lost one with
     fixed segments and trained with expandable ones). On another stream,
     or once the member left its block, the device's error is as it was."""
-    if segments == "fixed":
-        use(fake)
-    else:
-        use_expandable(fake, "waterwave")
-    fake.fake_cuda_set_capacity(64 * MiB)
-    ledger, (a, b) = sharing_members(2)
+    ledger, (a, b), p = one_holding(fake, expandable=segments == "expandable")
     try:
-        _C.ThreadAccounts.set_thread(a)
-        p = _C.cuda_malloc(40 * MiB, 0, S1)
-        _C.ThreadAccounts.set_thread(0)
         ledger.set_stream_account(S1, a)
         waiting_before = ledger.share_stats()["device_waits"]
         with pytest.raises(ww.OutOfMemoryError, match="sharing trial's backward") as e:
