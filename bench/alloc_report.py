@@ -76,11 +76,10 @@ def gpu_section(runs: list[dict]) -> list[str]:
              "shows '-' there.", ""]
     handles = sorted({str(r["current_stream"]) for r in runs if r.get("current_stream") is not None})
     if handles:
-        lines += [f"The current stream's handle: {', '.join(handles)} (0: stream 0 itself, so the "
-                  "two raw paths make the same call). The paths took turns, a run of each at a "
-                  "time." if handles == ["0"] else
-                  f"The current stream's handles: {', '.join(handles)}. The paths took turns, a "
-                  "run of each at a time.", ""]
+        same = (" (0: stream 0 itself, so the two raw paths make the same call)"
+                if handles == ["0"] else "")
+        lines += [f"The current stream's handle: {', '.join(handles)}{same}. The paths took "
+                  "turns, a run of each at a time.", ""]
     else:
         lines += ["Measured one path after another (a run made before the paths took turns).", ""]
     if any(d == "fake driver" for d in devices):
