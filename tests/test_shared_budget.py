@@ -709,3 +709,20 @@ def test_a_pass_only_a_leave_makes_room_for_does_not_hold_the_others_back_in_tur
     stats = ledger.share_stats()
     assert stats["forced"] == stats["failed"] == 0
 
+
+
+def test_a_borrowed_first_pass_waits_for_the_room_to_go_on_after_it():
+    """A first pass asked from a measured one (rise 300) whose ``least``
+    (what that pass rose and left held: 500) the room beside the others'
+    state does not hold: its rise fits, but once its own state is made
+    neither member could run its next pass, so it waits for a leave. It
+    holds no one back meanwhile, and once the other leaves it runs."""
+    ledger, (a, b) = members_holding_state(1000, 600)
+    assert ledger.gate(b, 300, 300, 200, True, 0, None, 500) == TIMED_OUT  # 400 of 500
+    for _ in range(12):  # a's passes, every one after b arrived, are not held back
+        assert ledger.gate(a, 100, 100, 600, True, 0) == ADMITTED
+    stats = ledger.share_stats()
+    assert stats["forced"] == stats["failed"] == 0
+    ledger.leave(a)
+    ledger.close(a)
+    assert ledger.gate(b, 300, 300, 200, True, 0, None, 500) == ADMITTED

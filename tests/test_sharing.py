@@ -826,11 +826,13 @@ def test_sharing_refuses_what_it_cannot_share(session):
 @pytest.mark.parametrize("measured", [False, True])
 def test_a_first_pass_short_of_its_measured_room_waits_for_a_leave_under_a_limit(measured):
     """A member's first pass whose kind another member measured (rising 60
-    bytes), where the room beside what every member holds live is 50:
+    bytes and leaving 40 held), where the room beside what every member
+    holds live is 50, or 80 (the pass, but not the next beside its state):
     under a memory_limit it asks the measured rise with its spare (it waits
     at its gate for a member to leave); under a measured budget (a GPU's
     without a limit, an estimate with a margin) it runs alone as before.
-    With room for that rise but not twice it, it runs alone either way."""
+    With room for the pass and the next but not twice the ask, it runs
+    alone either way."""
     from types import SimpleNamespace
 
     from waterwave.exec.sharing import Member
@@ -845,8 +847,53 @@ def test_a_first_pass_short_of_its_measured_room_waits_for_a_leave_under_a_limit
     member.session = SimpleNamespace(first_passes=kinds)
     member.ledger, member.account, member.base = ledger, SimpleNamespace(id=1), 5
     assert member._borrowed_ask("mlp") == (None if measured else (70, 50))
-    room["now"] = 100  # 60 fits, 2 x 70 does not: alone, with at least 60 free
+    # Under a limit, admitted with room for the pass and the next one beside
+    # the 40 it leaves held, alone or not.
+    assert member._room_to_go_on("mlp") == (0 if measured else 100)
+    assert member._room_to_go_on("another model") == 0
+    room["now"] = 80  # the pass fits, but not the next beside its state: a leave
+    assert member._borrowed_ask("mlp") == (None if measured else (70, 50))
+    room["now"] = 100  # 60 and then 40 fit, 2 x 70 does not: alone, with at least 100 free
     assert member._borrowed_ask("mlp") is None
     room["now"] = 140  # plenty: the measured ask beside the others
     assert member._borrowed_ask("mlp") == (70, 50)
     assert member._borrowed_ask("another model") is None
+
+
+def test_four_trials_whose_state_fits_two_at_a_time_all_train(session):
+    """Four trials (an MLP of 5.05 MiB, SGD with momentum, batch 512), each
+    thread building its model before its block, as Optuna's ``n_jobs``
+    runs objectives: all four models are held from the start. Under 43 MiB
+    a pass (about 10 MiB above the trial's state) fits beside the four
+    models and two trials' state, not three. A trial's first pass, its
+    kind measured, is admitted only with room for itself and its next pass
+    beside the state it leaves (``Member._room_to_go_on``), so the third
+    waits for a leave, and all four train, as one after another would.
+    When it was admitted with the room for its pass alone, three trials
+    made their state and every trial waited: one failed
+    (bench/concurrent/state_fit.py)."""
+    session.configure(memory_limit=43 << 20)
+    trained, errors = [], []
+
+    def trial(seed):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                              nn.Linear(1024, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(seed)
+        data = [(torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g))
+                for _ in range(6)]
+        try:
+            with ww.sharing(model):
+                for x, y in data:
+                    opt.zero_grad()
+                    F.cross_entropy(model(x), y).backward()
+                    opt.step()
+            trained.append(seed)
+        except torch.OutOfMemoryError as e:
+            errors.append(e)
+
+    start_and_join([threading.Thread(target=trial, args=(k,)) for k in range(4)], 120,
+                   "the four trials did not end")
+    assert errors == [] and sorted(trained) == [0, 1, 2, 3]
+    assert session.stats()["peak_bytes"] <= 43 << 20

@@ -89,8 +89,8 @@ void bind_accounts(py::module_& m) {
          py::arg("timeout_ms"), py::arg("relooks_seen") = py::none(), py::arg("least") = 0,
          "0: admitted; 1: timed out (still waiting: call again); 2: interrupted. rise None: "
          "no prediction, the pass runs alone; then a relook() after `relooks_seen` (relooks(), "
-         "read before choosing the ask; None: by its arrival) returns it at once, and `least` "
-         "(a first pass of its kind measured: what it rose) is the room it must have.")
+         "read before choosing the ask; None: by its arrival) returns it at once. `least`: the "
+         "room it is admitted with at least, alone or not (a first pass of a measured kind).")
       .def("relooks", &ThreadAccounts::relooks, "relook() calls so far.")
       .def("read_and_gate", [](ThreadAccounts& a, std::int64_t id, const py::object& rise,
                                std::size_t rest, long long net, bool boundary, long timeout_ms) {

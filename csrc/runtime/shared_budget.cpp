@@ -195,7 +195,8 @@ bool ThreadAccounts::boundary_blocked_locked(std::int64_t id, const Account& a) 
       if (!beyond_drained_locked(b, b.request.least)) return true;
       continue;
     }
-    if (passes_ - b.ticket > kPatience * active && !beyond_drained_locked(b, b.request.rise)) {
+    if (passes_ - b.ticket > kPatience * active &&
+        !beyond_drained_locked(b, std::max(b.request.rise, b.request.least))) {
       return true;
     }
   }
@@ -282,7 +283,7 @@ bool ThreadAccounts::try_gate_locked(std::int64_t id, Account& a) {
         claim = room;
       } else {
         claim = add_sat(live, r.rise);
-        if (claim > room) return false;
+        if (claim > room || room < add_sat(live, r.least)) return false;
       }
     }
     need = alone ? claim : std::max(claim, add_sat(live, std::max(r.rest, r.rise)));

@@ -335,16 +335,30 @@ class Member:
             if borrowed is None:
                 seen = self.ledger.relooks()  # one after this returns the gate at once
                 borrowed = self._borrowed_ask(self._kind)
+            least = self._room_to_go_on(self._kind)
             if borrowed is None:
-                # Under a memory_limit, with at least the room its kind rose.
-                measured = self.session.first_passes.get(self._kind)
-                least = 0 if measured is None or self._budget_measured() else measured[0]
                 result = self._gate(None, 0, live, True, seen, least=least)
             else:
                 rise, net = borrowed
-                result = self._gate(rise, with_slack(rise), live + net, True)
+                result = self._gate(rise, with_slack(rise), live + net, True, least=least)
             if result == ADMITTED:
                 return borrowed is not None
+
+    def _room_to_go_on(self, kind: tuple) -> int:
+        """Under a ``memory_limit``, the room a first pass of ``kind`` is
+        admitted with where a member measured that kind: what the pass rose
+        and what it left held (its optimizer's state), so that once it has
+        made its state it can still run its next pass, which rises about as
+        much, beside everything then held. With less, each trial that made
+        its state could wait for another's room: four MLP trials under 45
+        MiB made three states where two fitted a pass beside them, and every
+        trial waited (``bench/concurrent/state_fit.py``). 0 where the kind
+        was not measured, or the budget is measured (a GPU's without a
+        limit: an estimate whose ties ask the device)."""
+        measured = self.session.first_passes.get(kind)
+        if measured is None or self._budget_measured():
+            return 0
+        return measured[0] + max(0, measured[1])
 
     def _borrowed_ask(self, kind: tuple) -> tuple[int, int] | None:
         """A first pass's (rise, net) to ask at its boundary, where a member
@@ -358,8 +372,8 @@ class Member:
         still admits the ask only beside the others' regions.
 
         Except, under a ``memory_limit``, where that room is less than the
-        measured pass itself rose: then the others' state, not their
-        passes, holds what it lacks, and running alone would only drain
+        measured pass rose and left held (``_room_to_go_on``): then the
+        others' state, not their passes, holds what it lacks, and running alone would only drain
         their passes and start it short, to fail in the tie-break where one
         after another trains it. It asks what was measured, with the spare,
         and waits at its gate for a member to leave, holding no one back.
@@ -372,7 +386,7 @@ class Member:
         spare = 2 * self.base
         rise, net = seen[0] + spare, max(0, seen[1]) + spare
         room = self.ledger.room_beside_live(self.account.id)
-        if 2 * rise > room and (room >= seen[0] or self._budget_measured()):
+        if 2 * rise > room and room >= self._room_to_go_on(kind):
             return None
         return rise, net
 
