@@ -90,12 +90,12 @@ def test_first_passes_keep_the_first_of_each_kind_and_the_latest_kinds():
     kind stays (a later one of the kind, whose one-time costs were paid,
     does not replace it); past ``MOST`` kinds the oldest goes."""
     seen = FirstPasses()
-    seen.note(("mlp", (True, True), 64), 1000, 400)
+    seen.note(("mlp", (True, True), 64), 1000, 400, 300)
     seen.note(("mlp", (True, True), 64), 600, 100)
-    assert seen.get(("mlp", (True, True), 64)) == (1000, 400)
+    assert seen.get(("mlp", (True, True), 64)) == (1000, 400, 300)
     assert seen.get(("mlp", (True, True), 128)) is None
     for k in range(FirstPasses.MOST):
         seen.note(("other", k), k, 0)
     assert seen.get(("mlp", (True, True), 64)) is None  # the oldest, dropped
-    assert seen.get(("other", 0)) == (0, 0)
-    assert seen.get(("other", FirstPasses.MOST - 1)) == (FirstPasses.MOST - 1, 0)
+    assert seen.get(("other", 0)) == (0, 0, 0)  # held: the net where not told
+    assert seen.get(("other", FirstPasses.MOST - 1)).rise == FirstPasses.MOST - 1

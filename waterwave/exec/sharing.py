@@ -298,7 +298,8 @@ class Member:
         if self._prediction is None:  # measured at every module: choose the gates
             self.gates[signature] = frozenset(gate_keys(regions, split_for(regions, self.budget)))
             if self.session.first_passes.note(self._kind, rise_of(regions),
-                                              sum(r.net for r in regions)):
+                                              sum(r.net for r in regions),
+                                              live - recorder.start):
                 self.ledger.relook()  # members waiting to run this kind alone may borrow it
             self._gate_points = frozenset((k[0], k[1]) for keys in self.gates.values()
                                           for k in keys if isinstance(k[0], int))
@@ -347,18 +348,22 @@ class Member:
     def _room_to_go_on(self, kind: tuple) -> int:
         """Under a ``memory_limit``, the room a first pass of ``kind`` is
         admitted with where a member measured that kind: what the pass rose
-        and what it left held (its optimizer's state), so that once it has
-        made its state it can still run its next pass, which rises about as
-        much, beside everything then held. With less, each trial that made
-        its state could wait for another's room: four MLP trials under 45
-        MiB made three states where two fitted a pass beside them, and every
-        trial waited (``bench/concurrent/state_fit.py``). 0 where the kind
+        and what it left held at the next pass's start (its optimizer's
+        state), so that once it has made its state it can still run its
+        next pass, which rises about as much, beside everything then held.
+        With less, each trial that made its state could wait for another's
+        room: four MLP trials under 45 MiB made three states where two
+        fitted a pass beside them, and every trial waited
+        (``bench/concurrent/state_fit.py``). Not the net change, which
+        counts the gradients an optimizer's step leaves: asking that much
+        more, no first pass fitted beside three models under 35 MiB, every
+        trial waited, and one forced made a second state. 0 where the kind
         was not measured, or the budget is measured (a GPU's without a
         limit: an estimate whose ties ask the device)."""
         measured = self.session.first_passes.get(kind)
         if measured is None or self._budget_measured():
             return 0
-        return measured[0] + max(0, measured[1])
+        return measured.rise + max(0, measured.held)
 
     def _borrowed_ask(self, kind: tuple) -> tuple[int, int] | None:
         """A first pass's (rise, net) to ask at its boundary, where a member

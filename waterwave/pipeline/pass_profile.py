@@ -262,14 +262,25 @@ class Profiles:
         return prediction
 
 
+class FirstPass(NamedTuple):
+    """A first pass measured: the most it rose above its start, its net
+    change (counted no lower than its optimizer's step left it: the block
+    may end there, its gradients alive), and what it left held at the
+    next pass's start (its optimizer's state, the gradients freed where
+    the loop zeroes them first)."""
+    rise: int
+    net: int
+    held: int
+
+
 class FirstPasses:
     """The first pass each member measured, by the pass's kind: its model's
     structure (``sharing.structure_of``), its signature and its size. A
     session keeps one: a search's trials are often one model at other
     learning rates, and the first pass of each new trial need not run
     alone, holding the others at their boundaries, to learn what the
-    previous trials showed. What is kept: the pass's rise and its net
-    change, a first pass's one-time costs included (an optimizer's state)."""
+    previous trials showed. What is kept (``FirstPass``) includes a first
+    pass's one-time costs (an optimizer's state)."""
 
     MOST = 256  # kinds kept, the oldest dropped past it
 
@@ -277,18 +288,19 @@ class FirstPasses:
         self._lock = threading.Lock()
         self._seen: OrderedDict = OrderedDict()
 
-    def note(self, kind: tuple, rise: int, net: int) -> bool:
-        """Keep a first pass of ``kind``; True where it is the first."""
+    def note(self, kind: tuple, rise: int, net: int, held: int | None = None) -> bool:
+        """Keep a first pass of ``kind`` (``held``: ``net`` where not
+        told); True where it is the first."""
         with self._lock:
             if kind in self._seen:
                 return False
-            self._seen[kind] = (rise, net)
+            self._seen[kind] = FirstPass(rise, net, net if held is None else held)
             if len(self._seen) > self.MOST:
                 self._seen.popitem(last=False)
             return True
 
-    def get(self, kind: tuple) -> tuple[int, int] | None:
-        """(rise, net) of the first pass measured of ``kind``; None: none yet."""
+    def get(self, kind: tuple) -> FirstPass | None:
+        """The first pass measured of ``kind``; None: none yet."""
         with self._lock:
             return self._seen.get(kind)
 
