@@ -726,3 +726,26 @@ def test_a_borrowed_first_pass_waits_for_the_room_to_go_on_after_it():
     ledger.leave(a)
     ledger.close(a)
     assert ledger.gate(b, 300, 300, 200, True, 0, None, 500) == ADMITTED
+
+
+def test_a_tie_at_boundaries_forces_a_pass_that_makes_no_new_state_first():
+    """Every member waits at its boundary: a, holding state, asks a pass the
+    room beside it does not hold; b, which came first, asks a first pass
+    (``least``: the room to go on after it) that does not fit either. The
+    tie forces a's pass, not b's: forced beside a's state, b's would make
+    its own and leave neither room, and failing it would free only its
+    model, where a's pass either runs or, failing, frees a's state."""
+    ledger, (a, b) = members_holding_state(1000, 600)
+    results = {}
+
+    def at_gate(name, *args):
+        results[name] = ledger.gate(*args)
+
+    first = threading.Thread(target=at_gate, args=("b", b, 300, 300, 200, True, 1500, None, 500))
+    first.start()
+    time.sleep(0.2)  # b arrives first
+    second = threading.Thread(target=at_gate, args=("a", a, 500, 500, 600, True, 1500))
+    start_and_join([second], 10, "a's gate did not return")
+    first.join(10)
+    assert results == {"a": ADMITTED, "b": TIMED_OUT}
+    assert ledger.share_stats()["forced"] == 1

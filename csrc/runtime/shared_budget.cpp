@@ -350,7 +350,15 @@ void ThreadAccounts::break_tie_locked() {
   }
   // Else a gate goes on with the room there is: a pass in progress first
   // (finishing it frees its activations), the one asking least; else the
-  // boundary that came first.
+  // boundary that came first of those whose pass makes no new state, then
+  // of the rest. A first pass (run alone, or asking room to go on after
+  // it) makes its optimizer's state: forced beside members whose state
+  // already leaves none of them room, it adds to what blocks them, and
+  // failing it frees only its model. Forcing a member that holds state
+  // instead either runs it or, failing it, frees a whole trial's.
+  const auto makes_state = [](const Account& a) {
+    return a.request.rise == kUnknownRise || a.request.least != 0;
+  };
   Account* chosen = nullptr;
   for (auto& [id, a] : accounts_) {
     if (!a.active || a.waiting != Waiting::kGate) continue;
@@ -359,7 +367,10 @@ void ThreadAccounts::break_tie_locked() {
   if (chosen == nullptr) {
     for (auto& [id, a] : accounts_) {
       if (!a.active || a.waiting != Waiting::kBoundary) continue;
-      if (chosen == nullptr || a.arrived < chosen->arrived) chosen = &a;
+      if (chosen == nullptr || makes_state(*chosen) > makes_state(a) ||
+          (makes_state(*chosen) == makes_state(a) && a.arrived < chosen->arrived)) {
+        chosen = &a;
+      }
     }
   }
   if (chosen != nullptr) {
