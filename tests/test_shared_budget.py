@@ -749,3 +749,75 @@ def test_a_tie_at_boundaries_forces_a_pass_that_makes_no_new_state_first():
     first.join(10)
     assert results == {"a": ADMITTED, "b": TIMED_OUT}
     assert ledger.share_stats()["forced"] == 1
+
+
+def trial_making_state(ledger, id, activations, state, passes, least, outcome, admitted=None):
+    """A trial on a thread of its own, as ``Member`` asks: its first pass
+    allocates its activations, frees them and makes its optimizer's state
+    (held until it ends); each next pass asks its activations beside it.
+    ``least``: the room its first pass asks to go on after it (0: its kind
+    unmeasured). At its end it frees its state, leaves and closes;
+    ``admitted``: an event set once its first pass is."""
+    _C.ThreadAccounts.set_thread(id)
+    held = []
+    try:
+        while ledger.gate(id, None, 0, 0, True, 50, None, least) == TIMED_OUT:
+            pass
+        if admitted is not None:
+            admitted.set()
+        ptr = next(_addresses)
+        ledger.allocate(ptr, activations)
+        time.sleep(0.0005)
+        ledger.free(ptr)
+        held.append(next(_addresses))
+        ledger.allocate(held[0], state)
+        for _ in range(passes - 1):
+            while ledger.gate(id, activations, activations, state, True, 50) == TIMED_OUT:
+                pass
+            ptr = next(_addresses)
+            ledger.allocate(ptr, activations)
+            time.sleep(0.0005)
+            ledger.free(ptr)
+        outcome[id] = "trained"
+    except MemoryError as e:
+        outcome[id] = e
+    finally:
+        for ptr in held:
+            ledger.free(ptr)
+        _C.ThreadAccounts.set_thread(0)
+        ledger.leave(id)
+        ledger.close(id)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 4), st.integers(10, 100), st.integers(10, 200), st.integers(100, 400),
+       st.integers(1, 6), st.data())
+def test_trials_whose_state_fits_one_at_a_time_all_train(n, model, state, activations,
+                                                          passes, data):
+    """Trials of one model, every model held from the start (threads that
+    build theirs before their blocks), under a budget holding every model
+    and one trial's state and pass, perhaps more: the first trial's first
+    pass runs alone, unmeasured; the others' ask room for what it rose
+    (its activations, or its state where larger) and what it left held.
+    None fails, whatever the timing, and the counted bytes never pass the
+    budget: no trial makes its state where it would leave no trial room
+    for a pass, and one after another would have trained them all."""
+    activations = max(activations, state)  # the first pass rises to its activations
+    fits = n * model + state + activations
+    budget = data.draw(st.integers(fits, fits + 2 * (state + activations)), label="budget")
+    ledger = _C.ThreadAccounts()
+    ledger.set_budget(budget)
+    ids = [ledger.open() for _ in range(n)]
+    for i in ids:
+        ledger.join(i, model)
+    outcome, first = {}, threading.Event()
+    threads = [threading.Thread(target=trial_making_state,
+                                args=(ledger, i, activations, state, passes,
+                                      0 if k == 0 else activations + state, outcome, first))
+               for k, i in enumerate(ids)]
+    threads[0].start()
+    assert first.wait(10)  # the first trial's first pass, unmeasured, runs first
+    start_and_join(threads[1:], 60, "the trials hung")
+    threads[0].join(60)
+    assert outcome == {i: "trained" for i in ids}
+    assert ledger.share_stats()["peak"] <= budget

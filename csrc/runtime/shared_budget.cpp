@@ -355,9 +355,11 @@ void ThreadAccounts::break_tie_locked() {
   // it) makes its optimizer's state: forced beside members whose state
   // already leaves none of them room, it adds to what blocks them, and
   // failing it frees only its model. Forcing a member that holds state
-  // instead either runs it or, failing it, frees a whole trial's.
-  const auto makes_state = [](const Account& a) {
-    return a.request.rise == kUnknownRise || a.request.least != 0;
+  // instead either runs it or, failing it, frees a whole trial's. (Under a
+  // user's limit only: past a measured budget a tie asks the device, and
+  // the order there stays by arrival, as the simulator's figures were.)
+  const auto makes_state = [this](const Account& a) {
+    return !measured_ && (a.request.rise == kUnknownRise || a.request.least != 0);
   };
   Account* chosen = nullptr;
   for (auto& [id, a] : accounts_) {
