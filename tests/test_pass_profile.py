@@ -92,10 +92,24 @@ def test_first_passes_keep_the_first_of_each_kind_and_the_latest_kinds():
     seen = FirstPasses()
     seen.note(("mlp", (True, True), 64), 1000, 400, 300)
     seen.note(("mlp", (True, True), 64), 600, 100)
-    assert seen.get(("mlp", (True, True), 64)) == (1000, 400, 300)
+    assert seen.get(("mlp", (True, True), 64)) == (1000, 400, 300, 0)
     assert seen.get(("mlp", (True, True), 128)) is None
     for k in range(FirstPasses.MOST):
         seen.note(("other", k), k, 0)
     assert seen.get(("mlp", (True, True), 64)) is None  # the oldest, dropped
-    assert seen.get(("other", 0)) == (0, 0, 0)  # held: the net where not told
+    assert seen.get(("other", 0)) == (0, 0, 0, 0)  # held: the net where not told
     assert seen.get(("other", FirstPasses.MOST - 1)).rise == FirstPasses.MOST - 1
+
+
+def test_a_kind_none_measured_is_guessed_from_the_kinds_measured_never_short_of_either():
+    """``FirstPasses.room_to_go_on_guess``: for a model of ``base`` bytes
+    whose kind none measured, the most any measured first pass rose and
+    left held, or that scaled by the models' bytes, whichever is more; 0
+    where none was measured."""
+    seen = FirstPasses()
+    assert seen.room_to_go_on_guess(100) == 0
+    seen.note(("small", (True, True), 64), 60, 50, 40, base=20)   # 100 to go on, 5x its model
+    seen.note(("large", (True, True), 64), 100, 80, 50, base=100)  # 150, 1.5x
+    seen.note(("no model", (True, True), 64), 10, 0, 0)            # no bytes: not scaled
+    assert seen.room_to_go_on_guess(10) == 150    # smaller than both: the most seen
+    assert seen.room_to_go_on_guess(400) == 2000  # larger: 5x its bytes

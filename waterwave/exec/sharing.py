@@ -299,7 +299,7 @@ class Member:
             self.gates[signature] = frozenset(gate_keys(regions, split_for(regions, self.budget)))
             if self.session.first_passes.note(self._kind, rise_of(regions),
                                               sum(r.net for r in regions),
-                                              live - recorder.start):
+                                              live - recorder.start, self.base):
                 self.ledger.relook()  # members waiting to run this kind alone may borrow it
             self._gate_points = frozenset((k[0], k[1]) for keys in self.gates.values()
                                           for k in keys if isinstance(k[0], int))
@@ -357,13 +357,27 @@ class Member:
         (``bench/concurrent/state_fit.py``). Not the net change, which
         counts the gradients an optimizer's step leaves: asking that much
         more, no first pass fitted beside three models under 35 MiB, every
-        trial waited, and one forced made a second state. 0 where the kind
-        was not measured, or the budget is measured (a GPU's without a
-        limit: an estimate whose ties ask the device)."""
-        measured = self.session.first_passes.get(kind)
-        if measured is None or self._budget_measured():
+        trial waited, and one forced made a second state.
+
+        A training pass of a kind none measured (another architecture's
+        first) is guessed from those measured
+        (``FirstPasses.room_to_go_on_guess``): a guess too large only makes
+        it wait for a leave, where with none four MLPs of four widths under
+        30 and 35 MiB trained 1-3 of 4 and one after another trains 4. 0
+        for other passes not measured (none is, the session's first), and
+        where the budget is measured (a GPU's without a limit: an estimate
+        whose ties ask the device)."""
+        if self._budget_measured():
             return 0
-        return measured.rise + max(0, measured.held)
+        measured = self.session.first_passes.get(kind)
+        if measured is not None:
+            return measured.rise + max(0, measured.held)
+        # A kind none measured: where the pass computes gradients (it may
+        # make an optimizer's state), guessed from the kinds measured.
+        signature = kind[1] if isinstance(kind, tuple) and len(kind) > 1 else None
+        if isinstance(signature, tuple) and signature[:1] == (True,):
+            return self.session.first_passes.room_to_go_on_guess(self.base)
+        return 0
 
     def _borrowed_ask(self, kind: tuple) -> tuple[int, int] | None:
         """A first pass's (rise, net) to ask at its boundary, where a member

@@ -271,6 +271,7 @@ class FirstPass(NamedTuple):
     rise: int
     net: int
     held: int
+    base: int = 0  # its model's bytes
 
 
 class FirstPasses:
@@ -288,13 +289,14 @@ class FirstPasses:
         self._lock = threading.Lock()
         self._seen: OrderedDict = OrderedDict()
 
-    def note(self, kind: tuple, rise: int, net: int, held: int | None = None) -> bool:
+    def note(self, kind: tuple, rise: int, net: int, held: int | None = None,
+             base: int = 0) -> bool:
         """Keep a first pass of ``kind`` (``held``: ``net`` where not
-        told); True where it is the first."""
+        told; ``base``: its model's bytes); True where it is the first."""
         with self._lock:
             if kind in self._seen:
                 return False
-            self._seen[kind] = FirstPass(rise, net, net if held is None else held)
+            self._seen[kind] = FirstPass(rise, net, net if held is None else held, base)
             if len(self._seen) > self.MOST:
                 self._seen.popitem(last=False)
             return True
@@ -303,6 +305,20 @@ class FirstPasses:
         """The first pass measured of ``kind``; None: none yet."""
         with self._lock:
             return self._seen.get(kind)
+
+    def room_to_go_on_guess(self, base: int) -> int:
+        """For a first pass of a kind none measured, of a model of ``base``
+        bytes: what a measured one rose and left held, the most of any kind
+        and the most scaled by the model's bytes, so that a model smaller
+        or larger than those seen is not guessed short (its activations
+        grow more slowly than its parameters; its state, as fast). 0 where
+        none was measured."""
+        with self._lock:
+            seen = list(self._seen.values())
+        most = max((p.rise + max(0, p.held) for p in seen), default=0)
+        scaled = max(((p.rise + max(0, p.held)) * base // p.base for p in seen if p.base),
+                     default=0)
+        return max(most, scaled)
 
 
 def bucket_of(size: int) -> int:
