@@ -228,14 +228,18 @@ def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
     pytest.importorskip("torch")
     script = str(ROOT / "bench" / "concurrent" / "state_fit.py")
     r = subprocess.run([sys.executable, script, "--limits", "200", "--trials", "2", "--steps",
-                        "2", "--repeats", "1", "--out", str(tmp_path)], capture_output=True,
-                       text=True, timeout=600, check=False)
+                        "2", "--repeats", "1", "--widths", "64", "32", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((tmp_path / "state_fit.json").read_text())
+    res = json.loads((tmp_path / "state_fit_64_32.json").read_text())  # one width a trial
+    assert res["widths"] == [64, 32]
     assert [(run["way"], run["trained"]) for run in res["runs"]] == [
         ("ww.sharing", 2), ("job.train", 2), ("one after another", 2)]
     assert all(run["first_error"] is None for run in res["runs"])
-    assert "| job.train | 200 | 2 |" in (tmp_path / "state_fit.md").read_text()
+    assert "| job.train | 200 | 2 |" in (tmp_path / "state_fit_64_32.md").read_text()
     bad = subprocess.run([sys.executable, script, "--limits", "0"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "positive number of MiB" in bad.stderr
+    bad = subprocess.run([sys.executable, script, "--widths", "0"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "positive number of units" in bad.stderr

@@ -2,20 +2,23 @@
 each way trains, where one after another would train them all.
 
     python bench/concurrent/state_fit.py [--limits 35 45] [--trials 4] [--steps 40]
-                                         [--repeats 3] [--out bench/results]
+                                         [--widths 1024] [--repeats 3] [--out bench/results]
 
-``--trials`` threads each build an MLP (256 -> 1024 -> 1024 -> 10, SGD with
+``--trials`` threads each build an MLP (256 -> W -> W -> 10, W of
+``--widths`` in turn: one model, or one architecture a trial; SGD with
 momentum, batch 512), train it ``--steps`` steps, and drop it, as Optuna's
 objectives do with ``n_jobs``: in ``ww.sharing`` (their own loops), or
 through ``job.train``, in a CPU session with a ``memory_limit`` of each of
 ``--limits`` MiB; and, for the record, ``one after another``: the same
-trials in ``ww.sharing``, each thread started once the one before ended. One trial alone peaks at about 20 MiB, of which its
-model, gradients and momentum are 15.3 MiB, so under 35 MiB two trials'
-state fits at once and under 45 MiB two and a half. Each run is a process of
+trials in ``ww.sharing``, each thread started once the one before ended.
+One trial of width 1024 alone peaks at about 20 MiB, of which its model,
+gradients and momentum are 15.3 MiB, so under 35 MiB two trials' state fits
+at once and under 45 MiB two and a half. Each run is a process of
 its own (a session's budget and the CPU allocator's ledger are the
 process's); the table gives, per way and limit, the trials trained in each
 of ``--repeats`` runs and the session's waits. Results go to
-state_fit.{json,md}, naming the machine. A benchmark, not a test.
+state_fit.{json,md} (with other ``--widths``: state_fit_<widths>.*), naming
+the machine. A benchmark, not a test.
 
 May import: waterwave, torch; the standard library.
 """
@@ -36,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 WAYS = ("ww.sharing", "job.train", "one after another")
 
 
-def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
+def child(way: str, limit_mib: float, trials: int, steps: int, widths: list[int]) -> dict:
     """One run in this process: the trials trained, the session's waits."""
     import torch
     import torch.nn.functional as F
@@ -47,9 +50,10 @@ def child(way: str, limit_mib: float, trials: int, steps: int) -> dict:
 
     def setup(seed):
         torch.manual_seed(seed)
-        net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
-                                  torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                                  torch.nn.Linear(1024, 10))
+        width = widths[seed % len(widths)]
+        net = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(),
+                                  torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                  torch.nn.Linear(width, 10))
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         g = torch.Generator().manual_seed(seed)
         data = [(torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g))
@@ -94,23 +98,28 @@ def main(argv=None) -> int:
     ap.add_argument("--limits", type=float, nargs="+", default=[35.0, 45.0])
     ap.add_argument("--trials", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--widths", type=int, nargs="+", default=[1024])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--child", nargs=2, metavar=("WAY", "LIMIT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], float(args.child[1]), args.trials, args.steps)))
+        print(json.dumps(child(args.child[0], float(args.child[1]), args.trials, args.steps,
+                               args.widths)))
         return 0
     if args.trials < 1 or args.steps < 1 or args.repeats < 1:
         ap.error("--trials, --steps and --repeats are at least 1")
     if any(limit <= 0 for limit in args.limits):
         ap.error("each of --limits is a positive number of MiB")
+    if any(width < 1 for width in args.widths):
+        ap.error("each of --widths is a positive number of units")
     runs = []
     for limit in args.limits:
         for way in WAYS:
             for _ in range(args.repeats):
                 r = subprocess.run([sys.executable, __file__, "--child", way, str(limit),
-                                    "--trials", str(args.trials), "--steps", str(args.steps)],
+                                    "--trials", str(args.trials), "--steps", str(args.steps),
+                                    "--widths", *map(str, args.widths)],
                                    capture_output=True, text=True, timeout=600, check=False)
                 if r.returncode != 0:
                     print(r.stderr[-2000:], file=sys.stderr)
@@ -121,13 +130,16 @@ def main(argv=None) -> int:
 
     where = f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} cores)"
     report = {"measured": where, "date": time.strftime("%Y-%m-%d"), "trials": args.trials,
-              "steps": args.steps, "runs": runs}
+              "steps": args.steps, "widths": args.widths, "runs": runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "state_fit.json").write_text(json.dumps(report, indent=1) + "\n")
+    name = "state_fit" if args.widths == [1024] else "state_fit_" + "_".join(
+        map(str, args.widths))
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = ["# Trials whose state does not all fit at once (measured, CPU)", "",
              f"`python bench/concurrent/state_fit.py`, {report['date']}, on {where}: "
-             f"{args.trials} MLP trials on threads, {args.steps} steps each, under each "
+             f"{args.trials} MLP trials on threads (widths "
+             f"{', '.join(map(str, args.widths))} in turn), {args.steps} steps each, under each "
              "`memory_limit`; trials trained in each run, and the session's waits in the "
              "last run.", "",
              "| way | limit MiB | trained, each run | forced | failed | peak MiB |",
@@ -140,7 +152,7 @@ def main(argv=None) -> int:
                          f"{last['waits']['forced']} | {last['waits']['failed']} | "
                          f"{last['peak_mib']:.1f} |")
     text = "\n".join(lines) + "\n"
-    (out / "state_fit.md").write_text(text)
+    (out / f"{name}.md").write_text(text)
     print(text)
     return 0
 
