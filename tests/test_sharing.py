@@ -860,65 +860,15 @@ def test_a_first_pass_short_of_its_measured_room_waits_for_a_leave_under_a_limit
     assert member._borrowed_ask("another model") is None
 
 
-def test_four_trials_whose_state_fits_two_at_a_time_all_train(session):
-    """Four trials (an MLP of 5.05 MiB, SGD with momentum, batch 512), each
-    thread building its model before its block, as Optuna's ``n_jobs``
-    runs objectives: all four models are held from the start. Under 43 MiB
-    a pass (about 10 MiB above the trial's state) fits beside the four
-    models and two trials' state, not three. A trial's first pass, its
-    kind measured, is admitted only with room for itself and its next pass
-    beside the state it leaves (``Member._room_to_go_on``), so the third
-    waits for a leave, and all four train, as one after another would.
-    When it was admitted with the room for its pass alone, three trials
-    made their state and every trial waited: one failed
-    (bench/concurrent/state_fit.py)."""
+def trials_holding_their_models_train(session, widths, limit_mib: int) -> None:
+    """Four trials on threads, MLPs of ``widths`` (256 -> W -> W -> 10, SGD
+    with momentum, batch 512, 10 steps), each thread building its model
+    before its block, as Optuna's ``n_jobs`` runs objectives: all four
+    models are held from the start. Under ``limit_mib`` beside whatever
+    earlier tests' members still hold, every trial must train, within it."""
     gc.collect()  # earlier tests' members, in cycles, still counted
     earlier = session.ledger().share_stats()["members_live"]  # any left: room beside them
-    session.configure(memory_limit=earlier + (43 << 20))
-    trained, errors = [], []
-
-    def trial(seed):
-        torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                              nn.Linear(1024, 10))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        g = torch.Generator().manual_seed(seed)
-        data = [(torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g))
-                for _ in range(10)]
-        try:
-            with ww.sharing(model):
-                for x, y in data:
-                    opt.zero_grad()
-                    F.cross_entropy(model(x), y).backward()
-                    opt.step()
-            trained.append(seed)
-        except torch.OutOfMemoryError as e:
-            errors.append(e)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a step long enough that the trials overlap
-    try:
-        start_and_join([threading.Thread(target=trial, args=(k,)) for k in range(4)], 120,
-                       "the four trials did not end")
-    finally:
-        torch.set_num_threads(threads)
-    assert not errors, str(errors[0])
-    assert sorted(trained) == [0, 1, 2, 3]
-    assert session.stats()["peak_bytes"] <= earlier + (43 << 20)
-
-
-def test_four_architectures_whose_state_fits_one_at_a_time_all_train(session):
-    """Four trials of four widths (MLPs of 2.3-5.1 MiB, SGD with momentum,
-    batch 512), every model held from the start, under 30 MiB: the four
-    models and the largest trial's state and pass fit, little more. Each
-    trial's first pass is of a kind none measured; after the first, each
-    is guessed from those measured (``FirstPasses.room_to_go_on_guess``)
-    and waits for a leave where that much room is not free. All four
-    train, as one after another would; with no guess (a first pass of a
-    new kind admitted alone in whatever room there was), 1-3 of 4 did."""
-    gc.collect()
-    earlier = session.ledger().share_stats()["members_live"]
-    session.configure(memory_limit=earlier + (30 << 20))
+    session.configure(memory_limit=earlier + (limit_mib << 20))
     trained, errors = [], []
 
     def trial(seed, width):
@@ -940,13 +890,39 @@ def test_four_architectures_whose_state_fits_one_at_a_time_all_train(session):
             errors.append(e)
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # a step long enough that the trials overlap
     try:
         start_and_join([threading.Thread(target=trial, args=(k, w))
-                        for k, w in enumerate((1024, 896, 768, 640))], 120,
-                       "the four trials did not end")
+                        for k, w in enumerate(widths)], 120, "the four trials did not end")
     finally:
         torch.set_num_threads(threads)
     assert not errors, str(errors[0])
-    assert sorted(trained) == [0, 1, 2, 3]
-    assert session.stats()["peak_bytes"] <= earlier + (30 << 20)
+    assert sorted(trained) == list(range(len(widths)))
+    assert session.stats()["peak_bytes"] <= earlier + (limit_mib << 20)
+
+
+def test_four_trials_whose_state_fits_two_at_a_time_all_train(session):
+    """Four trials (an MLP of 5.05 MiB, SGD with momentum, batch 512), each
+    thread building its model before its block, as Optuna's ``n_jobs``
+    runs objectives: all four models are held from the start. Under 43 MiB
+    a pass (about 10 MiB above the trial's state) fits beside the four
+    models and two trials' state, not three. A trial's first pass, its
+    kind measured, is admitted only with room for itself and its next pass
+    beside the state it leaves (``Member._room_to_go_on``), so the third
+    waits for a leave, and all four train, as one after another would.
+    When it was admitted with the room for its pass alone, three trials
+    made their state and every trial waited: one failed
+    (bench/concurrent/state_fit.py)."""
+    trials_holding_their_models_train(session, (1024,) * 4, 43)
+
+
+def test_four_architectures_whose_state_fits_one_at_a_time_all_train(session):
+    """Four trials of four widths (MLPs of 2.3-5.1 MiB, SGD with momentum,
+    batch 512), every model held from the start, under 30 MiB: the four
+    models and the largest trial's state and pass fit, little more. Each
+    trial's first pass is of a kind none measured; after the first, each
+    is guessed from those measured (``FirstPasses.room_to_go_on_guess``)
+    and waits for a leave where that much room is not free. All four
+    train, as one after another would; with no guess (a first pass of a
+    new kind admitted alone in whatever room there was), 1-3 of 4 did."""
+    trials_holding_their_models_train(session, (1024, 896, 768, 640), 30)

@@ -54,8 +54,8 @@ struct GateRequest {
   std::size_t rest = 0;     // the most it rises before its pass ends (>= rise)
   std::size_t end = 0;      // its predicted bytes once the pass ends
   bool boundary = false;    // the gate starts a pass (the member holds no activations)
-  // A first pass whose kind a member measured: the room it is admitted with
-  // at least (what that pass rose and left held; 0: none asked).
+  // A first pass: the room it is admitted with at least (what such a pass
+  // rose and left held, measured or guessed; 0: none asked).
   std::size_t least = 0;
   // Asking to run alone: relook() calls its member has seen (relooks()
   // before it chose what to ask); one since returns the gate at once.

@@ -364,9 +364,10 @@ class Member:
         (``FirstPasses.room_to_go_on_guess``): a guess too large only makes
         it wait for a leave, where with none four MLPs of four widths under
         30 and 35 MiB trained 1-3 of 4 and one after another trains 4. 0
-        for other passes not measured (none is, the session's first), and
-        where the budget is measured (a GPU's without a limit: an estimate
-        whose ties ask the device)."""
+        for a pass that computes no gradients, for the session's first
+        pass (nothing measured to guess from), and where the budget is
+        measured (a GPU's without a limit: an estimate whose ties ask the
+        device)."""
         if self._budget_measured():
             return 0
         measured = self.session.first_passes.get(kind)
@@ -392,9 +393,9 @@ class Member:
 
         Except, under a ``memory_limit``, where that room is less than the
         measured pass rose and left held (``_room_to_go_on``): then the
-        others' state, not their passes, holds what it lacks, and running alone would only drain
-        their passes and start it short, to fail in the tie-break where one
-        after another trains it. It asks what was measured, with the spare,
+        others' state, not their passes, holds what it lacks, and running
+        alone would only drain their passes and start it short, to fail in
+        the tie-break where one after another trains it. It asks what was measured, with the spare,
         and waits at its gate for a member to leave, holding no one back.
         A measured budget (a GPU's without a limit) is an estimate with a
         margin, past which a tie asks the device: there it runs alone, as
