@@ -93,6 +93,36 @@ def child(way: str, limit_mib: float, trials: int, steps: int, widths: list[int]
             "first_error": errors[0] if errors else None}
 
 
+def report_md(report: dict) -> str:
+    """The report's table: per way and limit, the trials trained in each
+    run, the seconds each run took, the most the session counted in any
+    run, and the last run's waits."""
+    runs = report["runs"]
+    lines = ["# Trials whose state does not all fit at once (measured, CPU)", "",
+             f"`python bench/concurrent/state_fit.py`, {report['date']}, on "
+             f"{report['measured']}: {report['trials']} MLP trials on threads (widths "
+             f"{', '.join(map(str, report.get('widths', [1024])))} in turn), "
+             f"{report['steps']} steps each, under each `memory_limit`; per way and limit, "
+             "the trials trained and the seconds taken in each run, the most the session "
+             "counted in any run (a model counts from its block's start), and the session's "
+             "waits in the last run.", "",
+             "| way | limit MiB | trained, each run | seconds, each run | peak MiB, most | "
+             "forced | failed |",
+             "|---|---|---|---|---|---|---|"]
+    for limit in dict.fromkeys(r["limit_mib"] for r in runs):
+        for way in WAYS:
+            mine = [r for r in runs if r["way"] == way and r["limit_mib"] == limit]
+            if not mine:
+                continue
+            last = mine[-1]
+            seconds = ", ".join(f"{r['seconds']:.1f}" for r in mine)
+            lines.append(f"| {way} | {limit:g} | {', '.join(str(r['trained']) for r in mine)} | "
+                         f"{seconds} | "
+                         f"{max(r['peak_mib'] for r in mine):.1f} | "
+                         f"{last['waits']['forced']} | {last['waits']['failed']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limits", type=float, nargs="+", default=[35.0, 45.0])
@@ -136,22 +166,7 @@ def main(argv=None) -> int:
     name = "state_fit" if args.widths == [1024] else "state_fit_" + "_".join(
         map(str, args.widths))
     (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = ["# Trials whose state does not all fit at once (measured, CPU)", "",
-             f"`python bench/concurrent/state_fit.py`, {report['date']}, on {where}: "
-             f"{args.trials} MLP trials on threads (widths "
-             f"{', '.join(map(str, args.widths))} in turn), {args.steps} steps each, under each "
-             "`memory_limit`; trials trained in each run, and the session's waits in the "
-             "last run.", "",
-             "| way | limit MiB | trained, each run | forced | failed | peak MiB |",
-             "|---|---|---|---|---|---|"]
-    for limit in args.limits:
-        for way in WAYS:
-            mine = [r for r in runs if r["way"] == way and r["limit_mib"] == limit]
-            last = mine[-1]
-            lines.append(f"| {way} | {limit:g} | {', '.join(str(r['trained']) for r in mine)} | "
-                         f"{last['waits']['forced']} | {last['waits']['failed']} | "
-                         f"{last['peak_mib']:.1f} |")
-    text = "\n".join(lines) + "\n"
+    text = report_md(report)
     (out / f"{name}.md").write_text(text)
     print(text)
     return 0
