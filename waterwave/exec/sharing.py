@@ -372,7 +372,7 @@ class Member:
             return 0
         measured = self.session.first_passes.get(kind)
         if measured is not None:
-            return measured.rise + max(0, measured.held)
+            return measured.to_go_on
         # A kind none measured: where the pass computes gradients (it may
         # make an optimizer's state), guessed from the kinds measured.
         signature = kind[1] if isinstance(kind, tuple) and len(kind) > 1 else None
@@ -395,8 +395,9 @@ class Member:
         measured pass rose and left held (``_room_to_go_on``): then the
         others' state, not their passes, holds what it lacks, and running
         alone would only drain their passes and start it short, to fail in
-        the tie-break where one after another trains it. It asks what was measured, with the spare,
-        and waits at its gate for a member to leave, holding no one back.
+        the tie-break where one after another trains it. It asks what was
+        measured, with the spare, and waits at its gate for a member to
+        leave, holding no one back.
         A measured budget (a GPU's without a limit) is an estimate with a
         margin, past which a tie asks the device: there it runs alone, as
         the simulator, which models that case, has it."""
@@ -404,7 +405,7 @@ class Member:
         if seen is None:
             return None
         spare = 2 * self.base
-        rise, net = seen[0] + spare, max(0, seen[1]) + spare
+        rise, net = seen.rise + spare, max(0, seen.net) + spare
         room = self.ledger.room_beside_live(self.account.id)
         if 2 * rise > room and room >= self._room_to_go_on(kind):
             return None

@@ -273,6 +273,12 @@ class FirstPass(NamedTuple):
     held: int
     base: int = 0  # its model's bytes
 
+    @property
+    def to_go_on(self) -> int:
+        """The room a trial needs to make this pass's state and then run
+        its next pass beside it: the rise and what was left held."""
+        return self.rise + max(0, self.held)
+
 
 class FirstPasses:
     """The first pass each member measured, by the pass's kind: its model's
@@ -315,9 +321,8 @@ class FirstPasses:
         none was measured."""
         with self._lock:
             seen = list(self._seen.values())
-        most = max((p.rise + max(0, p.held) for p in seen), default=0)
-        scaled = max(((p.rise + max(0, p.held)) * base // p.base for p in seen if p.base),
-                     default=0)
+        most = max((p.to_go_on for p in seen), default=0)
+        scaled = max((p.to_go_on * base // p.base for p in seen if p.base), default=0)
         return max(most, scaled)
 
 
