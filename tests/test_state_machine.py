@@ -1,6 +1,7 @@
 """Hypothesis state machines over random multi-stream sequences (alloc, free,
-record_stream, launch, sync, empty_cache, host time, max_split_size changed
-at run time) for both policies, with and without expandable segments.
+record_stream, launch, sync, empty_cache, host time, max_split_size and
+own_segments_first changed at run time) for both policies, with and without
+expandable segments.
 
 After every step: the C++ invariant check; from the snapshot, no two live
 blocks overlap, blocks tile their segments, reserved = allocated + cached free
@@ -19,6 +20,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+import pytest
+
 import waterwave as ww
 
 MiB = 1024**2
@@ -32,7 +35,9 @@ SIZES = st.one_of(
 CONFIGS = ["", "max_split_size_mb:24", "roundup_power2_divisions:[1:2,16:4,>:8]",
            "per_process_memory_fraction:0.8,garbage_collection_threshold:0.5,max_split_size_mb:20",
            "expandable_segments:True",
-           "expandable_segments:True,per_process_memory_fraction:0.7,max_split_size_mb:20"]
+           "expandable_segments:True,per_process_memory_fraction:0.7,max_split_size_mb:20",
+           "own_segments_first:True",
+           "own_segments_first:True,per_process_memory_fraction:0.7,max_split_size_mb:20"]
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -129,6 +134,17 @@ class AllocatorMachine(RuleBasedStateMachine):
     def set_max_split_size(self, mb):
         self.ready().set_max_split_size(-1 if mb is None else mb * MiB)
 
+    @rule(on=st.booleans())
+    def set_own_segments_first(self, on):
+        a = self.ready()
+        if self.expandable and on:  # exclusive: refused, nothing changed
+            with pytest.raises(ww.ConfigError, match="expandable_segments"):
+                a.set_own_segments_first(on)
+            assert not a.config.own_segments_first
+            return
+        a.set_own_segments_first(on)
+        assert a.config.own_segments_first == on
+
     @rule(us=st.floats(0, 500))
     def advance_host(self, us):
         self.ready().device.advance_host(us)
@@ -146,7 +162,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert a.hazards() == []
         snap = a.snapshot()
         s = a.stats()
-        reserved = allocated = cached = pending = pending_requested = 0
+        reserved = allocated = cached = pending = pending_requested = largest = 0
         last_end = 0
         allocated_ptrs = {}
         for seg in snap:
@@ -168,6 +184,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                     pending_requested += b["requested"]
                 else:
                     cached += b["size"]
+                    largest = max(largest, b["size"])
                 is_free = state in ("synced", "free", "unsynced", "pending_free")
                 if self.just_synced:
                     assert not (is_free and prev_free), "adjacent free blocks after sync"
@@ -196,6 +213,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert s["reserved_bytes.all.peak"] == self.peak_reserved
         free_sets = s["synced_free_bytes"] + s["unsynced_free_bytes"]
         assert free_sets == cached
+        if self.policy == "waterwave":  # its free blocks are all in its sets
+            assert s["largest_free_block"] == largest
         # Oversize counts follow max_split_size, also after it changed (an
         # expandable segment's pages are counted as they map, not as here).
         limit = s["max_split_size"] if s["max_split_size"] >= 0 else float("inf")

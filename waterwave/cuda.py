@@ -146,6 +146,18 @@ def max_split_size_chosen(device=None) -> bool:
     return allocator(device).max_split_size_chosen()
 
 
+def set_own_segments_first(on: bool, device=None) -> None:
+    """From now on, under the waterwave policy, each stream takes its own
+    segments' free blocks and a new segment before other streams' free
+    memory, which it takes only once the device (or its memory fraction) is
+    out (``own_segments_first``; off by default). ConfigError with expandable
+    segments, which keep each stream to its own segment already. See the
+    guide's allocator page for when it pays."""
+    if not isinstance(on, bool):
+        raise TypeError(f"set_own_segments_first takes True or False, not {on!r}")
+    allocator(device).set_own_segments_first(on)
+
+
 def record_memory_history(enabled: Any = True, max_entries: int = snapshots.DEFAULT_MAX_ENTRIES,
                           device=None) -> None:
     """Record the device allocator's events for ``memory_snapshot`` (torch's

@@ -57,7 +57,8 @@ OUTSIDE_STREAM = 0  # the default stream: where a trial's batches are made
 AT_FIRST_PASS = " at the first pass"
 SETTINGS = [("waterwave", ""), ("waterwave", "max_split_size_mb:20"),
             ("waterwave", "max_split_size_mb:20" + AT_FIRST_PASS),
-            ("waterwave", "expandable_segments:True"), ("pytorch", ""),
+            ("waterwave", "expandable_segments:True"), ("waterwave", "own_segments_first:True"),
+            ("waterwave", "max_split_size_mb:20,own_segments_first:True"), ("pytorch", ""),
             ("pytorch", "max_split_size_mb:20"),
             ("pytorch", "max_split_size_mb:20" + AT_FIRST_PASS),
             ("pytorch", "expandable_segments:True")]

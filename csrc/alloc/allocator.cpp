@@ -19,6 +19,7 @@ Allocator::Allocator(PolicyKind kind, Device& device, const AllocatorConfig& con
   stats_.max_split_size =
       cfg_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(cfg_.max_split_size);
   max_split_chosen_ = cfg_.max_split_size_set();
+  own_first_chosen_ = cfg_.own_segments_first_set;
   if (cfg_.expandable_segments && !device_.supports_vmm()) {
     throw ConfigError("allocator config: expandable_segments:True needs a device with virtual "
                       "memory management (CUDA's VMM API), which this device lacks; set "
@@ -239,6 +240,21 @@ void Allocator::set_max_split_size(std::size_t bytes) {
 bool Allocator::max_split_size_chosen() {
   Lock lock(mu_);
   return max_split_chosen_;
+}
+
+void Allocator::set_own_segments_first(bool on) {
+  Lock lock(mu_);
+  AllocatorConfig next = cfg_;
+  next.set_own_segments_first(on);
+  next.validate();  // ConfigError: nothing changed
+  cfg_ = next;
+  own_first_chosen_ = true;
+  own_segments_first_changed_locked(on);
+}
+
+bool Allocator::own_segments_first_chosen() {
+  Lock lock(mu_);
+  return own_first_chosen_;
 }
 
 AllocatorConfig Allocator::config() {

@@ -101,6 +101,13 @@ class Allocator {
   // Whether a limit was chosen: in the config, or by set_max_split_size
   // (SIZE_MAX included), so that a default set later leaves it alone.
   bool max_split_size_chosen();
+  // own_segments_first (config.h) changed while the allocator runs: from now
+  // on, under the waterwave policy, a stream takes other streams' free
+  // memory only once the device is out. ConfigError (nothing changed) with
+  // expandable segments. Inert under the pytorch policy.
+  void set_own_segments_first(bool on);
+  // Whether it was chosen: in the config, or by set_own_segments_first.
+  bool own_segments_first_chosen();
   // Memory history for PyTorch's snapshot format: while enabled, the newest
   // `max_entries` allocator events (alloc, free_requested, free_completed,
   // segment_alloc/free, segment_map/unmap, oom). Disabling drops them.
@@ -215,6 +222,7 @@ class Allocator {
   AllocatorConfig cfg_;  // fixed but for max_split_size (set_max_split_size)
   const SizeRules rules_;  // reads cfg_
   bool max_split_chosen_ = false;  // under mu_
+  bool own_first_chosen_ = false;  // under mu_
   std::mutex mu_;
   AllocatorStats stats_;
   std::map<Addr, Segment*> segments_;
@@ -249,6 +257,8 @@ class Allocator {
   // them) and free to any stream, whose whole pages may move to where a
   // stream grows; nullptr when pages never move (PyTorch's semantics).
   virtual FreeSet* idle_set(PoolKind) { return nullptr; }
+  // own_segments_first was set (set_own_segments_first, under mu_).
+  virtual void own_segments_first_changed_locked(bool) {}
   // The page an expandable segment of the pool maps (rounded up to the
   // device's granularity). PyTorch: 2 MiB small, large_segment_size large.
   virtual std::size_t expandable_page(PoolKind pool) const {

@@ -64,8 +64,12 @@ struct ArenaAllocator {
 };
 
 
-// Free sets order blocks by (size, address): best fit is a lower_bound.
+// Free sets order blocks by (size, address): best fit is a lower_bound. A
+// set *by owner* orders them first by the stream that reserved their
+// segment (owner_of), so that the best fit among one stream's segments is a
+// lower_bound too (the waterwave policy's own_segments_first).
 struct BySizeThenAddr {
+  bool by_owner = false;
   inline bool operator()(const Block* a, const Block* b) const;
 };
 using FreeTree = std::set<Block*, BySizeThenAddr, ArenaAllocator<Block*>>;
@@ -100,10 +104,6 @@ struct Block {
   Addr end() const { return addr + size; }
 };
 
-bool BySizeThenAddr::operator()(const Block* a, const Block* b) const {
-  if (a->size != b->size) return a->size < b->size;
-  return a->addr < b->addr;
-}
 
 struct Segment {
   Addr addr = 0;
@@ -119,6 +119,19 @@ struct Segment {
   // large one, as PyTorch: mapping costs per allocation, not per byte).
   std::size_t page = 0;
 };
+
+// The stream that reserved a block's segment; a search key (no segment) names
+// it in `stream`.
+inline StreamId owner_of(const Block* b) { return b->segment ? b->segment->stream : b->stream; }
+
+bool BySizeThenAddr::operator()(const Block* a, const Block* b) const {
+  if (by_owner) {
+    const StreamId oa = owner_of(a), ob = owner_of(b);
+    if (oa != ob) return oa < ob;
+  }
+  if (a->size != b->size) return a->size < b->size;
+  return a->addr < b->addr;
+}
 
 // Recycles Block objects so the hot path does not call malloc for splits.
 class BlockPool {

@@ -18,6 +18,18 @@
 //      (with expandable segments: retry first, since every free page is now
 //      idle and may move; release free pages only if that fails);
 //   7. OutOfMemoryError with the statistics.
+// With own_segments_first (config.h; off by default) a stream keeps to its
+// own memory until the device is out, as PyTorch's per-stream pools do: steps
+// 1-3 look only at synced blocks of segments S reserved, step 5 comes before
+// step 4, and other streams' memory (their segments' synced blocks, then
+// their unsynced ones) is taken only after step 6's SyncAndCoalesce and
+// release, where PyTorch's policy would raise. Taking another stream's free
+// memory whenever it fits, the default, packs tighter under a cap but splits
+// that stream's large blocks for smaller requests and lets long-lived blocks
+// pin its segments; neither way fits every case (docs/design/
+// own-segments.md). The synced set is then ordered by segment owner first,
+// so each search stays a lower_bound (block.h).
+//
 // Frees coalesce only with neighbours in the same unsynced set; merging with
 // synced neighbours is deferred until promotion, SyncAndCoalesce, or a
 // request that nothing else serves (3), so a free never turns synced memory
@@ -39,7 +51,8 @@ constexpr std::size_t kMaxMarkers = 16;  // pending markers kept per stream
 class WaterwavePolicy final : public Allocator {
  public:
   WaterwavePolicy(Device& device, const AllocatorConfig& config)
-      : Allocator(PolicyKind::kWaterwave, device, config) {}
+      : Allocator(PolicyKind::kWaterwave, device, config),
+        synced_(config.own_segments_first ? synced_by_owner_ : synced_flat_) {}
 
   ~WaterwavePolicy() override {
     for (auto& [id, s] : streams_) {
@@ -62,6 +75,7 @@ class WaterwavePolicy final : public Allocator {
   [[gnu::noinline, gnu::cold]] Block* find_after_sync_locked(Lock& lock, const Request& r,
                                                             Served& how) {
     stats_.num_oom_retries++;
+    after_sync_ = true;  // own memory first: other streams' may serve now
     sync_and_coalesce_locked(lock);
     Block* b = nullptr;
     // With expandable segments every free page is now idle and growth moves
@@ -73,23 +87,33 @@ class WaterwavePolicy final : public Allocator {
       b = find_cached_or_new_locked(lock, r, how);
     }
     how = Served::kAfterSync;
+    after_sync_ = false;
     return b;
   }
 
   // Steps 1-5, inlined into both callers.
   [[gnu::always_inline]] Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
     StreamState* s = stream_state(r.stream);
+    // Own memory first: only S's segments' synced blocks until the device
+    // is out (the file's opening).
+    const StreamState* only = own_first() ? s : nullptr;
     Block* b = fit(s->unsynced[r.pool], r.size);
     // An exact fit of the stream's own is the tighter one: the synced set
     // cannot beat it, so the fast path skips that search (training repeats
     // its sizes step after step, so this is the common case).
-    if (!(b && b->size == r.size)) b = tighter(b, fit(synced_[r.pool], r.size));
+    if (!(b && b->size == r.size)) b = tighter(b, fit_synced(r.pool, r.size, only));
     if (b) {
       how = b->set == &synced_[r.pool] ? Served::kSynced : Served::kSameStream;
-    } else if (promote_by_query() && (b = fit(synced_[r.pool], r.size))) {
+    } else if (promote_by_query() && (b = fit_synced(r.pool, r.size, only))) {
       how = Served::kPromoted;
     } else if (absorb_synced_neighbours(s, r.pool) && (b = fit(s->unsynced[r.pool], r.size))) {
       how = Served::kSameStream;
+    } else if (only && (b = new_memory_locked(lock, r, r.stream))) {
+      how = Served::kNewSegment;
+    } else if (only && !after_sync_) {
+      return nullptr;  // step 6 next: SyncAndCoalesce, release, then others' memory
+    } else if (only && (b = fit_synced(r.pool, r.size, nullptr))) {
+      how = Served::kSynced;
     } else if ((b = take_from_other_stream(s, r.pool, r.size))) {
       how = Served::kCrossStreamWait;
     } else if ((b = new_memory_locked(lock, r, r.stream))) {
@@ -97,6 +121,22 @@ class WaterwavePolicy final : public Allocator {
     }
     return b;
   }
+
+  // Set at run time (Allocator::set_own_segments_first): the synced blocks
+  // move to the set ordered the new way.
+  void own_segments_first_changed_locked(bool on) override {
+    FreeSet* to = on ? synced_by_owner_ : synced_flat_;
+    if (to == synced_) return;
+    for (int p = 0; p < 2; ++p) {
+      scratch_.assign(synced_[p].begin(), synced_[p].end());
+      for (Block* b : scratch_) {
+        erase_free(b);
+        insert_free(to[p], b);
+      }
+    }
+    synced_ = to;
+  }
+  bool own_first() const { return synced_ == synced_by_owner_; }
 
   // With expandable segments each stream grows its own segment per pool, so
   // that its layout repeats step after step as under PyTorch; idle (synced)
@@ -265,6 +305,27 @@ class WaterwavePolicy final : public Allocator {
     return (b && rules_.may_take(b->size, size)) ? b : nullptr;
   }
 
+  // Best fit in the synced set; with own memory first, among the segments
+  // `only` reserved, or (nullptr) among every stream's: the tightest of
+  // each stream's best fits, O(streams log n), only once the device is out.
+  Block* fit_synced(PoolKind pool, std::size_t size, const StreamState* only) const {
+    const FreeSet& set = synced_[pool];
+    if (!own_first()) return fit(set, size);
+    auto fit_of = [&](StreamId owner) {
+      Block* b = set.best_fit_of(owner, size);
+      return (b && rules_.may_take(b->size, size)) ? b : nullptr;
+    };
+    if (only) return fit_of(only->id);
+    Block* best = nullptr;
+    for (const StreamState* v : stream_list_) {
+      Block* b = fit_of(v->id);
+      if (b && (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr))) {
+        best = b;
+      }
+    }
+    return best;
+  }
+
   // Record a marker on `s` if its newest free is not yet covered by one.
   // Markers that never complete must not pile up: keep the oldest (they
   // complete first and drive promotion) and the newest. Dropping one in
@@ -415,9 +476,14 @@ class WaterwavePolicy final : public Allocator {
   std::unordered_map<StreamId, std::unique_ptr<StreamState>> streams_;
   std::vector<StreamState*> stream_list_;
   StreamState* last_stream_ = nullptr;
-  FreeSet synced_[2];
+  // The synced set of each pool, flat or by owner (own_segments_first);
+  // synced_ is the one in use.
+  FreeSet synced_flat_[2];
+  FreeSet synced_by_owner_[2] = {FreeSet(true), FreeSet(true)};
+  FreeSet* synced_;
   std::uint64_t free_counter_ = 0;
   std::vector<Block*> scratch_;
+  bool after_sync_ = false;  // in step 6's retry (find_after_sync_locked)
 };
 
 }  // namespace

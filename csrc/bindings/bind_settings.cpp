@@ -116,6 +116,7 @@ void bind_settings(py::module_& m) {
       .def_readonly("garbage_collection_threshold", &AllocatorConfig::garbage_collection_threshold)
       .def_readonly("per_process_memory_fraction", &AllocatorConfig::per_process_memory_fraction)
       .def_readonly("expandable_segments", &AllocatorConfig::expandable_segments)
+      .def_readonly("own_segments_first", &AllocatorConfig::own_segments_first)
       .def("round_size", [](const AllocatorConfig& c, std::size_t n) { return SizeRules{c}.round_size(n); },
            py::arg("nbytes"), "The block size a request of nbytes is rounded to.")
       .def("segment_size", [](const AllocatorConfig& c, std::size_t rounded) {

@@ -127,6 +127,14 @@ void bind_stack(py::module_& m) {
            "split.")
       .def("max_split_size_chosen", [](BoundStack& a) { return a.stack().max_split_size_chosen(); },
            "Whether a max_split_size was chosen, in the config or by set_max_split_size.")
+      .def("set_own_segments_first",
+           [](BoundStack& a, bool on) { a.stack().set_own_segments_first(on); }, py::arg("on"),
+           "From now on, under the waterwave policy, a stream takes other streams' free memory "
+           "only once the device is out (own_segments_first). ConfigError with expandable "
+           "segments.")
+      .def("own_segments_first_chosen",
+           [](BoundStack& a) { return a.stack().own_segments_first_chosen(); },
+           "Whether own_segments_first was chosen, in the config or by set_own_segments_first.")
       .def("check_invariants", [](BoundStack& a) { a.stack().check_invariants(); })
       .def("snapshot", [](BoundStack& a) { return segments_list(a.stack().snapshot()); },
            "Segments and their blocks, in address order.")

@@ -13,7 +13,8 @@ namespace {
 
 using KeyKind = AllocatorConfig::KeyKind;
 
-// Every key PyTorch 2.14 accepts that the allocators read, and its kind.
+// Every key PyTorch 2.14 accepts that the allocators read, and its kind (and
+// Waterwave's own, marked).
 const std::pair<const char*, KeyKind> kKeys[] = {
     {"max_split_size_mb", KeyKind::kMiB},
     {"max_non_split_rounding_mb", KeyKind::kMiB},
@@ -22,6 +23,8 @@ const std::pair<const char*, KeyKind> kKeys[] = {
     {"garbage_collection_threshold", KeyKind::kFraction},
     {"per_process_memory_fraction", KeyKind::kFraction},
     {"expandable_segments", KeyKind::kFlag},
+    // Waterwave's own (config.h), not PyTorch's.
+    {"own_segments_first", KeyKind::kFlag},
     // Accepted for compatibility; waterwave never holds its lock around a
     // device reservation, so both values behave as True.
     {"release_lock_on_cudamalloc", KeyKind::kFlag},
@@ -214,6 +217,7 @@ void AllocatorConfig::set_fraction(const std::string& key, double value) {
 
 void AllocatorConfig::set_flag(const std::string& key, bool on) {
   if (key == "expandable_segments") return set_expandable_segments(on);
+  if (key == "own_segments_first") return set_own_segments_first(on);
   if (key == "release_lock_on_cudamalloc") return;  // see kKeys
   throw ConfigError("allocator config: '" + key + "' is not a True/False setting");
 }
@@ -302,6 +306,11 @@ void AllocatorConfig::validate() const {
     throw ConfigError("allocator config: max_non_split_rounding_mb too small, must be >= " +
                       std::to_string(seg_mb) + " (large_segment_size_mb)");
   }
+  if (own_segments_first && expandable_segments) {
+    throw ConfigError(
+        "allocator config: own_segments_first and expandable_segments exclude each other "
+        "(expandable segments already grow each stream's own segment): set one of them");
+  }
 }
 
 AllocatorConfig AllocatorConfig::parse(const std::string& text, std::string* policy) {
@@ -352,6 +361,7 @@ std::string AllocatorConfig::to_string() const {
   sep();
   os << "per_process_memory_fraction:" << per_process_memory_fraction;
   if (expandable_segments) os << ",expandable_segments:True";
+  if (own_segments_first_set) os << ",own_segments_first:" << (own_segments_first ? "True" : "False");
   return os.str();
 }
 

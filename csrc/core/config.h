@@ -26,6 +26,13 @@ struct AllocatorConfig {
   double garbage_collection_threshold = 0.0;  // 0: off
   double per_process_memory_fraction = 1.0;   // 1: no limit
   bool expandable_segments = false;           // grow segments by mapping pages (VMM)
+  // Not a PyTorch key (Waterwave's own, as `policy`): under the waterwave
+  // policy a stream takes other streams' free memory only once the device
+  // is out (waterwave_policy.cpp). Inert under the pytorch policy, whose
+  // streams never share blocks; exclusive with expandable_segments, whose
+  // growth keeps each stream in its own segment already.
+  bool own_segments_first = false;
+  bool own_segments_first_set = false;  // given (True or False): chosen, not a default
   bool release_lock_on_device_alloc = true;   // the lock is always dropped around reserve
   bool max_non_split_rounding_set = false;    // PyTorch checks its floor only when given
   // Not a PyTorch key, never parsed: a private pool's (CUDA graphs,
@@ -64,6 +71,10 @@ struct AllocatorConfig {
   void set_garbage_collection_threshold(double threshold);
   void set_per_process_memory_fraction(double fraction);
   void set_expandable_segments(bool on) { expandable_segments = on; }
+  void set_own_segments_first(bool on) {
+    own_segments_first = on;
+    own_segments_first_set = true;
+  }
   void validate() const;
   bool operator==(const AllocatorConfig& other) const { return to_string() == other.to_string(); }
   // The configuration as a canonical string that parse() accepts.

@@ -1,0 +1,152 @@
+"""The waterwave policy's ``own_segments_first``: a stream takes other
+streams' free memory only once the device is out
+(``csrc/alloc/waterwave_policy.cpp``, ``docs/design/own-segments.md``), set in
+the config or at run time. Random sequences under it, and toggled among
+them, are in ``test_state_machine.py``."""
+import pytest
+
+import waterwave as ww
+
+MiB = 1 << 20
+
+
+def freed_on_stream_one(config: str = "", capacity: int = 256 * MiB) -> ww.Allocator:
+    """A 40 MiB segment reserved on stream 1, its block freed and synced."""
+    a = ww.Allocator("waterwave", ww.SimDevice(capacity, 0.0), config)
+    a.free(a.alloc(40 * MiB, 1))
+    a.sync_and_coalesce()
+    return a
+
+
+def segments_by_stream(a: ww.Allocator) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for seg in a.snapshot():
+        out[seg["stream"]] = out.get(seg["stream"], 0) + 1
+    return out
+
+
+def test_by_default_a_stream_splits_another_streams_synced_block():
+    a = freed_on_stream_one()
+    a.alloc(12 * MiB, 2)
+    s = a.stats()
+    assert s["segment.all.current"] == 1 and s["served.synced"] == 1
+
+
+def test_own_memory_first_reserves_a_segment_of_its_own():
+    a = freed_on_stream_one("own_segments_first:True")
+    p = a.alloc(12 * MiB, 2)
+    s = a.stats()
+    assert s["served.new_segment"] == 2 and s["served.synced"] == 0
+    assert segments_by_stream(a) == {1: 1, 2: 1}
+    a.free(p)
+    a.sync_and_coalesce()
+    a.alloc(12 * MiB, 2)  # its own segment's block, again
+    assert a.stats()["segment.all.current"] == 2
+    a.check_invariants()
+
+
+def test_own_memory_first_takes_another_streams_memory_once_the_device_is_out():
+    # 40 MiB reserved of a 48 MiB device: a 12 MiB segment of its own does not
+    # fit, so after a SyncAndCoalesce the request takes stream 1's block.
+    a = freed_on_stream_one("own_segments_first:True", capacity=48 * MiB)
+    a.alloc(12 * MiB, 2)
+    s = a.stats()
+    assert s["segment.all.current"] == 1
+    assert s["served.after_sync"] == 1 and s["num_ooms"] == 0
+    a.check_invariants()
+
+
+def test_a_stream_takes_the_tightest_of_its_own_segments_blocks():
+    a = ww.Allocator("waterwave", ww.SimDevice(512 * MiB, 0.0), "own_segments_first:True")
+    mine = [a.alloc(n * MiB, 2) for n in (30, 14)]  # two segments of stream 2
+    other = a.alloc(13 * MiB, 1)  # stream 1's, tighter for 13 MiB than either
+    for p in (*mine, other):
+        a.free(p)
+    a.sync_and_coalesce()
+    p = a.alloc(13 * MiB, 2)
+    owner = {seg["addr"]: seg for seg in a.snapshot()}
+    seg = next(s for s in owner.values() if s["addr"] <= p < s["addr"] + s["size"])
+    assert seg["stream"] == 2 and seg["size"] == 14 * MiB
+
+
+def test_largest_free_block_counts_every_streams_segments():
+    a = ww.Allocator("waterwave", ww.SimDevice(512 * MiB, 0.0), "own_segments_first:True")
+    for n, stream in ((60, 1), (30, 2), (44, 3)):
+        a.free(a.alloc(n * MiB, stream))
+    a.sync_and_coalesce()
+    assert a.stats()["largest_free_block"] == 60 * MiB
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_changed_at_run_time_the_cached_blocks_stay_served(first):
+    a = ww.Allocator("waterwave", ww.SimDevice(512 * MiB, 0.0),
+                     "own_segments_first:True" if first else "")
+    assert not a.own_segments_first_chosen() or first
+    blocks = [a.alloc(n * MiB, s) for n, s in ((30, 1), (8, 2), (22, 1), (3, 3))]
+    for p in blocks[::2]:
+        a.free(p)
+    a.sync_and_coalesce()
+    a.set_own_segments_first(not first)
+    assert a.own_segments_first_chosen() and a.config.own_segments_first == (not first)
+    a.check_invariants()
+    before = a.stats()["reserved_bytes.all.current"]
+    a.alloc(22 * MiB, 1)  # stream 1's cached block, in whichever order the set keeps
+    assert a.stats()["reserved_bytes.all.current"] == before
+    a.check_invariants()
+
+
+def test_the_setting_is_refused_by_name_beside_expandable_segments():
+    with pytest.raises(ww.ConfigError, match="own_segments_first and expandable_segments"):
+        ww.AllocatorConfig("own_segments_first:True,expandable_segments:True")
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "expandable_segments:True")
+    with pytest.raises(ww.ConfigError, match="expandable_segments"):
+        a.set_own_segments_first(True)
+    assert not a.config.own_segments_first  # nothing changed
+    assert ww.AllocatorConfig("own_segments_first:True").own_segments_first
+    assert "own_segments_first:True" in str(ww.AllocatorConfig(own_segments_first=True))
+
+
+def test_chosen_in_the_config_true_or_false():
+    assert not ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0)).own_segments_first_chosen()
+    for text in ("own_segments_first:False", "own_segments_first:True"):
+        a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), text)
+        assert a.own_segments_first_chosen() and text in str(a.config)
+
+
+def test_the_gpu_face_sets_it_on_the_devices_allocator(fake):
+    from waterwave import _C
+
+    ww.cuda.configure("waterwave", "", driver=fake.path)
+    ptr = _C.cuda_malloc(MiB, 0, 0)  # the device's allocator exists
+    try:
+        assert not ww.cuda.allocator(0).own_segments_first_chosen()
+        ww.cuda.set_own_segments_first(True, device=0)
+        assert ww.cuda.allocator(0).config.own_segments_first
+        assert ww.cuda.allocator(0).own_segments_first_chosen()
+        with pytest.raises(TypeError, match="True or False"):
+            ww.cuda.set_own_segments_first("yes")
+        ww.cuda.set_own_segments_first(False, device="cuda:0")
+        assert not ww.cuda.allocator(0).config.own_segments_first
+    finally:
+        _C.cuda_free(ptr, MiB, 0, 0)
+
+
+def test_the_benchmark_measures_both_settings(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "fragmentation"))
+    try:
+        import own_segments
+    finally:
+        sys.path.pop(0)
+    assert own_segments.main(["--mixes", "1", "--seed", "3", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "own_segments.json").read_text())
+    assert [r["schedule"] for r in data["least_cap"]] == ["sequential", "turns", "lockstep"]
+    for r in data["least_cap"]:  # bisected to 2 MiB, each setting on its own
+        assert all(r[n] > 0 for n in ("pytorch", "waterwave", "own segments first"))
+    (session,) = data["sessions"]
+    assert {"session", "session, own segments first"} <= set(session)
+    report = (tmp_path / "own_segments.md").read_text()
+    assert "needs more than PyTorch's" in report and "(simulated)" in report
