@@ -1,6 +1,6 @@
 """The waterwave policy's ``own_segments_first``: a stream takes other
 streams' free memory only once the device is out
-(``csrc/alloc/waterwave_policy.cpp``, ``docs/design/own-segments.md``), set in
+(``csrc/alloc/waterwave_policy.cpp``, ``docs/design/waterwave-policy.md``), set in
 the config or at run time. Random sequences under it, and toggled among
 them, are in ``test_state_machine.py``."""
 import pytest

@@ -27,8 +27,8 @@
 // memory whenever it fits, the default, packs tighter under a cap but splits
 // that stream's large blocks for smaller requests and lets long-lived blocks
 // pin its segments; neither way fits every case (docs/design/
-// own-segments.md). The synced set is then ordered by segment owner first,
-// so each search stays a lower_bound (block.h).
+// waterwave-policy.md, "Own memory first"). The synced set is then ordered
+// by segment owner first, so each search stays a lower_bound (block.h).
 //
 // Frees coalesce only with neighbours in the same unsynced set; merging with
 // synced neighbours is deferred until promotion, SyncAndCoalesce, or a
