@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from waterwave.pipeline.schedules import TRAINER_CONFIG  # noqa: E402
 from waterwave.sim import multijob  # noqa: E402
 from waterwave.sim.jobs import JobModel  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
@@ -360,7 +361,7 @@ def test_the_pipeline_chooses_by_throughput_never_below_lockstep_or_turns(jobs, 
     assert runs["waterwave"].policy in ("waterwave", "pytorch")
     same_policy = [simulate_models([R18_32] * jobs, batch, gpu, s, memory_limit=limit,
                                    kernels=KERNELS, record=False, concurrent_kernels=True,
-                                   policy="waterwave", config="max_split_size_mb:128")[0]
+                                   policy="waterwave", config=TRAINER_CONFIG)[0]
                    for s in ("turns", "lockstep")]
     assert runs["waterwave"].throughput >= max(r.throughput for r in same_policy if r.ok)
     assert runs["waterwave"].order in ("bfs", "program")
@@ -373,7 +374,7 @@ def test_the_pipeline_chooses_by_throughput_never_below_lockstep_or_turns(jobs, 
                                          concurrent_kernels=True, order=o, policy=policy,
                                          config=config)[0]
             for o in ("bfs", "program")
-            for policy, config in (("waterwave", "max_split_size_mb:128"), ("pytorch", ""))}
+            for policy, config in (("waterwave", TRAINER_CONFIG), ("pytorch", ""))}
     assert runs["waterwave"].throughput == max(r.throughput for r in each.values() if r.ok)
     chosen = each[(runs["waterwave"].order, runs["waterwave"].policy)]
     assert chosen.throughput == runs["waterwave"].throughput

@@ -147,6 +147,63 @@ def test_the_benchmark_measures_both_settings(tmp_path):
     for r in data["least_cap"]:  # bisected to 2 MiB, each setting on its own
         assert all(r[n] > 0 for n in ("pytorch", "waterwave", "own segments first"))
     (session,) = data["sessions"]
-    assert {"session", "session, own segments first"} <= set(session)
+    assert {"session, as it comes", "session, own segments first"} <= set(session)
     report = (tmp_path / "own_segments.md").read_text()
     assert "needs more than PyTorch's" in report and "(simulated)" in report
+
+
+def test_small_blocks_still_go_to_any_stream():
+    """Only the large pool keeps to its own segments: small blocks (2 MiB
+    segments) pack across streams as by default."""
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "own_segments_first:True")
+    a.free(a.alloc(512 << 10, 1))
+    a.sync_and_coalesce()
+    a.alloc(512 << 10, 2)
+    s = a.stats()
+    assert s["segment.all.current"] == 1 and s["served.synced"] == 1
+
+
+def test_a_trainer_run_holds_it_on_and_turns_it_off_after():
+    from waterwave.alloc.own_segments import own_segments_for_run
+
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
+    with own_segments_for_run(a) as on:
+        assert on and a.config.own_segments_first
+        with own_segments_for_run(a) as again:  # a second trainer's run beside it
+            assert again
+        assert a.config.own_segments_first  # the first run still holds it
+        assert not a.own_segments_first_chosen()  # the trainer's, not the user's
+    assert not a.config.own_segments_first and not a.own_segments_first_chosen()
+    # The user's choice stands, either way; expandable segments need none.
+    for config in ("own_segments_first:False", "own_segments_first:True",
+                   "expandable_segments:True"):
+        chosen = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), config)
+        with own_segments_for_run(chosen) as on:
+            assert on == (config == "own_segments_first:True")
+        assert chosen.config.own_segments_first == (config == "own_segments_first:True")
+    # Chosen while a run holds it: kept after the run.
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
+    with own_segments_for_run(a):
+        a.set_own_segments_first(True)
+    assert a.config.own_segments_first and a.own_segments_first_chosen()
+
+
+def test_a_trainers_run_on_a_gpu_holds_it_and_one_on_the_cpu_does_not(monkeypatch):
+    from types import SimpleNamespace
+
+    from waterwave.exec import concurrent
+
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
+    monkeypatch.setattr(concurrent.cuda, "is_installed", lambda: True)
+    monkeypatch.setattr(concurrent.cuda, "allocator", lambda device=None: a)
+
+    def member(device):
+        return SimpleNamespace(step_fn=SimpleNamespace(
+            device=device, params=[SimpleNamespace(device=f"{device}:0")]))
+
+    trainer = object.__new__(concurrent.ConcurrentTrainer)  # _own_segments reads no state
+    with trainer._own_segments([member("cuda")]) as on:
+        assert on and a.config.own_segments_first
+    assert not a.config.own_segments_first
+    with trainer._own_segments([member("cpu")]) as on:
+        assert not on and not a.config.own_segments_first

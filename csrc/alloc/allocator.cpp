@@ -242,13 +242,14 @@ bool Allocator::max_split_size_chosen() {
   return max_split_chosen_;
 }
 
-void Allocator::set_own_segments_first(bool on) {
+void Allocator::set_own_segments_first(bool on, bool chosen) {
   Lock lock(mu_);
   AllocatorConfig next = cfg_;
   next.set_own_segments_first(on);
   next.validate();  // ConfigError: nothing changed
+  if (!chosen) next.own_segments_first_set = cfg_.own_segments_first_set;
   cfg_ = next;
-  own_first_chosen_ = true;
+  own_first_chosen_ = own_first_chosen_ || chosen;
   own_segments_first_changed_locked(on);
 }
 

@@ -103,9 +103,11 @@ class Allocator {
   bool max_split_size_chosen();
   // own_segments_first (config.h) changed while the allocator runs: from now
   // on, under the waterwave policy, a stream takes other streams' free
-  // memory only once the device is out. ConfigError (nothing changed) with
-  // expandable segments. Inert under the pytorch policy.
-  void set_own_segments_first(bool on);
+  // large-pool memory only once the device is out. ConfigError (nothing
+  // changed) with expandable segments. Inert under the pytorch policy.
+  // `chosen`: the user's choice, which a default set later leaves alone (a
+  // trainer's own setting, for its run, is not).
+  void set_own_segments_first(bool on, bool chosen = true);
   // Whether it was chosen: in the config, or by set_own_segments_first.
   bool own_segments_first_chosen();
   // Memory history for PyTorch's snapshot format: while enabled, the newest

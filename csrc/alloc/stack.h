@@ -59,7 +59,9 @@ class AllocatorStack {
   double memory_fraction() { return online_->memory_fraction(); }
   void set_max_split_size(std::size_t bytes) { online_->set_max_split_size(bytes); }
   bool max_split_size_chosen() { return online_->max_split_size_chosen(); }
-  void set_own_segments_first(bool on) { online_->set_own_segments_first(on); }
+  void set_own_segments_first(bool on, bool chosen = true) {
+    online_->set_own_segments_first(on, chosen);
+  }
   bool own_segments_first_chosen() { return online_->own_segments_first_chosen(); }
   std::vector<SegmentInfo> snapshot() { return online_->snapshot(); }
   void check_invariants();

@@ -19,16 +19,19 @@
 //      idle and may move; release free pages only if that fails);
 //   7. OutOfMemoryError with the statistics.
 // With own_segments_first (config.h; off by default) a stream keeps to its
-// own memory until the device is out, as PyTorch's per-stream pools do: steps
-// 1-3 look only at synced blocks of segments S reserved, step 5 comes before
-// step 4, and other streams' memory (their segments' synced blocks, then
-// their unsynced ones) is taken only after step 6's SyncAndCoalesce and
-// release, where PyTorch's policy would raise. Taking another stream's free
-// memory whenever it fits, the default, packs tighter under a cap but splits
-// that stream's large blocks for smaller requests and lets long-lived blocks
-// pin its segments; neither way fits every case (docs/design/
-// waterwave-policy.md, "Own memory first"). The synced set is then ordered
-// by segment owner first, so each search stays a lower_bound (block.h).
+// own large-pool memory until the device is out, as PyTorch's per-stream
+// pools do: for a request of the large pool, steps 1-3 look only at synced
+// blocks of segments S reserved, step 5 comes before step 4, and other
+// streams' memory (their segments' synced blocks, then their unsynced ones)
+// is taken only after step 6's SyncAndCoalesce and release, where PyTorch's
+// policy would raise. Small-pool requests (2 MiB segments) go on as by
+// default: packed across streams they leave more room under a cap, and their
+// pieces are too small to strand much. Taking another stream's large free
+// memory whenever it fits, the default, packs tighter still but splits that
+// stream's large blocks for smaller requests and lets long-lived blocks pin
+// its segments (docs/design/waterwave-policy.md, "Own memory first"). The
+// large pool's synced set is then ordered by segment owner first, so each
+// search stays a lower_bound (block.h).
 //
 // Frees coalesce only with neighbours in the same unsynced set; merging with
 // synced neighbours is deferred until promotion, SyncAndCoalesce, or a
@@ -96,7 +99,7 @@ class WaterwavePolicy final : public Allocator {
     StreamState* s = stream_state(r.stream);
     // Own memory first: only S's segments' synced blocks until the device
     // is out (the file's opening).
-    const StreamState* only = own_first() ? s : nullptr;
+    const StreamState* only = own_first() && r.pool == kLargePool ? s : nullptr;
     Block* b = fit(s->unsynced[r.pool], r.size);
     // An exact fit of the stream's own is the tighter one: the synced set
     // cannot beat it, so the fast path skips that search (training repeats
@@ -310,7 +313,7 @@ class WaterwavePolicy final : public Allocator {
   // each stream's best fits, O(streams log n), only once the device is out.
   Block* fit_synced(PoolKind pool, std::size_t size, const StreamState* only) const {
     const FreeSet& set = synced_[pool];
-    if (!own_first()) return fit(set, size);
+    if (!set.by_owner()) return fit(set, size);
     auto fit_of = [&](StreamId owner) {
       Block* b = set.best_fit_of(owner, size);
       return (b && rules_.may_take(b->size, size)) ? b : nullptr;
@@ -476,10 +479,10 @@ class WaterwavePolicy final : public Allocator {
   std::unordered_map<StreamId, std::unique_ptr<StreamState>> streams_;
   std::vector<StreamState*> stream_list_;
   StreamState* last_stream_ = nullptr;
-  // The synced set of each pool, flat or by owner (own_segments_first);
-  // synced_ is the one in use.
+  // The synced set of each pool, flat or, for the large pool, by owner
+  // (own_segments_first); synced_ is the pair in use.
   FreeSet synced_flat_[2];
-  FreeSet synced_by_owner_[2] = {FreeSet(true), FreeSet(true)};
+  FreeSet synced_by_owner_[2] = {FreeSet(false), FreeSet(true)};
   FreeSet* synced_;
   std::uint64_t free_counter_ = 0;
   std::vector<Block*> scratch_;

@@ -37,7 +37,11 @@ reach them (``pipeline.round_feed``), so ``run(100_000)`` starts at once.
 On a GPU the Waterwave allocator (``waterwave.install_allocator()``) serves
 every job from one cache, so a block one job frees can serve another's
 allocation after an asynchronous stream wait; ``sync_at_barrier`` adds the
-paper's SyncAndCoalesce between rounds. Without a memory limit the budget
+paper's SyncAndCoalesce between rounds. A run turns on the allocator's
+``own_segments_first`` for its duration unless its settings chose
+(``alloc/own_segments.py``): a job takes another's free large-pool memory
+only once the GPU (or its cap) is out, so that jobs do not split and pin
+one another's segments. Without a memory limit the budget
 is what the jobs hold plus what the GPU's allocator can still give (its
 cached free blocks, and the driver's free memory within the allocator's
 memory fraction), or unlimited on the CPU.
@@ -60,8 +64,8 @@ Optuna's ``n_jobs``) gets it too: Ctrl-C stops every trainer's run
 (``interrupt_all``, from ``ctrl_c``), as it stops the training sessions;
 ``interrupt()`` stops one trainer's.
 
-May import: waterwave.pipeline, waterwave.graph, waterwave.cuda, this
-package; torch.
+May import: waterwave.pipeline, waterwave.graph, waterwave.cuda,
+waterwave.alloc, this package; torch.
 """
 from __future__ import annotations
 
@@ -73,6 +77,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .. import cuda
+from ..alloc.own_segments import own_segments_for_run
 from ..pipeline.counter_barrier import CounterBarrier
 from ..pipeline.pairing import FREE_MARGIN, JobGroups, PeriodicRounds, RoundPlanner, step_peak
 from ..pipeline.round_feed import RoundFeed
@@ -277,6 +282,19 @@ class ConcurrentTrainer(SettingsView):
             self._hold_between_runs()
 
     def _run_steps(self, members: list[PipelinedJob], steps: int) -> None:
+        with self._own_segments(members):
+            self._run_steps_as_planned(members, steps)
+
+    def _own_segments(self, members: list[PipelinedJob]):
+        """For the run: each job's stream keeps to its own large segments
+        until the GPU is out, unless the allocator's settings chose
+        (``alloc/own_segments.py``)."""
+        on_cuda = [m for m in members if m.step_fn.device == "cuda"]
+        if not on_cuda or not cuda.is_installed():
+            return contextlib.nullcontext(False)
+        return own_segments_for_run(cuda.allocator(on_cuda[0].step_fn.params[0].device))
+
+    def _run_steps_as_planned(self, members: list[PipelinedJob], steps: int) -> None:
         if self.plan_schedule.pairing == SESSION:
             self._run_session(members, steps)
             return

@@ -100,13 +100,21 @@ class PairingInput:
     groups: JobGroups
 
 
+# The allocator settings the captured schedules are simulated under: each
+# stream keeps to its own large segments until the device is out, as a
+# trainer's run sets on a GPU (alloc/own_segments.py); SIM_MAX_SPLIT is the
+# simulator's choice alone.
+OWN_SEGMENTS = "own_segments_first:True"
+SIM_MAX_SPLIT = "max_split_size_mb:128"
+TRAINER_CONFIG = f"{SIM_MAX_SPLIT},{OWN_SEGMENTS}"
+
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("waterwave", "ours: groups paired under the memory budget, kept safe", MEMORY,
-             config="max_split_size_mb:128"),
+             config=TRAINER_CONFIG),
     Schedule("waterwave-alg1", "the paper's Algorithm 1 over the same groups", ALGORITHM1,
-             config="max_split_size_mb:128"),
+             config=TRAINER_CONFIG),
     Schedule("waterwave-s", "each step in two groups (forward, backward), Algorithm 1",
-             ALGORITHM1, cut="forward", order="program"),
+             ALGORITHM1, cut="forward", order="program", config=OWN_SEGMENTS),
     Schedule("lockstep", "no barrier: the jobs side by side, as PyTorch runs them", FREE,
              order="program", policy="pytorch"),
     Schedule("turns", "whole steps in turn, one job at a time", TURNS, order="program",
@@ -114,7 +122,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("sequential", "each job's steps, one job after another", SEQUENTIAL,
              order="program", policy="pytorch"),
     Schedule("session", "measured, then side by side, in turn or paired: the fastest that fits",
-             SESSION, order="program", config="max_split_size_mb:128"),
+             SESSION, order="program", config=TRAINER_CONFIG),
 )}
 
 
