@@ -31,6 +31,8 @@ const char* kConfigs[] = {
     "per_process_memory_fraction:0.75,garbage_collection_threshold:0.6,max_split_size_mb:30",
     "expandable_segments:True",
     "expandable_segments:True,per_process_memory_fraction:0.75,max_split_size_mb:30",
+    "own_segments_first:True",
+    "own_segments_first:True,per_process_memory_fraction:0.75,max_split_size_mb:30",
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -132,8 +134,10 @@ int main(int argc, char** argv) {
           device.advance_host(static_cast<double>(uniform(200)));
         } else if (r < 990) {
           if (a->has_plan(kPlanned)) a->begin_step(kPlanned);
-        } else {
+        } else if (r < 996 || config.find("expandable") != std::string::npos) {
           device.synchronize_device();
+        } else {  // own_segments_first changed at run time (its synced blocks move)
+          a->set_own_segments_first(uniform(2) == 1);
         }
         a->check_invariants();
       } catch (const InvariantError& e) {
