@@ -216,10 +216,11 @@ def fuzz_csv(data: bytes) -> None:
 
 def fuzz_program(data: bytes) -> None:
     """A random program of allocations, frees, record_stream, SyncAndCoalesce
-    and empty_cache on either policy, with or without expandable segments."""
+    and empty_cache on either policy, with expandable segments, own memory
+    first, or neither."""
     fdp = atheris.FuzzedDataProvider(data)
     policy = "pytorch" if fdp.ConsumeBool() else "waterwave"
-    config = "expandable_segments:True" if fdp.ConsumeBool() else ""
+    config = fdp.PickValueInList(["", "expandable_segments:True", "own_segments_first:True"])
     _run_program(ww.Allocator(policy, ww.SimDevice(CAPACITY, 0.0), config), fdp, 200)
 
 
@@ -232,6 +233,7 @@ def seeds(target: str) -> list[bytes]:
     """Valid inputs to start from, so the fuzzer mutates real formats."""
     if target == "config":
         return [b"\x00max_split_size_mb:64,expandable_segments:True",
+                b"\x00own_segments_first:True,max_split_size_mb:20",
                 b"\x01garbage_collection_threshold:0.5,roundup_power2_divisions:[256:4,>:1]"]
     if target == "snapshot":
         events = [{"action": "alloc", "addr": 4096 * i, "size": 512 * (i + 1), "stream": i % 2}
