@@ -17,6 +17,7 @@ runs=(
   "stress_threads pytorch 4 100000 1"
   "stress_threads waterwave 4 50000 2 expandable_segments:True"
   "stress_threads pytorch 4 50000 2 expandable_segments:True"
+  "stress_threads waterwave 4 50000 4 own_segments_first:True"
   "cuda_backend_run $fake waterwave 4 20000 1"
   "cuda_backend_run $fake pytorch 4 20000 1"
   "cuda_backend_run $fake waterwave 4 10000 2 expandable_segments:True"
@@ -24,6 +25,7 @@ runs=(
   "offset_search_run 400 1"
   "stress_threads_tsan waterwave 4 20000 3"
   "stress_threads_tsan pytorch 4 20000 3"
+  "stress_threads_tsan waterwave 4 10000 5 own_segments_first:True"
   "cuda_backend_run_tsan $bin/libfakecuda_tsan.so waterwave 4 5000 2"
   "cuda_backend_run_tsan $bin/libfakecuda_tsan.so pytorch 4 5000 4 expandable_segments:True"
 )

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
           // session's first block changes it (none, 20, 32 or 44 MiB).
           const std::uint64_t k = rng() % 4;
           a->set_max_split_size(k == 0 ? SIZE_MAX : (8 + 12 * k) * kMiB);
+        } else if (r < 920 && config.find("expandable") == std::string::npos) {
+          // own_segments_first changed while others allocate, as a captured
+          // session's run turns it on and off (its synced blocks move).
+          a->set_own_segments_first(rng() % 2 == 1, false);
         }
         ++total;
       }
