@@ -78,24 +78,26 @@ class WaterwavePolicy final : public Allocator {
   [[gnu::noinline, gnu::cold]] Block* find_after_sync_locked(Lock& lock, const Request& r,
                                                             Served& how) {
     stats_.num_oom_retries++;
-    after_sync_ = true;  // own memory first: other streams' may serve now
     sync_and_coalesce_locked(lock);
     Block* b = nullptr;
     // With expandable segments every free page is now idle and growth moves
     // as many as it needs: unmapping them all first would cost a device
     // call per page twice over (unmap now, map again at once).
-    if (cfg_.expandable_segments) b = find_cached_or_new_locked(lock, r, how);
+    if (cfg_.expandable_segments) b = find_cached_or_new_locked(lock, r, how, true);
     if (!b) {
       release_free_segments_locked(lock);
-      b = find_cached_or_new_locked(lock, r, how);
+      b = find_cached_or_new_locked(lock, r, how, true);
     }
     how = Served::kAfterSync;
-    after_sync_ = false;
     return b;
   }
 
-  // Steps 1-5, inlined into both callers.
-  [[gnu::always_inline]] Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how) {
+  // Steps 1-5, inlined into both callers; `after_sync`: in step 6's retry,
+  // where own memory first takes other streams' memory too. (A parameter,
+  // not a member: the retry lets the lock go for its sync, and another
+  // thread's request meanwhile is not in its retry.)
+  [[gnu::always_inline]] Block* find_cached_or_new_locked(Lock& lock, const Request& r, Served& how,
+                                                          bool after_sync = false) {
     StreamState* s = stream_state(r.stream);
     // Own memory first: only S's segments' synced blocks until the device
     // is out (the file's opening).
@@ -113,7 +115,7 @@ class WaterwavePolicy final : public Allocator {
       how = Served::kSameStream;
     } else if (only && (b = new_memory_locked(lock, r, r.stream))) {
       how = Served::kNewSegment;
-    } else if (only && !after_sync_) {
+    } else if (only && !after_sync) {
       return nullptr;  // step 6 next: SyncAndCoalesce, release, then others' memory
     } else if (only && (b = fit_synced(r.pool, r.size, nullptr))) {
       how = Served::kSynced;
@@ -486,7 +488,6 @@ class WaterwavePolicy final : public Allocator {
   FreeSet* synced_;
   std::uint64_t free_counter_ = 0;
   std::vector<Block*> scratch_;
-  bool after_sync_ = false;  // in step 6's retry (find_after_sync_locked)
 };
 
 }  // namespace
