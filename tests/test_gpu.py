@@ -227,9 +227,11 @@ def test_planned_trainer_runs_from_the_plan():
 def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     """Two ConcurrentTrainer jobs under a budget that holds one step at a
     time, on the Waterwave allocator: each job's first step is measured
-    alone, then the jobs take turns, memory crossing streams with the
-    allocator's event waits. Each trains as it trains alone; the allocator
-    stays sound (its invariants, no bad frees)."""
+    alone, then the jobs take turns, each stream keeping to its own large
+    segments for the run (own_segments_first), small blocks crossing streams
+    with the allocator's event waits. Each trains as it trains alone; the
+    allocator stays sound (its invariants, no bad frees), and the setting is
+    off again after the run."""
     eager = run(TRAIN + "print(json.dumps({'losses': train(4)}))")["losses"]
     out = run(TRAIN + textwrap.dedent("""
     import waterwave as ww, waterwave.cuda as wc
@@ -245,10 +247,13 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     print(json.dumps({'losses': losses, 'measured': [j['measured'] for j in stats['jobs']],
                       'errors': [j['error'] for j in stats['jobs']], 'rounds': stats['rounds_run'],
                       'groups': [j['groups'] for j in stats['jobs']],
-                      'waits': s['num_stream_waits'], 'bad_frees': wc.free_errors()[0]}))
+                      'waits': s['num_stream_waits'], 'bad_frees': wc.free_errors()[0],
+                      'own_after': [wc.allocator(0).config.own_segments_first,
+                                    wc.allocator(0).own_segments_first_chosen()]}))
     """))
     assert out["errors"] == [None, None] and out["measured"] == [True, True]
     assert out["rounds"] > 1  # not free: the budget holds one step at a time
+    assert out["own_after"] == [False, False]  # the run's own setting, turned off after it
     for losses in out["losses"]:
         assert losses == pytest.approx(eager, rel=1e-3)
     assert out["bad_frees"] == 0
