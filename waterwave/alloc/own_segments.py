@@ -17,9 +17,9 @@ more memory than PyTorch's policy, where the waterwave policy as it comes
 needed more in 21 (``bench/fragmentation/own_segments.py``; all simulated).
 
 Sharing members (``job.train``'s default) keep the policy as it comes: they
-take memory at any moment rather than in rounds, and with the setting a
-stream that needed another's memory under a cap paid a SyncAndCoalesce each
-time; they ran slower. So a trainer turns the setting on for its run and
+take memory at any moment rather than in rounds, and with the setting they
+ran slower in the same mixes (15 of 22 within 3% of the best plain schedule
+against 17). So a trainer turns the setting on for its run and
 back off after, unless the user chose it (in the allocator's settings or
 ``waterwave.cuda.set_own_segments_first``), or the segments are expandable
 (each stream grows its own already). Members training beside a trainer run
