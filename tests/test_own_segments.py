@@ -131,6 +131,28 @@ def test_the_gpu_face_sets_it_on_the_devices_allocator(fake):
         _C.cuda_free(ptr, MiB, 0, 0)
 
 
+def test_runs_on_one_gpu_hold_it_whatever_handle_each_took(fake):
+    """Each ``waterwave.cuda.allocator`` call is a new handle on the device's
+    stack: two trainers' runs that overlap keep the setting on until the
+    last ends, as the count lives with the stack."""
+    from waterwave import _C
+    from waterwave.alloc.own_segments import own_segments_for_run
+
+    ww.cuda.configure("waterwave", "", driver=fake.path)
+    ptr = _C.cuda_malloc(MiB, 0, 0)
+    try:
+        first = own_segments_for_run(ww.cuda.allocator(0))
+        assert first.__enter__()
+        with own_segments_for_run(ww.cuda.allocator("cuda:0")) as on:
+            assert on
+        assert ww.cuda.allocator(0).config.own_segments_first  # the first run holds it
+        first.__exit__(None, None, None)
+        assert not ww.cuda.allocator(0).config.own_segments_first
+        assert not ww.cuda.allocator(0).own_segments_first_chosen()
+    finally:
+        _C.cuda_free(ptr, MiB, 0, 0)
+
+
 def test_the_benchmark_measures_both_settings(tmp_path):
     import json
     import sys

@@ -242,15 +242,34 @@ bool Allocator::max_split_size_chosen() {
   return max_split_chosen_;
 }
 
-void Allocator::set_own_segments_first(bool on, bool chosen) {
+void Allocator::set_own_segments_first(bool on) {
   Lock lock(mu_);
   AllocatorConfig next = cfg_;
   next.set_own_segments_first(on);
   next.validate();  // ConfigError: nothing changed
-  if (!chosen) next.own_segments_first_set = cfg_.own_segments_first_set;
   cfg_ = next;
-  own_first_chosen_ = own_first_chosen_ || chosen;
+  own_first_chosen_ = true;
+  own_first_by_runs_ = false;  // the user's now: the runs' release leaves it
   own_segments_first_changed_locked(on);
+}
+
+bool Allocator::hold_own_segments_first() {
+  Lock lock(mu_);
+  if (own_first_runs_++ == 0 && !own_first_chosen_ && !cfg_.expandable_segments &&
+      !cfg_.own_segments_first) {
+    cfg_.own_segments_first = true;
+    own_first_by_runs_ = true;
+    own_segments_first_changed_locked(true);
+  }
+  return cfg_.own_segments_first;
+}
+
+void Allocator::release_own_segments_first() {
+  Lock lock(mu_);
+  if (own_first_runs_ == 0 || --own_first_runs_ != 0 || !own_first_by_runs_) return;
+  own_first_by_runs_ = false;
+  cfg_.own_segments_first = false;
+  own_segments_first_changed_locked(false);
 }
 
 bool Allocator::own_segments_first_chosen() {

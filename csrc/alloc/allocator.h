@@ -104,12 +104,17 @@ class Allocator {
   // own_segments_first (config.h) changed while the allocator runs: from now
   // on, under the waterwave policy, a stream takes other streams' free
   // large-pool memory only once the device is out. ConfigError (nothing
-  // changed) with expandable segments. Inert under the pytorch policy.
-  // `chosen`: the user's choice, which a default set later leaves alone (a
-  // trainer's own setting, for its run, is not).
-  void set_own_segments_first(bool on, bool chosen = true);
+  // changed) with expandable segments. Inert under the pytorch policy. The
+  // user's choice: runs (below) leave it as it is.
+  void set_own_segments_first(bool on);
   // Whether it was chosen: in the config, or by set_own_segments_first.
   bool own_segments_first_chosen();
+  // A captured session's run holds own_segments_first on while it trains
+  // (waterwave/alloc/own_segments.py), unless it was chosen or segments are
+  // expandable; the last of overlapping runs to let go turns it off again.
+  // hold returns whether it is on.
+  bool hold_own_segments_first();
+  void release_own_segments_first();
   // Memory history for PyTorch's snapshot format: while enabled, the newest
   // `max_entries` allocator events (alloc, free_requested, free_completed,
   // segment_alloc/free, segment_map/unmap, oom). Disabling drops them.
@@ -221,10 +226,12 @@ class Allocator {
   [[noreturn]] void fail_invariant(const std::string& what) const;
 
   Device& device_;
-  AllocatorConfig cfg_;  // fixed but for max_split_size (set_max_split_size)
+  AllocatorConfig cfg_;  // fixed but for max_split_size and own_segments_first (their setters)
   const SizeRules rules_;  // reads cfg_
   bool max_split_chosen_ = false;  // under mu_
   bool own_first_chosen_ = false;  // under mu_
+  int own_first_runs_ = 0;          // runs holding it (hold_own_segments_first), under mu_
+  bool own_first_by_runs_ = false;  // the runs turned it on, under mu_
   std::mutex mu_;
   AllocatorStats stats_;
   std::map<Addr, Segment*> segments_;

@@ -59,10 +59,10 @@ class AllocatorStack {
   double memory_fraction() { return online_->memory_fraction(); }
   void set_max_split_size(std::size_t bytes) { online_->set_max_split_size(bytes); }
   bool max_split_size_chosen() { return online_->max_split_size_chosen(); }
-  void set_own_segments_first(bool on, bool chosen = true) {
-    online_->set_own_segments_first(on, chosen);
-  }
+  void set_own_segments_first(bool on) { online_->set_own_segments_first(on); }
   bool own_segments_first_chosen() { return online_->own_segments_first_chosen(); }
+  bool hold_own_segments_first() { return online_->hold_own_segments_first(); }
+  void release_own_segments_first() { online_->release_own_segments_first(); }
   std::vector<SegmentInfo> snapshot() { return online_->snapshot(); }
   void check_invariants();
   Allocator& online() { return *online_; }

@@ -128,12 +128,17 @@ void bind_stack(py::module_& m) {
       .def("max_split_size_chosen", [](BoundStack& a) { return a.stack().max_split_size_chosen(); },
            "Whether a max_split_size was chosen, in the config or by set_max_split_size.")
       .def("set_own_segments_first",
-           [](BoundStack& a, bool on, bool chosen) { a.stack().set_own_segments_first(on, chosen); },
-           py::arg("on"), py::arg("chosen") = true,
+           [](BoundStack& a, bool on) { a.stack().set_own_segments_first(on); }, py::arg("on"),
            "From now on, under the waterwave policy, a stream takes other streams' free "
            "large-pool memory only once the device is out (own_segments_first). ConfigError "
-           "with expandable segments. chosen=False: not the user's choice (a trainer's, for "
-           "its run), which own_segments_first_chosen() does not report.")
+           "with expandable segments.")
+      .def("hold_own_segments_first", [](BoundStack& a) { return a.stack().hold_own_segments_first(); },
+           "A captured session's run: own_segments_first on while it trains, unless chosen or "
+           "with expandable segments; returns whether it is on.")
+      .def("release_own_segments_first",
+           [](BoundStack& a) { a.stack().release_own_segments_first(); },
+           "The run ended: the last of overlapping runs turns the setting off again, unless "
+           "it was chosen meanwhile.")
       .def("own_segments_first_chosen",
            [](BoundStack& a) { return a.stack().own_segments_first_chosen(); },
            "Whether own_segments_first was chosen, in the config or by set_own_segments_first.")

@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   auto worker = [&](int tid) {
     std::mt19937_64 rng(seed * 7919 + tid);
     std::vector<Addr> mine;
+    int holds = 0;  // own_segments_first runs this thread holds
     const StreamId stream = static_cast<StreamId>(tid);
     try {
       for (std::uint64_t i = 0; i < ops && !failed; ++i) {
@@ -104,13 +105,20 @@ int main(int argc, char** argv) {
           const std::uint64_t k = rng() % 4;
           a->set_max_split_size(k == 0 ? SIZE_MAX : (8 + 12 * k) * kMiB);
         } else if (r < 920 && config.find("expandable") == std::string::npos) {
-          // own_segments_first changed while others allocate, as a captured
-          // session's run turns it on and off (its synced blocks move).
-          a->set_own_segments_first(rng() % 2 == 1, false);
+          // own_segments_first held and let go while others allocate, as
+          // captured sessions' runs on threads do (its synced blocks move).
+          if (holds < 3 && (holds == 0 || rng() % 2 == 0)) {
+            a->hold_own_segments_first();
+            ++holds;
+          } else {
+            a->release_own_segments_first();
+            --holds;
+          }
         }
         ++total;
       }
       for (Addr p : mine) a->deallocate(p);
+      for (; holds > 0; --holds) a->release_own_segments_first();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "thread %d: unexpected exception: %s\n", tid, e.what());
       failed = true;

@@ -30,38 +30,19 @@ May import: nothing of waterwave (it is given the allocator).
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
-
-_LOCK = threading.Lock()
-_RUNS: dict[int, int] = {}  # id(allocator) -> trainer runs holding the setting on
 
 
 @contextlib.contextmanager
 def own_segments_for_run(allocator) -> Iterator[bool]:
     """While the block runs, ``allocator`` keeps each stream to its own large
     segments until the device is out, unless its settings chose otherwise
-    or its segments are expandable; runs on one allocator may nest or
-    overlap (trainers on threads), and the last to end turns it off again.
-    Yields whether the setting is on."""
-    with _LOCK:
-        key = id(allocator)
-        if key not in _RUNS:
-            config = allocator.config
-            if allocator.own_segments_first_chosen() or config.expandable_segments:
-                key = None  # the user's choice stands, or nothing to do
-            elif not config.own_segments_first:
-                allocator.set_own_segments_first(True, chosen=False)
-        if key is not None:
-            _RUNS[key] = _RUNS.get(key, 0) + 1
-        on = allocator.config.own_segments_first
+    or its segments are expandable. The count of runs lives with the
+    allocator's stack (``hold_own_segments_first``), so runs that overlap
+    (trainers on threads, each with its own handle on the device's stack)
+    keep it on until the last ends. Yields whether the setting is on."""
+    on = allocator.hold_own_segments_first()
     try:
         yield on
     finally:
-        if key is not None:
-            with _LOCK:
-                _RUNS[key] -= 1
-                if not _RUNS[key]:
-                    del _RUNS[key]
-                    if not allocator.own_segments_first_chosen():
-                        allocator.set_own_segments_first(False, chosen=False)
+        allocator.release_own_segments_first()
