@@ -523,8 +523,9 @@ def test_sharing_keeps_large_blocks_whole_where_splitting_them_runs_out(r18):
 
 def test_sharing_vs_plain_reports_the_steady_rate_and_the_whole_run(tmp_path):
     """bench/concurrent/sharing_vs_plain.py: each way's steady rate over the
-    best plain schedule's, and the whole run (the quickest plain schedule's
-    length over the way's), in its JSON and its table."""
+    best plain schedule's, its rate over added steps, and the whole run (the
+    quickest plain schedule's length over the way's), in its JSON and its
+    table."""
     import json
     import sys
     from pathlib import Path
@@ -545,5 +546,27 @@ def test_sharing_vs_plain_reports_the_steady_rate_and_the_whole_run(tmp_path):
             if w["ok"]:
                 assert w["whole_of_best"] == pytest.approx(
                     min(r["plain_elapsed_us"].values()) / w["elapsed_us"])
+            if w["added"] is not None and r["plain_added"]:
+                assert w["added_of_best"] == pytest.approx(
+                    w["added"] / max(r["plain_added"].values()))
     text = (tmp_path / "sharing_vs_plain_3steps.md").read_text()
     assert "| sharing, whole run |" in text and "over the whole run" in text
+    assert "| captured session, added steps |" in text and "over added steps" in text
+
+
+def test_warm_threads_pay_no_first_calls():
+    """``warm``: the threads made their library kernels' first calls before
+    the run, so a job alone runs every step in what its operators take on
+    the host, where a cold run pays each first call once, in its first step."""
+    ops = []
+    for k in range(3):
+        op = Op(f"op{k}", phase="forward", gpu_us=10.0, cpu_us=50.0, first_us=900.0 * (k != 1))
+        op.alloc, op.free = [(k, 512)], [k]
+        ops.append(op)
+    trace = Trace("first calls", ops, meta={"batch_size": 8})
+    cold = simulate([trace], "H100-80GB", None, "lockstep", "waterwave", steps=3, record=False)
+    warm = simulate([trace], "H100-80GB", None, "lockstep", "waterwave", steps=3, record=False,
+                    warm=True)
+    assert cold.ok and warm.ok
+    assert cold.elapsed_us - warm.elapsed_us == pytest.approx(1800.0, rel=1e-6)
+    assert warm.step_time_us == [pytest.approx(150.0)]  # host-bound: 3 operators of 50 µs

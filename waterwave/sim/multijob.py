@@ -122,12 +122,16 @@ class _Thread:
 def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int | None = None,
              schedule: str | SegmentSchedule = "lockstep", policy: str = "pytorch", steps: int = 3,
              config: str | AllocatorConfig = "", sync_at_barrier: bool = False, record: bool = True,
-             queue_depth: int = QUEUE_DEPTH, concurrent_kernels: bool = False) -> SimResult:
+             queue_depth: int = QUEUE_DEPTH, concurrent_kernels: bool = False,
+             warm: bool = False) -> SimResult:
     """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own
     stream of ``gpu`` under ``policy`` and ``schedule``, within
     ``memory_limit`` bytes (default: the GPU's memory). ``sync_at_barrier``:
     SyncAndCoalesce when a round of the schedule opens. ``concurrent_kernels``:
-    the GPU runs kernels of different jobs at once while their shares fit."""
+    the GPU runs kernels of different jobs at once while their shares fit.
+    ``warm``: the host threads have made their library kernels' first calls
+    before the run (as after a session's first steps), so none pays for
+    them."""
     if policy not in SIMULATED_POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(SIMULATED_POLICIES)}")
     if not jobs:
@@ -149,8 +153,10 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     choice = None
     if isinstance(sched, SessionSchedule):
         def probe(traces, chosen, n):
+            # A session probes once its jobs' first steps have run: their
+            # threads have made their library kernels' first calls.
             return simulate(traces, spec, memory_limit, chosen, policy, n, config, sync_at_barrier,
-                            False, queue_depth, concurrent_kernels)
+                            False, queue_depth, concurrent_kernels, warm=True)
         sched, choice = sched.decide(jobs, probe)
     segments = sched(jobs, steps)
     _check_order(jobs, segments)
@@ -159,7 +165,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
         # GPU keeps them (alloc/cache_splits.py), unless the config chose.
         cache_splits.keep_large_blocks_whole(alloc)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth,
-               budget=memory_limit or spec.memory)
+               budget=memory_limit or spec.memory, warm=warm)
     result = SimResult(True, policy, name, spec.name,
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
@@ -208,8 +214,9 @@ def _shared_rounds(segments: list[list[Segment]]) -> float:
 
 class _Run:
     def __init__(self, jobs, segments, alloc, device, policy, sync_at_barrier, record,
-                 queue_depth, budget: int = 0):
+                 queue_depth, budget: int = 0, warm: bool = False):
         self.jobs, self.alloc, self.device, self.policy = jobs, alloc, device, policy
+        self.warm = warm  # first calls paid before the run
         self.sync_at_barrier, self.record, self.queue_depth = sync_at_barrier, record, queue_depth
         self.threads = [_Thread(j, j, segs) for j, segs in enumerate(segments)]
         self.persistent_at = [t.persistent_at() for t in jobs]
@@ -412,7 +419,7 @@ class _Run:
         """A library kernel's first call costs host time once per host thread
         (cuDNN caches its plans per thread and shape): per job for forward
         operators, once for all jobs on the autograd engine's thread."""
-        if not op.first_us:
+        if not op.first_us or self.warm:
             return 0.0
         key = ("engine" if res == ENGINE else t.job, op.name)
         if key in self.called:

@@ -51,6 +51,7 @@ from ..pipeline.pairing import JobGroups, JobPlan, whole_run
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
 from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, choose
+from .rates import added_steps_rate
 from .trace import Trace
 
 
@@ -268,12 +269,18 @@ class SessionSchedule:
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
                       pipeline.SEQUENTIAL: sequential, pipeline.MEMORY: self.pairing()}
         if choice.why == "probe":
-            probes = {}
-            for pairing in PROBED:
-                r = probe(jobs, by_pairing[pairing], self.probe_steps)
-                probes[pairing] = (r.throughput or 0.0) if r.ok else None
+            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in PROBED}
             choice = choose(alone, self.memory_limit, probes)
         return by_pairing[choice.pairing], choice
+
+    def _probe_rate(self, jobs: list[Trace], way: SegmentSchedule, probe: Probe) -> float | None:
+        """Samples per second of ``probe_steps`` steps of every job run
+        ``way`` after a first step (None: out of memory), as a trainer
+        times a probe: to the end of the last job's last step, so a way
+        that leaves one job behind pays for it (``rates.added_steps_rate``).
+        The rate within a steady window would count whichever jobs' steps
+        fell in it."""
+        return added_steps_rate(probe(jobs, way, 1), probe(jobs, way, 1 + self.probe_steps))
 
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         raise ValueError("the session schedule chooses by simulating its jobs: run it through "
