@@ -71,9 +71,12 @@ def turns_rate(jobs: Sequence[MeasuredAlone]) -> float:
     return sum(j.samples for j in jobs) / sum(j.step_seconds for j in jobs)
 
 
-# The ways a session probes where memory binds, simplest first: of two as
-# fast, the simpler is kept.
+# The ways a session probes where memory binds, simplest first: of ways
+# within TIE of the fastest, the simplest is kept (a probe of a few steps
+# does not tell them apart more finely, and the simpler has fewer barriers
+# to lose to on later steps).
 PROBED = (FREE, TURNS, SEQUENTIAL, MEMORY)
+TIE = 0.01
 
 
 def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
@@ -101,7 +104,7 @@ def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
         return Choice(SEQUENTIAL, "no probe fitted the limit: one job after another",
                       turns, pairing_rate)
     best = max(fitted.values())
-    chosen = next(p for p in PROBED if p in fitted and fitted[p] >= best)
+    chosen = next(p for p in PROBED if p in fitted and fitted[p] >= best * (1 - TIE))
     said = ", ".join(f"{p} {'out of memory' if r is None else f'{r:,.0f}'}"
                      for p, r in probes.items())
     return Choice(chosen, f"fastest of the probes (per second: {said})", turns, pairing_rate)

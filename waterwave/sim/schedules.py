@@ -228,6 +228,10 @@ class SharingSchedule:
 
 
 # Runs traces on the simulated device the caller set up: (jobs, schedule, steps) -> SimResult.
+# Steps a probe runs before those it times: the first makes each job's
+# segments, the second is the first with every job's blocks cached beside
+# the others' (under a cap, where segments go back and come again).
+SETTLING_STEPS = 2
 Probe = Callable[[list[Trace], SegmentSchedule, int], object]
 
 
@@ -243,6 +247,9 @@ class SessionSchedule:
     name: str = "session"
     groups: int = 8
     probe_steps: int = 3
+    # The ways probed where memory binds: all four, or what a trainer on a
+    # device probes (exec/concurrent.py's TRAINER_PROBES: turns, memory).
+    probed: tuple[str, ...] = PROBED
 
     @property
     def __name__(self) -> str:
@@ -269,18 +276,20 @@ class SessionSchedule:
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
                       pipeline.SEQUENTIAL: sequential, pipeline.MEMORY: self.pairing()}
         if choice.why == "probe":
-            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in PROBED}
+            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in self.probed}
             choice = choose(alone, self.memory_limit, probes)
         return by_pairing[choice.pairing], choice
 
     def _probe_rate(self, jobs: list[Trace], way: SegmentSchedule, probe: Probe) -> float | None:
         """Samples per second of ``probe_steps`` steps of every job run
-        ``way`` after a first step (None: out of memory), as a trainer
-        times a probe: to the end of the last job's last step, so a way
-        that leaves one job behind pays for it (``rates.added_steps_rate``).
-        The rate within a steady window would count whichever jobs' steps
-        fell in it."""
-        return added_steps_rate(probe(jobs, way, 1), probe(jobs, way, 1 + self.probe_steps))
+        ``way`` (None: out of memory), as a trainer times a probe: to the
+        end of the last job's last step, so a way that leaves one job
+        behind pays for it (``rates.added_steps_rate``). The rate within a
+        steady window would count whichever jobs' steps fell in it. The
+        steps timed follow ``SETTLING_STEPS``: a simulated run starts from
+        an empty cache, a trainer's probe from one its earlier steps filled."""
+        return added_steps_rate(probe(jobs, way, SETTLING_STEPS),
+                                probe(jobs, way, SETTLING_STEPS + self.probe_steps))
 
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         raise ValueError("the session schedule chooses by simulating its jobs: run it through "
