@@ -26,8 +26,8 @@ have finished, in the rounds the schedule gives:
 - ``sequential``: one job's steps after another's;
 - ``session``: each job's next step alone, timed (and on a GPU measured
   by the allocator); then side by side where the peaks so measured fit the
-  budget together, else the fastest of turns and the memory pairing, each
-  probed for ``PROBE_STEPS`` steps of every job
+  budget together, else the fastest of turns, one job after another and
+  the memory pairing, each probed for ``PROBE_STEPS`` steps of every job
   (``pipeline.session_choice``). The choice holds until the jobs or the
   limit change; ``stats()["session"]`` says what ran and why.
 
@@ -79,7 +79,7 @@ from dataclasses import replace
 from .. import cuda
 from ..alloc.own_segments import own_segments_for_run
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import FREE_MARGIN, JobGroups, PeriodicRounds, RoundPlanner, step_peak
+from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner, step_peak
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import (
     ALGORITHM1,
@@ -91,7 +91,8 @@ from ..pipeline.schedules import (
     PairingInput,
     Schedule,
 )
-from ..pipeline.session_choice import Choice, MeasuredAlone, choose
+from ..pipeline.session_choice import (LARGE_SEGMENT, TRAINER_PROBES, Choice, MeasuredAlone,
+                                        cached_peak, choose)
 from . import awaiting_jobs, ctrl_c
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
@@ -101,10 +102,6 @@ from .session import training_session
 from .workers import POOL
 
 PROBE_STEPS = 2  # steps of every job each way a session probes
-# What a trainer probes where memory binds: one job after another holds what
-# turns hold here (a job's parameters stay while the trainer has it), and
-# side by side only runs where the measured peaks say it fits.
-TRAINER_PROBES = (TURNS, MEMORY)
 
 
 class ConcurrentTrainer(SettingsView):
@@ -378,10 +375,10 @@ class ConcurrentTrainer(SettingsView):
                     seconds = self._clock(members) - start
                     plan = replace(m.plan, groups=list(m.measured or m.plan.groups))
                     # On a GPU the counters give bytes allocated; the cache
-                    # holds more, as the pairing's free margin allows for.
+                    # holds more (cached_peak).
                     peak = step_peak(plan)
                     if m.step_fn.device == "cuda":
-                        peak = int(peak / (1 - FREE_MARGIN))
+                        peak = cached_peak(peak, self._large_segment_size(m))
                     alone.append(MeasuredAlone(peak, max(seconds, 1e-9)))
                 self._alone = alone
                 steps -= 1
@@ -417,6 +414,14 @@ class ConcurrentTrainer(SettingsView):
             for device in devices:
                 torch.cuda.synchronize(device)
         return time.perf_counter()
+
+    @staticmethod
+    def _large_segment_size(member: PipelinedJob) -> int:
+        """The large pool's shared segment on the job's GPU: Waterwave's
+        setting where it is installed, PyTorch's 20 MiB otherwise."""
+        if cuda.is_installed():
+            return cuda.allocator(member.step_fn.params[0].device).config.large_segment_size
+        return LARGE_SEGMENT
 
     def _solo_step(self, member: PipelinedJob, probe: MemoryProbe | None) -> None:
         """One step of a job alone, measuring each group's net bytes and rise

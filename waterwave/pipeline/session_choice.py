@@ -20,9 +20,9 @@ it simulated (``waterwave.sim.schedules.SessionSchedule``).
 
 The simulator probes all four. A trainer on a device probes only the ways
 that cannot run out of memory (``exec/concurrent.py``'s ``TRAINER_PROBES``:
-turns and the pairing): side by side could fail a step halfway, with batch
-norm's running statistics already updated, so it runs free only where the
-measured peaks fit.
+turns, one after another and the pairing): side by side could fail a step
+halfway, with batch norm's running statistics already updated, so it runs
+free only where the measured peaks fit.
 
 May import: this package.
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .pairing import FREE_MARGIN
 from .schedules import FREE, MEMORY, SEQUENTIAL, TURNS
 
 
@@ -57,6 +58,28 @@ class Choice:
     why: str
     turns_rate: float | None = None
     pairing_rate: float | None = None
+
+
+# What a trainer on a device probes where memory binds: the ways that hold
+# no more than a job's step beside the others' state (one after another
+# holds what turns hold there: a job's parameters stay while the trainer has
+# it, but it hands the cache from job to job once a run, not once a step).
+TRAINER_PROBES = (TURNS, SEQUENTIAL, MEMORY)
+# What a job's stream can hold in segments beyond its blocks: a small-pool
+# segment and the large-pool segment that blocks of 1-10 MiB share (20 MiB
+# unless the allocator's large_segment_size says), each almost empty. A
+# small job's cache is mostly these (simulated: an MLP 512x1 at batch 1024
+# reserves 86 MiB for 70.6 MiB allocated), which a margin in proportion to
+# its bytes does not cover.
+SMALL_SEGMENT, LARGE_SEGMENT = 2 << 20, 20 << 20
+
+
+def cached_peak(allocated: int, large_segment_size: int = LARGE_SEGMENT) -> int:
+    """The bytes a job that allocated ``allocated`` bytes at most may hold
+    in a caching allocator's segments, running beside others: what a
+    trainer on a device counts a job's peak as, from its allocator's
+    counters (``FREE_MARGIN`` more, and a part-empty segment of each pool)."""
+    return int(allocated / (1 - FREE_MARGIN)) + SMALL_SEGMENT + large_segment_size
 
 
 def side_by_side_fits(jobs: Sequence[MeasuredAlone], memory_limit: int | None) -> bool:

@@ -50,7 +50,8 @@ from ..graph import footprint
 from ..pipeline.pairing import JobGroups, JobPlan, whole_run
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
-from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, choose
+from ..pipeline.session_choice import (PROBED, TRAINER_PROBES, Choice, MeasuredAlone,
+                                        cached_peak, choose)
 from .rates import added_steps_rate
 from .trace import Trace
 
@@ -247,9 +248,9 @@ class SessionSchedule:
     name: str = "session"
     groups: int = 8
     probe_steps: int = 3
-    # The ways probed where memory binds: all four, or what a trainer on a
-    # device probes (exec/concurrent.py's TRAINER_PROBES: turns, memory).
-    probed: tuple[str, ...] = PROBED
+    # As a trainer on a device chooses: a job's peak alone counted from its
+    # bytes allocated (cached_peak), and only TRAINER_PROBES probed.
+    like_trainer: bool = False
 
     @property
     def __name__(self) -> str:
@@ -270,13 +271,15 @@ class SessionSchedule:
             r = probe([t], lockstep, max(2, self.probe_steps))
             if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
                 return lockstep, None  # it runs out of memory alone: as side by side would
-            alone.append(MeasuredAlone(r.peak_reserved, r.step_time_us[0] / 1e6,
+            peak = cached_peak(r.peak_allocated) if self.like_trainer else r.peak_reserved
+            alone.append(MeasuredAlone(peak, r.step_time_us[0] / 1e6,
                                        t.meta.get("batch_size") or 1))
         choice = choose(alone, self.memory_limit)
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
                       pipeline.SEQUENTIAL: sequential, pipeline.MEMORY: self.pairing()}
         if choice.why == "probe":
-            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in self.probed}
+            probed = TRAINER_PROBES if self.like_trainer else PROBED
+            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in probed}
             choice = choose(alone, self.memory_limit, probes)
         return by_pairing[choice.pairing], choice
 
