@@ -9,17 +9,24 @@ running jobs that steps the jobs with the most samples per second most often
 there looks faster without ending any job sooner. This rate asks what a
 search asks: how long every job's next steps take.
 
-May import: this package.
+May import: nothing of waterwave.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # multijob's session schedule asks for this rate: no import at run time
-    from .multijob import SimResult
+from typing import Protocol
 
 
-def added_steps_rate(short: "SimResult", long: "SimResult") -> float | None:
+class Run(Protocol):
+    """What the rate reads of a run (``multijob.SimResult``, which imports
+    this module through the session schedule)."""
+    ok: bool
+    jobs: list[str]
+    batch_sizes: list[int | None]
+    steps: int
+    elapsed_us: float | None
+
+
+def added_steps_rate(short: Run, long: Run) -> float | None:
     """Samples per second of the steps ``long`` ran past ``short`` (the same
     jobs, the same schedule and cap): each job's batch times the added
     steps, over the time by which the last job's last step ended later.
