@@ -109,9 +109,11 @@ def graph(k: int):
     return _GRAPHS[k]
 
 
-def run(schedule: str, picks: list[int], cap: int | None, concurrent: bool, steps: int = 6):
+def run(schedule: str | SessionSchedule, picks: list[int], cap: int | None, concurrent: bool,
+        steps: int = 6):
     policy, config = ALLOCATORS["session"]
-    cut = SessionSchedule().partition if schedule == "session" else (lambda g: None)
+    session = schedule == "session" or isinstance(schedule, SessionSchedule)
+    cut = SessionSchedule().partition if session else (lambda g: None)
     traces = [eager_trace(graph(k), GPU, KERNELS, partition=cut(graph(k))) for k in picks]
     return simulate(traces, GPU, cap, schedule, policy, steps, config=config, record=False,
                     concurrent_kernels=concurrent, warm=True)
@@ -171,14 +173,6 @@ def test_a_session_trains_as_fast_as_the_best_plain_schedule_that_fits(picks, ro
           f"{min(1.0, session.throughput / window):.1f}")
 
 
-def run_like_a_trainer(picks: list[int], cap: int, concurrent: bool, steps: int):
-    policy, config = ALLOCATORS["session"]
-    cut = SessionSchedule().partition
-    traces = [eager_trace(graph(k), GPU, KERNELS, partition=cut(graph(k))) for k in picks]
-    return simulate(traces, GPU, cap, SessionSchedule(cap, like_trainer=True), policy, steps,
-                    config=config, record=False, concurrent_kernels=concurrent, warm=True)
-
-
 # Each ran side by side and out of memory, its peaks counted as bytes
 # allocated and 5% (a 512x1 MLP at batch 1024 reserves 86 MiB for 70.6).
 @example(picks=[5, 1], room=0.2, concurrent=True)
@@ -203,7 +197,7 @@ def test_a_trainers_session_runs_side_by_side_only_where_it_fits(picks, room, co
     side_by_side = run("lockstep", picks, None, concurrent).peak_reserved
     cap = cap_between(one_at_a_time, side_by_side, room)
     plain = {s: run(s, picks, cap, concurrent, LONG) for s in PLAIN}
-    session = run_like_a_trainer(picks, cap, concurrent, LONG)
+    session = run(SessionSchedule(cap, like_trainer=True), picks, cap, concurrent, LONG)
     chose = session.session
     assert session.peak_reserved <= cap
     fits = [s for s, r in plain.items() if r.ok]

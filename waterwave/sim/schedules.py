@@ -229,11 +229,11 @@ class SharingSchedule:
 
 
 # Runs traces on the simulated device the caller set up: (jobs, schedule, steps) -> SimResult.
+Probe = Callable[[list[Trace], SegmentSchedule, int], object]
 # Steps a probe runs before those it times: the first makes each job's
 # segments, the second is the first with every job's blocks cached beside
 # the others' (under a cap, where segments go back and come again).
 SETTLING_STEPS = 2
-Probe = Callable[[list[Trace], SegmentSchedule, int], object]
 
 
 @dataclass
