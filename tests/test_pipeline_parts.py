@@ -20,12 +20,17 @@ from waterwave.pipeline.nodegroups import (  # noqa: E402
     two_groups,
 )
 from waterwave.pipeline.pairing import (  # noqa: E402
+    MARGIN,
+    SEGMENT_SLACK,
     JobGroups,
     JobPlan,
     MemoryPairing,
     iteration_rounds,
     memory_rounds,
+    whole_run,
 )
+
+MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,10 @@ def test_memory_rounds_keep_each_job_in_order_and_within_the_budget(ups, slack, 
         groups = [(u, u) for u in up] + [(-u, 0) for u in reversed(up)]
         plans.append(JobPlan(j, 1, groups))
     limit = max(sum(u) for u in ups) + len(ups) + slack
-    out = memory_rounds(plans, limit, steps, margin=0, free_margin=0)
+    planner = MemoryPairing(plans, limit, steps, margin=0, free_margin=0, segment_slack=0)
+    assert planner.fits
+    out = whole_run(planner, steps)
+    assert planner.forced == 0  # it fitted, so no group ran past the budget
     held = {p.job: p.persistent for p in plans}
     by_round = {}
     for p in plans:
@@ -127,7 +135,7 @@ def test_memory_rounds_keep_room_for_what_a_job_does_after_its_last_step(jobs, s
     rest = [1 + after for _, after in jobs]
     limit = max(1 + sum(up) + sum(rest) - rest[j] for j, (up, _) in enumerate(jobs)) + slack
     limit = max(limit, sum(rest))
-    out = memory_rounds(plans, limit, steps, margin=0, free_margin=0)
+    out = memory_rounds(plans, limit, steps, margin=0, free_margin=0, segment_slack=0)
     last = {p.job: out[p.job][-1][0] for p in plans}
     by_round = {}
     for p in plans:
@@ -150,6 +158,41 @@ def test_memory_rounds_keep_room_for_what_a_job_does_after_its_last_step(jobs, s
         for j, g in by_round[r]:
             held[j] += plans[j].groups[g][0] + (plans[j].after if r == last[j] else 0)
     assert held == {j: 1 + after for j, (_, after) in enumerate(jobs)}
+
+
+@given(st.lists(st.lists(st.integers(1, 6), min_size=2, max_size=8), min_size=1, max_size=4),
+       st.integers(0, 40), st.integers(0, 3), st.integers(1, 3))
+@settings(max_examples=100, deadline=None)
+def test_a_pairing_that_fits_its_budget_never_runs_a_group_past_it(ups, limit, slack, steps):
+    """Under any limit, ``fits`` tells beforehand whether the plan keeps
+    to its budget: where it says so, no round's groups run past the budget
+    (``forced``); where it does not, some do. Each job keeps back
+    ``segment_slack`` bytes."""
+    plans = []
+    for j, up in enumerate(ups):
+        groups = [(u, u) for u in up] + [(-u, 0) for u in reversed(up)]
+        plans.append(JobPlan(j, 1, groups))
+    planner = MemoryPairing(plans, limit + len(ups) * slack, steps, margin=0, free_margin=0,
+                            segment_slack=slack)
+    fits = planner.fits
+    assert fits == (planner.free or len(ups) + max(sum(u) for u in ups) <= limit)
+    whole_run(planner, steps)
+    assert (planner.forced == 0) == fits
+
+
+def test_paired_rounds_keep_back_their_margin_or_a_part_empty_segment_a_job_whichever_is_more():
+    two = [JobPlan(0, 10 * MiB, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)]),
+           JobPlan(1, 10 * MiB, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)])]
+    never_free = {"free_margin": 1.0}
+    bytes_only = 25 * MiB  # both jobs' state and one step, counted in bytes
+    assert MemoryPairing(two, bytes_only, 1, segment_slack=0, margin=0, **never_free).fits
+    assert not MemoryPairing(two, bytes_only, 1, margin=0, **never_free).fits
+    assert MemoryPairing(two, bytes_only + 2 * SEGMENT_SLACK, 1, margin=0, **never_free).fits
+    assert SEGMENT_SLACK == 22 * MiB  # a 2 MiB small-pool and a 20 MiB large-pool segment
+    big = MemoryPairing(two, 10 << 30, 1, **never_free)  # 3% of 10 GiB is more than 44 MiB
+    assert big.limit == (10 << 30) - int((10 << 30) * MARGIN)
+    small = MemoryPairing(two, 1 << 30, 1, **never_free)
+    assert small.limit == (1 << 30) - 2 * SEGMENT_SLACK
 
 
 def test_a_job_leaving_keeps_its_after_bytes_outside_the_plan():

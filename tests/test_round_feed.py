@@ -46,8 +46,8 @@ def joined_windows(planner, sizes):
 @settings(max_examples=150, deadline=None)
 def test_memory_pairing_windows_join_into_the_whole_run(jobs, limit, steps, sizes):
     plans = [JobPlan(j, p, gs) for j, (gs, p) in enumerate(jobs)]
-    whole = memory_rounds(plans, limit, steps)
-    assert joined_windows(MemoryPairing(plans, limit, steps), sizes) == whole
+    whole = memory_rounds(plans, limit, steps, segment_slack=0)
+    assert joined_windows(MemoryPairing(plans, limit, steps, segment_slack=0), sizes) == whole
     for p in plans:  # every group of every step, in order
         assert [(s, g) for _, s, g in whole[p.job]] == [
             (s, g) for s in range(steps) for g in range(len(p.groups))]
@@ -120,8 +120,8 @@ def turns(n_jobs=3, groups=6):
 def test_threads_run_a_long_run_in_round_order_planned_as_they_go():
     plans, limit = turns()
     steps = 40
-    whole = memory_rounds(plans, limit, steps)
-    planner = MemoryPairing(plans, limit, steps)
+    whole = memory_rounds(plans, limit, steps, segment_slack=0)
+    planner = MemoryPairing(plans, limit, steps, segment_slack=0)
     asked = []
     window = planner.window
     planner.window = lambda n: (asked.append(n), window(n))[1]
@@ -150,9 +150,10 @@ def test_threads_run_a_long_run_in_round_order_planned_as_they_go():
 def test_a_job_that_leaves_mid_run_never_holds_the_others():
     plans, limit = turns()
     steps = 20
-    whole = memory_rounds(plans, limit, steps)
+    whole = memory_rounds(plans, limit, steps, segment_slack=0)
     jobs = ["a", "b", "c"]
-    feed = RoundFeed(MemoryPairing(plans, limit, steps), jobs, CounterBarrier(), window_steps=1)
+    feed = RoundFeed(MemoryPairing(plans, limit, steps, segment_slack=0), jobs, CounterBarrier(),
+                     window_steps=1)
     log = run_threads(feed, jobs, stop_after={1: 7})
     assert len([1 for e, j, _ in log if e == "start" and j == 1]) == 7
     for k in (0, 2):  # every group, in order; once b left, planned without it
@@ -171,11 +172,11 @@ def test_threads_through_random_plans_keep_round_order_whoever_leaves(jobs, limi
     run their whole plan, and no group starts before every group of the
     earlier rounds run by a job still there has finished."""
     plans = [JobPlan(j, p, gs) for j, (gs, p) in enumerate(jobs)]
-    whole = memory_rounds(plans, limit, steps)
+    whole = memory_rounds(plans, limit, steps, segment_slack=0)
     leaving = data.draw(st.dictionaries(st.sampled_from(range(len(plans))),
                                         st.integers(0, 3 * steps), max_size=len(plans) - 1))
     names = [f"job{k}" for k in range(len(plans))]
-    feed = RoundFeed(MemoryPairing(plans, limit, steps), names, CounterBarrier(),
+    feed = RoundFeed(MemoryPairing(plans, limit, steps, segment_slack=0), names, CounterBarrier(),
                      window_steps=window)
     log = run_threads(feed, names, stop_after=leaving)
     started = {k: [r for e, j, r in log if e == "start" and j == k] for k in whole}

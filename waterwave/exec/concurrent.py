@@ -79,7 +79,8 @@ from dataclasses import replace
 from .. import cuda
 from ..alloc.own_segments import own_segments_for_run
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner, step_peak
+from ..pipeline.pairing import (LARGE_SEGMENT, SMALL_SEGMENT, JobGroups, PeriodicRounds,
+                                RoundPlanner, step_peak)
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import (
     ALGORITHM1,
@@ -91,8 +92,7 @@ from ..pipeline.schedules import (
     PairingInput,
     Schedule,
 )
-from ..pipeline.session_choice import (LARGE_SEGMENT, TRAINER_PROBES, Choice, MeasuredAlone,
-                                        cached_peak, choose)
+from ..pipeline.session_choice import TRAINER_PROBES, Choice, MeasuredAlone, cached_peak, choose
 from . import awaiting_jobs, ctrl_c
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
@@ -228,7 +228,11 @@ class ConcurrentTrainer(SettingsView):
                                        m.job.persistent_bytes() + m.partition.peak,
                                        m.partition.split_size))
                 for k, m in enumerate(members)]
-        return sched.round_planner(steps, limit, jobs)
+        # A GPU's caching allocator holds part-empty segments beside the
+        # blocks counted; the CPU's allocator has none.
+        on_cuda = [m for m in members if m.step_fn.device == "cuda"]
+        slack = SMALL_SEGMENT + max(map(self._large_segment_size, on_cuda)) if on_cuda else 0
+        return sched.round_planner(steps, limit, jobs, segment_slack=slack)
 
     def _budget(self, members: list[PipelinedJob]) -> int | None:
         """The bytes the jobs may hold together: ``memory_limit``, or what
@@ -388,6 +392,12 @@ class ConcurrentTrainer(SettingsView):
                     self.choice = choose(self._alone, limit, self._probes or None)
                     break
                 n = min(PROBE_STEPS, steps)
+                if pending[0] == MEMORY and not self._planner(
+                        members, n, replace(self.plan_schedule, pairing=MEMORY)).fits:
+                    # The budget holds no job's step beside what all hold
+                    # (segments counted): the pairing would run past it.
+                    self._probes[MEMORY] = None
+                    continue
                 start = self._clock(members)
                 self._run_rounds(members, n, replace(self.plan_schedule, pairing=pending[0]))
                 self._probes[pending[0]] = len(members) * n / max(self._clock(members) - start,

@@ -39,6 +39,7 @@ from .pairing import (
     MemoryPairing,
     PeriodicRounds,
     RoundPlanner,
+    SEGMENT_SLACK,
     algorithm1_rounds,
 )
 
@@ -66,16 +67,18 @@ class Schedule:
         return partition(graph, split_size or auto_split_size(graph, groups), self.order or order)
 
     def round_planner(self, steps: int, memory_limit: int | None, jobs: list[PairingInput],
-                      overlap: bool = True) -> RoundPlanner:
+                      overlap: bool = True, segment_slack: int = SEGMENT_SLACK) -> RoundPlanner:
         """The run's rounds for ``jobs`` (job k is ``jobs[k]``), planned a
         window at a time (``round_feed.py``), by the schedule's pairing:
         MEMORY from each job's plan under ``memory_limit``, ALGORITHM1 from
         its groups (``overlap``: a job's next step starts as soon as it can),
         FREE every group in one round, no limit, TURNS each job's whole step
         in a round of its own, SEQUENTIAL every step of one job before the
-        next job's."""
+        next job's. ``segment_slack``: MEMORY's bytes kept back a job for
+        the part-empty segments its blocks sit in."""
         if self.pairing == MEMORY:
-            return MemoryPairing([j.plan for j in jobs], memory_limit, steps)
+            return MemoryPairing([j.plan for j in jobs], memory_limit, steps,
+                                 segment_slack=segment_slack)
         if self.pairing == ALGORITHM1:
             return algorithm1_rounds([j.groups for j in jobs], memory_limit, steps, overlap)
         if self.pairing == TURNS:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .pairing import FREE_MARGIN
+from .pairing import FREE_MARGIN, LARGE_SEGMENT, SMALL_SEGMENT
 from .schedules import FREE, MEMORY, SEQUENTIAL, TURNS
 
 
@@ -65,13 +65,6 @@ class Choice:
 # holds what turns hold there: a job's parameters stay while the trainer has
 # it, but it hands the cache from job to job once a run, not once a step).
 TRAINER_PROBES = (TURNS, SEQUENTIAL, MEMORY)
-# What a job's stream can hold in segments beyond its blocks: a small-pool
-# segment and the large-pool segment that blocks of 1-10 MiB share (20 MiB
-# unless the allocator's large_segment_size says), each almost empty. A
-# small job's cache is mostly these (simulated: an MLP 512x1 at batch 1024
-# reserves 86 MiB for 70.6 MiB allocated), which a margin in proportion to
-# its bytes does not cover.
-SMALL_SEGMENT, LARGE_SEGMENT = 2 << 20, 20 << 20
 
 
 def cached_peak(allocated: int, large_segment_size: int = LARGE_SEGMENT) -> int:
@@ -107,7 +100,8 @@ def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
     """The session's pairing for ``jobs`` under ``memory_limit`` bytes.
     Where side by side does not surely fit, ``probes`` are what a few steps
     of each of ``PROBED`` trained (samples per second; None where it ran out
-    of memory); without them the answer is MEMORY with the reason "probe":
+    of memory, or was not run: a pairing that could not keep to its budget,
+    ``MemoryPairing.fits``); without them the answer is MEMORY with the reason "probe":
     run the probes, then ask again. Where none fitted, one job after
     another is all that is left."""
     if not jobs:
@@ -128,7 +122,7 @@ def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
                       turns, pairing_rate)
     best = max(fitted.values())
     chosen = next(p for p in PROBED if p in fitted and fitted[p] >= best * (1 - TIE))
-    said = ", ".join(f"{p} {'out of memory' if r is None else f'{r:,.0f}'}"
+    said = ", ".join(f"{p} {'did not fit' if r is None else f'{r:,.0f}'}"
                      for p, r in probes.items())
     return Choice(chosen, f"fastest of the probes (per second: {said})", turns, pairing_rate)
 

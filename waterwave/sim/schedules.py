@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..graph import footprint
-from ..pipeline.pairing import JobGroups, JobPlan, whole_run
+from ..pipeline.pairing import JobGroups, JobPlan, RoundPlanner, whole_run
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
 from ..pipeline.session_choice import (PROBED, TRAINER_PROBES, Choice, MeasuredAlone,
@@ -129,7 +129,8 @@ class NodeGroupSchedule:
     def partition(self, g) -> Partition:
         return self.spec.partition(g, self.split_size, self.order, self.groups)
 
-    def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
+    def planner(self, jobs: list[Trace], steps: int) -> RoundPlanner:
+        """The run's rounds for ``jobs``, as the trainer plans them."""
         for t in jobs:
             if "groups" not in t.meta:
                 raise ValueError(f"the {self.name} schedule needs traces built with its "
@@ -144,8 +145,10 @@ class NodeGroupSchedule:
                 JobGroups(j, num_angs, len(kinds), t.peak_live(),
                           t.meta["partition"]["split_size"])))
         limit = None if spec.pairing == pipeline.FREE else self.memory_limit
-        planner = spec.round_planner(steps, limit, inputs, overlap=self.overlap)
-        where = whole_run(planner, steps)
+        return spec.round_planner(steps, limit, inputs, overlap=self.overlap)
+
+    def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
+        where = whole_run(self.planner(jobs, steps), steps)
         out = []
         for j, t in enumerate(jobs):
             spans = t.meta["groups"]
@@ -290,7 +293,11 @@ class SessionSchedule:
         behind pays for it (``rates.added_steps_rate``). The rate within a
         steady window would count whichever jobs' steps fell in it. The
         steps timed follow ``SETTLING_STEPS``: a simulated run starts from
-        an empty cache, a trainer's probe from one its earlier steps filled."""
+        an empty cache, a trainer's probe from one its earlier steps filled.
+        As a trainer does, it does not probe a pairing whose budget holds
+        no job's step beside what all hold (``MemoryPairing.fits``)."""
+        if isinstance(way, NodeGroupSchedule) and not way.planner(jobs, 1).fits:
+            return None
         return added_steps_rate(probe(jobs, way, SETTLING_STEPS),
                                 probe(jobs, way, SETTLING_STEPS + self.probe_steps))
 
