@@ -243,3 +243,28 @@ def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
     bad = subprocess.run([sys.executable, script, "--widths", "0"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "positive number of units" in bad.stderr
+
+
+def test_the_pairing_fit_benchmark_counts_each_rules_plans_and_what_ran_out(tmp_path):
+    """bench/concurrent/pairing_fit.py: paired rounds' budget with and
+    without a part-empty segment a job kept back, over random mixes."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "pairing_fit.py"),
+                        "--draws", "6", "--seed", "2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "pairing_fit.json").read_text())
+    assert res["simulated"] and 0 < res["a_plain_schedule_fits"] <= 6
+    for counts in res["rules"].values():
+        assert counts["fits"] + counts["past_budget"] == res["a_plain_schedule_fits"]
+        assert counts["fits_oom"] <= counts["fits"]
+        assert counts["past_budget_oom"] <= counts["past_budget"]
+        assert counts["trainer_probe_oom"] <= counts["fits"]
+    # Keeping segments back plans past the budget more often, and a plan
+    # that keeps to it did not run out.
+    bytes_only, segments = res["rules"]["margin only"], res["rules"]["margin or segments"]
+    assert segments["past_budget"] >= bytes_only["past_budget"]
+    assert segments["fits_oom"] == 0
+    assert "| margin or segments |" in (tmp_path / "pairing_fit.md").read_text()
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "pairing_fit.py"),
+                        "--draws", "0"], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2 and "--draws must be at least 1" in r.stderr

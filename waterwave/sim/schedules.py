@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..graph import footprint
-from ..pipeline.pairing import JobGroups, JobPlan, RoundPlanner, whole_run
+from ..pipeline.pairing import SEGMENT_SLACK, JobGroups, JobPlan, RoundPlanner, whole_run
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
 from ..pipeline.session_choice import (PROBED, TRAINER_PROBES, Choice, MeasuredAlone,
@@ -117,6 +117,7 @@ class NodeGroupSchedule:
     order: str = "bfs"               # the groups' order, where the schedule leaves it open
     overlap: bool = True             # Algorithm 1: a job's next step starts as soon as it can
     groups: int = 8
+    segment_slack: int = SEGMENT_SLACK  # the memory pairing's part-empty segments a job
 
     @property
     def __name__(self) -> str:
@@ -145,7 +146,8 @@ class NodeGroupSchedule:
                 JobGroups(j, num_angs, len(kinds), t.peak_live(),
                           t.meta["partition"]["split_size"])))
         limit = None if spec.pairing == pipeline.FREE else self.memory_limit
-        return spec.round_planner(steps, limit, inputs, overlap=self.overlap)
+        return spec.round_planner(steps, limit, inputs, overlap=self.overlap,
+                                  segment_slack=self.segment_slack)
 
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         where = whole_run(self.planner(jobs, steps), steps)
@@ -254,6 +256,7 @@ class SessionSchedule:
     # As a trainer on a device chooses: a job's peak alone counted from its
     # bytes allocated (cached_peak), and only TRAINER_PROBES probed.
     like_trainer: bool = False
+    segment_slack: int = SEGMENT_SLACK  # its pairing's part-empty segments a job
 
     @property
     def __name__(self) -> str:
@@ -264,7 +267,7 @@ class SessionSchedule:
 
     def pairing(self) -> NodeGroupSchedule:
         return NodeGroupSchedule("waterwave", None, self.memory_limit, "program",
-                                 groups=self.groups)
+                                 groups=self.groups, segment_slack=self.segment_slack)
 
     def decide(self, jobs: list[Trace], probe: Probe) -> tuple[SegmentSchedule, Choice | None]:
         """The schedule to run ``jobs`` by, and the choice behind it (None:
