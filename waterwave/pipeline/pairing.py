@@ -267,11 +267,12 @@ class MemoryPairing(RoundPlanner):
     as the allocator does (``footprint``); for what the allocator's cache
     holds beyond them, paired rounds keep back ``margin`` of the limit or
     ``segment_slack`` bytes a job (the part-empty segments its blocks sit
-    in, ``SEGMENT_SLACK``), whichever is more. When nothing fits, the group that needs least runs alone past the budget (``forced``
-    counts them; ``fits`` says beforehand whether the budget holds a step):
-    the allocator may run out. When every job's whole step fits beside the
-    others' with ``free_margin`` to spare (allocators cache and fragment:
-    plans count bytes), the jobs run free, in one round.
+    in, ``SEGMENT_SLACK``), whichever is more. When nothing fits, the
+    group that needs least runs alone past the budget (``forced`` counts
+    them; ``fits`` says beforehand whether the budget holds every job's
+    step): the allocator may run out. When every job's whole step fits
+    beside the others' with ``free_margin`` to spare (allocators cache and
+    fragment: plans count bytes), the jobs run free, in one round.
 
     The run is planned a window at a time (``window``), as the trainer runs
     it: a long run neither waits for its whole plan nor holds it. A claim

@@ -67,7 +67,8 @@ class Schedule:
         return partition(graph, split_size or auto_split_size(graph, groups), self.order or order)
 
     def round_planner(self, steps: int, memory_limit: int | None, jobs: list[PairingInput],
-                      overlap: bool = True, segment_slack: int = SEGMENT_SLACK) -> RoundPlanner:
+                      overlap: bool = True,
+                      segment_slack: int = SEGMENT_SLACK) -> RoundPlanner:
         """The run's rounds for ``jobs`` (job k is ``jobs[k]``), planned a
         window at a time (``round_feed.py``), by the schedule's pairing:
         MEMORY from each job's plan under ``memory_limit``, ALGORITHM1 from
