@@ -266,3 +266,19 @@ def test_a_session_run_shorter_than_its_probes_trains_every_step():
     trainer.run(6)  # the other two probes (two steps each), then the chosen pairing
     assert trainer.stats()["session"]["ran"] in (TURNS, SEQUENTIAL, MEMORY)
     assert [len(j.losses) for j in jobs] == [8, 8]
+
+
+def test_the_trainer_does_not_probe_a_pairing_whose_budget_holds_no_step_beside_the_others():
+    """Under a limit where each job's step fits alone but not beside the
+    other's state, the pairing's plan would run groups past the budget
+    (``MemoryPairing.fits``), so the trainer's session does not try it and
+    takes turns or runs one job after another."""
+    jobs = [_job(64, 1), _job(128, 2)]
+    trainer = ww.ConcurrentTrainer(jobs, schedule="session")
+    plans = [trainer.member(j).plan for j in jobs]
+    trainer.memory_limit = max(step_peak(p) + sum(q.persistent for q in plans) - p.persistent
+                               for p in plans) - 1
+    trainer.run(6)  # alone, two probes of two steps, then the choice
+    ran = trainer.stats()["session"]
+    assert ran["ran"] in (TURNS, SEQUENTIAL) and "memory did not fit" in ran["why"]
+    assert [len(j.losses) for j in jobs] == [6, 6]
