@@ -79,8 +79,7 @@ from dataclasses import replace
 from .. import cuda
 from ..alloc.own_segments import own_segments_for_run
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import (LARGE_SEGMENT, SMALL_SEGMENT, JobGroups, PeriodicRounds,
-                                RoundPlanner, step_peak)
+from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner, step_peak
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import (
     ALGORITHM1,
@@ -94,6 +93,7 @@ from ..pipeline.schedules import (
 )
 from ..pipeline.session_choice import TRAINER_PROBES, Choice, MeasuredAlone, cached_peak, choose
 from . import awaiting_jobs, ctrl_c
+from .device_segments import large_segment_size, segment_slack
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView, whole_steps
@@ -228,11 +228,7 @@ class ConcurrentTrainer(SettingsView):
                                        m.job.persistent_bytes() + m.partition.peak,
                                        m.partition.split_size))
                 for k, m in enumerate(members)]
-        # A GPU's caching allocator holds part-empty segments beside the
-        # blocks counted; the CPU's allocator has none.
-        on_cuda = [m for m in members if m.step_fn.device == "cuda"]
-        slack = SMALL_SEGMENT + max(map(self._large_segment_size, on_cuda)) if on_cuda else 0
-        return sched.round_planner(steps, limit, jobs, segment_slack=slack)
+        return sched.round_planner(steps, limit, jobs, segment_slack=segment_slack(members))
 
     def _budget(self, members: list[PipelinedJob]) -> int | None:
         """The bytes the jobs may hold together: ``memory_limit``, or what
@@ -382,7 +378,7 @@ class ConcurrentTrainer(SettingsView):
                     # holds more (cached_peak).
                     peak = step_peak(plan)
                     if m.step_fn.device == "cuda":
-                        peak = cached_peak(peak, self._large_segment_size(m))
+                        peak = cached_peak(peak, large_segment_size(m))
                     alone.append(MeasuredAlone(peak, max(seconds, 1e-9)))
                 self._alone = alone
                 steps -= 1
@@ -424,14 +420,6 @@ class ConcurrentTrainer(SettingsView):
             for device in devices:
                 torch.cuda.synchronize(device)
         return time.perf_counter()
-
-    @staticmethod
-    def _large_segment_size(member: PipelinedJob) -> int:
-        """The large pool's shared segment on the job's GPU: Waterwave's
-        setting where it is installed, PyTorch's 20 MiB otherwise."""
-        if cuda.is_installed():
-            return cuda.allocator(member.step_fn.params[0].device).config.large_segment_size
-        return LARGE_SEGMENT
 
     def _solo_step(self, member: PipelinedJob, probe: MemoryProbe | None) -> None:
         """One step of a job alone, measuring each group's net bytes and rise

@@ -69,6 +69,7 @@ from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import FREE, MEMORY
 from . import awaiting_jobs, ctrl_c
 from .between_calls import BetweenCalls
+from .device_segments import segment_slack
 from .job_loop import Measure, MemoryProbe, raise_outcome, run_free, run_job
 from .pipeline_settings import (PipelineSettings, SettingsView, checked_capture, session_settings,
                                 whole_steps)
@@ -193,7 +194,9 @@ class TrainingSession(SettingsView):
                 refuse_past_limit(self.memory_limit, [member])
             feed = self._feed
             if feed is None:
-                feed = self._feed = RoundFeed(MemoryPairing([], None, 0), [], CounterBarrier())
+                feed = self._feed = RoundFeed(
+                    MemoryPairing([], None, 0, segment_slack=segment_slack([member])), [],
+                    CounterBarrier())
                 self._capacity = self._probe_capacity(probe)
             k = self._next_k
             self._next_k += 1

@@ -1,0 +1,28 @@
+"""What a job's device holds in segments beyond the blocks a plan counts:
+on a GPU, a caching allocator's part-empty segment of each pool (its small
+pool's 2 MiB, and its large pool's shared segment, Waterwave's
+``large_segment_size`` where installed, PyTorch's 20 MiB otherwise); on the
+CPU, nothing. The trainer counts a job's peak alone with it
+(``session_choice.cached_peak``) and the memory pairing keeps it back for
+every job (``pairing.SEGMENT_SLACK``).
+
+May import: waterwave.cuda, waterwave.pipeline, this package.
+"""
+from __future__ import annotations
+
+from .. import cuda
+from ..pipeline.pairing import LARGE_SEGMENT, SMALL_SEGMENT
+
+
+def large_segment_size(member) -> int:
+    """The large pool's shared segment on a GPU job's device."""
+    if cuda.is_installed():
+        return cuda.allocator(member.step_fn.params[0].device).config.large_segment_size
+    return LARGE_SEGMENT
+
+
+def segment_slack(members) -> int:
+    """Bytes a job of ``members`` (pipelined jobs of one run) may hold in
+    part-empty segments: the largest over those on a GPU, 0 on the CPU."""
+    on_cuda = [m for m in members if m.step_fn.device == "cuda"]
+    return SMALL_SEGMENT + max(map(large_segment_size, on_cuda)) if on_cuda else 0
