@@ -395,9 +395,16 @@ class MemoryPairing(RoundPlanner):
                    for j in self._waiting())
 
     def _step_claim(self, j: int) -> int:
-        """The most job j holds until its current (or next) step ends."""
-        k = self.done[j] % len(self.by_job[j].groups)
-        return max(self.held[j] + self._rise_from[j][k], self._rest(j, self.done[j] + 1))
+        """The most job j holds from here to its planned steps' end: its
+        current (or next) step's claim, and each later step's from its
+        persistent bytes, the last one's ``after`` bytes with it."""
+        plan, done = self.by_job[j], self.done[j]
+        n = len(plan.groups)
+        claim = max(self.held[j] + self._rise_from[j][done % n], self._rest(j, done + 1))
+        if -(-(done + 1) // n) * n < self.total[j]:  # steps after this one
+            claim = max(claim, plan.persistent + self._rise_from[j][0],
+                        plan.persistent + plan.after)
+        return claim
 
     def window(self, steps: int) -> dict[int, list[tuple[int, int, int]]]:
         """Each job's entries (round, step, group) in the next rounds: about
