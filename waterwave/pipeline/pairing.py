@@ -370,7 +370,7 @@ class MemoryPairing(RoundPlanner):
         self.limit = limit - max(int(limit * self.margin), slack) - outside
         # Running free keeps its margin alone: with the segments kept back
         # there too, the trainer's simulated session fell below 97% of the
-        # best plain schedule in 87 of 261 draws, not 27 (2026-12-02); its
+        # best plain schedule three times as often (docs/results.md); its
         # probe says whether the jobs ran out.
         self.free = (not self.solo and not self.paused
                      and sum(max(step_peak(j), j.persistent + j.after) for j in plans)
@@ -459,11 +459,13 @@ class MemoryPairing(RoundPlanner):
         chosen: list[int] = []
         state, progress = dict(self.held), dict(done)
         for j in waiting:
-            if self._takes(j, state, progress, budget):
-                delta, rise = self._next_group(j)
+            delta, rise = self._next_group(j)
+            trial_state = {**state, j: state[j] + delta}
+            trial_progress = {**progress, j: progress[j] + 1}
+            if max(0, rise) <= budget and self._safe(trial_state, trial_progress):
                 chosen.append(j)
                 budget -= max(0, rise)
-                state, progress = {**state, j: state[j] + delta}, {**progress, j: progress[j] + 1}
+                state, progress = trial_state, trial_progress
         if not chosen:
             self.forced += 1
             chosen = [min(waiting,
@@ -476,14 +478,6 @@ class MemoryPairing(RoundPlanner):
         done = self.done
         return sorted((j for j in done if done[j] < self.total[j] and j not in self.paused),
                       key=lambda j: (done[j], j))
-
-    def _takes(self, j: int, state: dict[int, int], progress: dict[int, int],
-               budget: int) -> bool:
-        """Whether job j's next group fits ``budget`` bytes beside ``state``
-        and leaves it safe."""
-        delta, rise = self._next_group(j)
-        return (max(0, rise) <= budget
-                and self._safe({**state, j: state[j] + delta}, {**progress, j: progress[j] + 1}))
 
     def _next_group(self, j: int) -> tuple[int, int]:
         """Job j's next group's (net bytes, rise). Its last planned group
