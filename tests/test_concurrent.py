@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import waterwave as ww  # noqa: E402
 from waterwave.pipeline import SCHEDULES as TABLE  # noqa: E402
 from waterwave.pipeline.nodegroups import partition  # noqa: E402
-from waterwave.pipeline.pairing import JobGroups, JobPlan, graph_plan  # noqa: E402
+from waterwave.pipeline.pairing import JobGroups, JobPlan, graph_plan, step_peak  # noqa: E402
 
 SCHEDULES = ["waterwave", "waterwave-alg1", "waterwave-s", "lockstep", "turns", "sequential", "session"]
 
@@ -204,10 +204,12 @@ def test_a_job_failing_in_any_group_stops_alone(schedule):
 class FakeProbe:
     """What the allocator's counters say of each group on a GPU: here every
     group holds nothing after it but rises ``rise`` bytes while it runs (a
-    workspace the graph cannot show)."""
+    workspace the graph cannot show); its stream's own segments peak at
+    ``own`` (reserved, allocated) bytes in every group (None: torch's
+    allocator, which does not count them)."""
 
-    def __init__(self, rise, available=None):
-        self.rise, self.groups, self.free = rise, 0, available
+    def __init__(self, rise, available=None, own=None):
+        self.rise, self.groups, self.free, self.own = rise, 0, available, own
 
     def start(self):
         return 0
@@ -215,6 +217,9 @@ class FakeProbe:
     def since(self, start):
         self.groups += 1
         return 0, self.rise
+
+    def own_peaks(self, stream):
+        return self.own
 
     def available(self):
         return self.free
@@ -246,6 +251,30 @@ def test_on_a_gpu_the_first_step_alone_measures_the_groups_the_pairing_plans_fro
     assert all(j["measured"] for j in trainer.stats()["jobs"])
     trainer.run(1)  # measured once
     assert probe.groups == sum(groups)
+
+
+@pytest.mark.parametrize("own, free", [(None, False), ((8 << 20, 8 << 20), True),
+                                       ((12 << 20, 8 << 20), False)])
+def test_the_segment_spare_measured_alone_decides_whether_the_jobs_run_free(own, free):
+    """Where the allocator counts what a job's stream's own segments held
+    beyond its blocks in its measured step, the pairing runs the jobs free
+    when their steps and those spares fit the limit; where it does not
+    (torch's allocator), a margin of their bytes stands in. Under a limit
+    1% over the steps' bytes: no spare runs free; a spare of 4 MiB, or no
+    measure, does not."""
+    rise = 1 << 20
+    jobs = pairs()[:2]
+    trainer = ww.ConcurrentTrainer([p.job for p in jobs], split_size=4096, memory_limit=1 << 40)
+    trainer._memory_probe = lambda members: FakeProbe(rise, own=own)
+    trainer.run(1)  # the measured step
+    members = trainer.active
+    assert [m.segment_spare for m in members] == [None if own is None else own[0] - own[1]] * 2
+    held = sum(step_peak(m.pairing_plan(k)) for k, m in enumerate(members))  # as measured
+    trainer.memory_limit = int(held * 1.01)
+    assert trainer._planner(members, 2).free is free
+    losses = trainer.run(2)
+    for p, got in zip(jobs, losses):
+        p.check(got, 3)
 
 
 @pytest.mark.parametrize("room", ["little", "plenty"])

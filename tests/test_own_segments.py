@@ -229,3 +229,46 @@ def test_a_trainers_run_on_a_gpu_holds_it_and_one_on_the_cpu_does_not(monkeypatc
     assert not a.config.own_segments_first
     with trainer._own_segments([member("cpu")]) as on:
         assert not on and not a.config.own_segments_first
+
+
+def test_each_stream_counts_the_segments_it_reserved_and_the_bytes_allocated_in_them():
+    """``own_segments_by_stream``: what a trainer measures of a job's stream
+    alone (``JobPlan.segment_spare``: the reserved peak less the allocated
+    peak). A block another stream takes in a segment counts to the segment's
+    stream; released segments leave it; peaks reset with the others."""
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "own_segments_first:True")
+    big = a.alloc(12 * MiB, 1)  # a segment of its own size
+    small = a.alloc(3 * MiB, 2)  # a 20 MiB large-pool segment, shared by blocks of 1-10 MiB
+    own = a.stats()["own_segments_by_stream"]
+    assert own[1] == {"reserved_bytes.current": 12 * MiB, "reserved_bytes.peak": 12 * MiB,
+                      "allocated_bytes.current": 12 * MiB, "allocated_bytes.peak": 12 * MiB}
+    assert own[2]["reserved_bytes.current"] == 20 * MiB
+    assert own[2]["allocated_bytes.current"] == 3 * MiB
+    a.free(small)
+    a.free(big)
+    a.sync_and_coalesce()
+    other = a.alloc(5 * MiB, 3)  # own memory first: not stream 2's free segment
+    own = a.stats()["own_segments_by_stream"]
+    assert own[3]["allocated_bytes.current"] == 5 * MiB
+    assert own[2]["allocated_bytes.current"] == 0
+    a.free(other)
+    a.empty_cache()
+    a.check_invariants()
+    own = a.stats()["own_segments_by_stream"]
+    assert all(o["reserved_bytes.current"] == o["allocated_bytes.current"] == 0
+               for o in own.values())
+    assert own[2]["reserved_bytes.peak"] == 20 * MiB and own[2]["allocated_bytes.peak"] == 3 * MiB
+    a.reset_peak_stats()
+    assert all(v == 0 for o in a.stats()["own_segments_by_stream"].values() for v in o.values())
+
+
+def test_a_block_taken_in_another_streams_segment_counts_to_that_stream():
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0))
+    a.free(a.alloc(3 * MiB, 1))
+    a.sync_and_coalesce()
+    a.alloc(4 * MiB, 2)  # the synced remainder of stream 1's 20 MiB segment
+    own = a.stats()["own_segments_by_stream"]
+    assert own.keys() == {1}
+    assert own[1]["allocated_bytes.current"] == 4 * MiB
+    assert own[1]["reserved_bytes.current"] == 20 * MiB
+    a.check_invariants()

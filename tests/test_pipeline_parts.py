@@ -20,6 +20,7 @@ from waterwave.pipeline.nodegroups import (  # noqa: E402
     two_groups,
 )
 from waterwave.pipeline.pairing import (  # noqa: E402
+    FREE_MARGIN,
     MARGIN,
     SEGMENT_SLACK,
     JobGroups,
@@ -199,6 +200,31 @@ def test_paired_rounds_keep_back_their_margin_or_a_part_empty_segment_a_job_whic
     assert big.limit == (10 << 30) - int((10 << 30) * MARGIN)
     small = MemoryPairing(two, 1 << 30, 1, **never_free)
     assert small.limit == (1 << 30) - 2 * SEGMENT_SLACK
+
+
+def test_jobs_run_free_where_their_steps_and_measured_spares_fit_else_with_a_margin():
+    """Each job counts the most it holds in a step, and the spare its
+    segments held beyond its blocks measured alone; a job not measured
+    counts FREE_MARGIN of its bytes instead."""
+    def two(spare):
+        return [JobPlan(j, 10 * MiB, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)], segment_spare=spare)
+                for j in range(2)]
+
+    steps = 30 * MiB  # both jobs' state and steps at once
+    assert MemoryPairing(two(0), steps, 1).free
+    assert not MemoryPairing(two(1), steps, 1).free
+    assert MemoryPairing(two(MiB), steps + 2 * MiB, 1).free
+    assert not MemoryPairing(two(MiB), steps + 2 * MiB - 1, 1).free
+    assert MemoryPairing(two(MiB // 2), steps + MiB, 1).free
+    assert not MemoryPairing(two(None), steps + MiB, 1).free  # 5% of 30 MiB is more
+    assert MemoryPairing(two(None), int(steps / (1 - FREE_MARGIN)) + 1, 1).free
+    mixed = [two(MiB)[0], two(None)[1]]
+    assert MemoryPairing(mixed, 16 * MiB + int(15 * MiB / (1 - FREE_MARGIN)) + 1, 1).free
+    assert not MemoryPairing(mixed, 16 * MiB + int(15 * MiB / (1 - FREE_MARGIN)) - 1, 1).free
+    measured = MemoryPairing(two(None), steps + MiB, 1)
+    for j in range(2):
+        measured.update(j, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)], segment_spare=MiB // 2)
+    assert measured.free
 
 
 def test_a_job_leaving_keeps_its_after_bytes_outside_the_plan():

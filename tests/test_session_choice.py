@@ -227,6 +227,38 @@ def test_a_trainers_session_does_not_probe_a_pairing_whose_budget_holds_no_step(
     assert "memory did not fit" in session.session["why"]
 
 
+def test_the_pairing_runs_free_only_where_the_spares_measured_alone_fit_too():
+    """An MLP 512x1 at batch 1024 and a 64x1 under the lowest cap (142.5
+    MiB): their steps' bytes fit with 5% to spare, so the pairing ran them
+    free, and ran out of memory (a trainer's probe of it: a job lost on a
+    GPU). The 512x1's segments held 15.4 MiB beyond its blocks alone, which
+    5% of its bytes does not cover; counting each job's spare as measured
+    alone, the plan does not run free and keeps to no budget, so a trainer
+    does not probe it."""
+    picks = [5, 0]
+    cap = cap_between(run("sequential", picks, None, False).peak_reserved,
+                      run("lockstep", picks, None, False).peak_reserved, 0.0)
+    cut = SessionSchedule().partition
+    traces = [eager_trace(graph(k), GPU, KERNELS, partition=cut(graph(k))) for k in picks]
+    spares = {}
+    for k, t in zip(picks, traces):
+        alone = run("lockstep", [k], cap, False, 3)
+        spares[t.name] = alone.peak_reserved - alone.peak_allocated
+    assert spares["mlp512x1-bs1024"] > 15 << 20
+    policy, config = ALLOCATORS["session"]
+    for measured in (None, spares):
+        pairing = SessionSchedule(cap).pairing(measured)
+        plan = pairing.planner(traces, LONG)
+        ran = simulate(traces, GPU, cap, pairing, policy, LONG, config=config, record=False,
+                       warm=True)
+        if measured is None:
+            assert plan.free and plan.fits and not ran.ok
+        else:
+            assert not plan.free and not plan.fits
+    trainer = run(SessionSchedule(cap, like_trainer=True), picks, cap, False, LONG)
+    assert trainer.ok and "memory did not fit" in trainer.session["why"]
+
+
 # The trainer's session schedule ----------------------------------------------
 def _job(width: int, seed: int):
     torch.manual_seed(seed)

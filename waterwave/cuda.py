@@ -95,6 +95,17 @@ def memory_reserved(device=None) -> int:
     return memory_stats(device)["reserved_bytes.all.current"]
 
 
+def own_segments(stream: int, device=None) -> dict[str, int]:
+    """The segments ``stream`` (a ``torch.cuda.Stream``'s ``cuda_stream``)
+    reserved on the device, and the bytes allocated in them, each now and
+    at its peak since ``reset_peak_memory_stats``: ``reserved_bytes.current``,
+    ``reserved_bytes.peak``, ``allocated_bytes.current``,
+    ``allocated_bytes.peak``; zeros for a stream that reserved none."""
+    zero = dict.fromkeys(("reserved_bytes.current", "reserved_bytes.peak",
+                          "allocated_bytes.current", "allocated_bytes.peak"), 0)
+    return memory_stats(device)["own_segments_by_stream"].get(stream, zero)
+
+
 def max_memory_reserved(device=None) -> int:
     return memory_stats(device)["reserved_bytes.all.peak"]
 

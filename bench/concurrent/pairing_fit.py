@@ -1,9 +1,11 @@
 """The memory pairing's budget against the segments an allocator holds,
 simulated: how often paired rounds, run on their own, ran out of memory
 where a plain schedule (one after another, in turn, side by side) fits the
-same cap, with paired rounds keeping back only their margin of the budget
-(bytes counted) and with them keeping back that margin or a part-empty
-segment of each pool a job, whichever is more (``pairing.SEGMENT_SLACK``).
+same cap, under three rules: paired rounds keeping back only their margin
+of the budget (bytes counted), or that margin or a part-empty segment of
+each pool a job, whichever is more (``pairing.SEGMENT_SLACK``); and the
+jobs running free where their bytes fit with a 5% margin, or with each
+job's segment spare as measured alone (``JobPlan.segment_spare``).
 
     python bench/concurrent/pairing_fit.py [--draws 300] [--seed 2] [--out bench/results]
 
@@ -19,9 +21,9 @@ each rule: the draws where the pairing's plan keeps to its budget
 those of them and of the rest that ran out of memory; then the session as
 a trainer on a GPU runs it (``SessionSchedule(like_trainer=True)``): where
 its probe of the pairing ran out of memory (on a GPU, a job lost), and
-where its whole run did; under either rule it skips a plan that runs past
-its budget (before 2026-12-02 a trainer probed those too). Every figure is simulated. Writes
-pairing_fit.json and pairing_fit.md.
+where its whole run did; under every rule it skips a plan that runs past
+its budget (before 2026-12-02 a trainer probed those too). Every figure is
+simulated. Writes pairing_fit.json and pairing_fit.md.
 """
 from __future__ import annotations
 
@@ -46,7 +48,12 @@ from waterwave.pipeline.pairing import SEGMENT_SLACK  # noqa: E402
 from waterwave.pipeline.schedules import MEMORY  # noqa: E402
 
 STEPS = 12
-RULES = {"margin only": 0, "margin or segments": SEGMENT_SLACK}
+# What paired rounds keep back (a margin, or a part-empty segment pair a job
+# where more) and whether running free counts each job's segment spare as
+# measured alone (else a margin of the bytes).
+RULES = {"3%; free: 5% of the bytes": (0, False),
+         "3% or a segment pair a job; free: 5% of the bytes": (SEGMENT_SLACK, False),
+         "3% or a segment pair a job; free: each job's spare measured alone": (SEGMENT_SLACK, True)}
 
 
 def measure(draws: int, seed: int) -> dict:
@@ -76,15 +83,21 @@ def measure(draws: int, seed: int) -> dict:
         ran += 1
         grouped = [eager_trace(graphs[k], GPU, kernels, partition=cut(graphs[k]))
                    for k in picks]
-        for rule, slack in RULES.items():
-            pairing = SessionSchedule(cap, segment_slack=slack).pairing()
+        spares = {}
+        for t in grouped:  # each job alone, as a session measures it
+            alone = sim([t], cap, "lockstep", 3)
+            spares[t.name] = max(spares.get(t.name, 0), alone.peak_reserved - alone.peak_allocated)
+        for rule, (slack, measured) in RULES.items():
+            pairing = SessionSchedule(cap, segment_slack=slack).pairing(
+                spares if measured else None)
             kept = pairing.planner(grouped, STEPS).fits
             ok = sim(grouped, cap, pairing).ok
             c = counts[rule]
             c["fits" if kept else "past_budget"] += 1
             if not ok:
                 c["fits_oom" if kept else "past_budget_oom"] += 1
-            trainer = SessionSchedule(cap, like_trainer=True, segment_slack=slack)
+            trainer = SessionSchedule(cap, like_trainer=True, segment_slack=slack,
+                                      segment_spares=measured)
             session = sim(grouped, cap, trainer)
             probed = session.session and f"{MEMORY} did not fit" in session.session["why"]
             c["trainer_probe_oom"] += bool(kept and probed)
@@ -100,7 +113,8 @@ def report(result: dict) -> str:
              "", f"`python bench/concurrent/pairing_fit.py --draws {result['draws']} --seed "
              f"{result['seed']}`: {result['a_plain_schedule_fits']} draws where a plain schedule "
              f"fits, {result['steps']} steps a job. Every figure is simulated.", "",
-             "| paired rounds keep back | plan keeps to its budget | of those, out of memory "
+             "| paired rounds keep back; running free counts | plan keeps to its budget "
+             "| of those, out of memory "
              "| plan runs past it | of those, out of memory | a trainer's probe of it ran out "
              "| a trainer's session ran out |",
              "|---|---|---|---|---|---|---|"]

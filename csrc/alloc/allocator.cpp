@@ -357,6 +357,8 @@ Block* Allocator::reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind
     return nullptr;
   }
   auto* seg = new Segment{*addr, bytes, pool, stream, nullptr};
+  seg->own = &stats_.own_segments[stream];
+  seg->own->reserved.increase(static_cast<std::int64_t>(bytes));
   Block* b = block_pool_.make();
   b->addr = *addr;
   b->size = bytes;
@@ -389,6 +391,7 @@ std::size_t Allocator::release_segments_locked(Lock& lock, const std::vector<Blo
     bytes += seg->size;
     stats_.segment.decrease(seg->pool, 1);
     stats_.reserved_bytes.decrease(seg->pool, static_cast<std::int64_t>(seg->size));
+    seg->own->reserved.decrease(static_cast<std::int64_t>(seg->size));
     stats_.num_device_free++;
     if (seg->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
     stats_.note_reserved_change();
@@ -429,6 +432,7 @@ Segment* Allocator::expandable_segment_locked(StreamId owner, PoolKind pool) {
   std::optional<Addr> addr = device_.reserve_address(span);
   if (!addr) return nullptr;
   auto* seg = new Segment{*addr, span, pool, owner, nullptr, true, page};
+  seg->own = &stats_.own_segments[owner];
   Block* b = block_pool_.make();
   b->addr = *addr;
   b->size = span;
@@ -448,9 +452,11 @@ void Allocator::account_mapped(Segment* seg, std::int64_t bytes) {
   const auto pages = static_cast<std::int64_t>((bytes < 0 ? -bytes : bytes) / seg->page);
   if (bytes > 0) {
     stats_.reserved_bytes.increase(seg->pool, bytes);
+    seg->own->reserved.increase(bytes);
     stats_.num_device_alloc += pages;
   } else {
     stats_.reserved_bytes.decrease(seg->pool, -bytes);
+    seg->own->reserved.decrease(-bytes);
     stats_.num_device_free += pages;
   }
   stats_.note_reserved_change();
@@ -514,6 +520,9 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
           if (!idle.empty()) {
             const Block* m = idle.back();
             device_.remap(m->addr, b->addr + mapped, page);
+            // Reserved stays, but it moves to this segment's stream.
+            m->segment->own->reserved.decrease(static_cast<std::int64_t>(page));
+            seg->own->reserved.increase(static_cast<std::int64_t>(page));
             if (history_.on()) {  // the page leaves one segment for another
               note("segment_unmap", m->addr, page, m->segment->stream);
               note("segment_map", b->addr + mapped, page, seg->stream);
@@ -768,6 +777,7 @@ void Allocator::hand_out(Block* b, const Request& r) {
   const auto size = static_cast<std::int64_t>(b->size);
   stats_.allocation.increase(pool, 1);
   stats_.allocated_bytes.increase(pool, size);
+  b->segment->own->allocated.increase(size);
   stats_.requested_bytes.increase(pool, static_cast<std::int64_t>(r.bytes));
   stats_.active.increase(pool, 1);
   stats_.active_bytes.increase(pool, size);
@@ -781,6 +791,7 @@ void Allocator::account_free_request(Block* b) {
   live_.erase(b->addr);
   stats_.allocation.decrease(pool, 1);
   stats_.allocated_bytes.decrease(pool, static_cast<std::int64_t>(b->size));
+  b->segment->own->allocated.decrease(static_cast<std::int64_t>(b->size));
   if (b->size >= cfg_.max_split_size) stats_.oversize_allocations.decrease(1);
 }
 
@@ -849,8 +860,16 @@ void Allocator::check_common_invariants() {
   std::size_t reserved = 0, allocated = 0, allocated_count = 0, pending_bytes = 0,
               pending_count = 0, split_free = 0, split_free_bytes = 0;
   Addr last_end = 0;
+  std::map<StreamId, std::pair<std::size_t, std::size_t>> own;  // reserved, allocated
   for (const auto& [addr, seg] : segments_) {
     if (seg->addr != addr) fail_invariant("segment map key differs from segment address");
+    auto found = stats_.own_segments.find(seg->stream);
+    if (found == stats_.own_segments.end() || seg->own != &found->second) {
+      fail_invariant("segment " + format_addr(seg->addr) + " does not point at its stream's "
+                     "own-segment statistics");
+    }
+    auto& mine = own[seg->stream];
+    if (!seg->expandable) mine.first += seg->size;
     if (seg->addr < last_end) fail_invariant("segments overlap at " + format_addr(seg->addr));
     last_end = seg->addr + seg->size;
     if (!seg->expandable) reserved += seg->size;
@@ -876,11 +895,15 @@ void Allocator::check_common_invariants() {
         }
         continue;
       }
-      if (seg->expandable) reserved += b->size;
+      if (seg->expandable) {
+        reserved += b->size;
+        mine.first += b->size;
+      }
       if (b->allocated) {
         if (b->set) fail_invariant("allocated block is in a free set");
         if (live_.find(b->addr) != b) fail_invariant("allocated block missing from live map");
         allocated += b->size;
+        mine.second += b->size;
         ++allocated_count;
       } else if (b->set) {
         auto& e = in_set[b->set];
@@ -933,6 +956,11 @@ void Allocator::check_common_invariants() {
   eq("active", stats_.active.all().current, allocated_count + pending_count);
   eq("inactive_split", stats_.inactive_split.all().current, split_free);
   eq("inactive_split_bytes", stats_.inactive_split_bytes.all().current, split_free_bytes);
+  for (const auto& [stream, stat] : stats_.own_segments) {
+    const auto it = own.find(stream);
+    eq("own_segments reserved", stat.reserved.current, it == own.end() ? 0 : it->second.first);
+    eq("own_segments allocated", stat.allocated.current, it == own.end() ? 0 : it->second.second);
+  }
 }
 
 std::string Allocator::oom_message(const Request& r) {

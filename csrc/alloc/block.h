@@ -1,6 +1,6 @@
 // Blocks and segments: the address-ordered chains the allocator carves.
 //
-// May include: core/types.h.
+// May include: core/stats.h, core/types.h.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "../core/stats.h"
 #include "../core/types.h"
 
 namespace waterwave {
@@ -118,6 +119,9 @@ struct Segment {
   // allocation each (2 MiB for the small pool, large_segment_size for the
   // large one, as PyTorch: mapping costs per allocation, not per byte).
   std::size_t page = 0;
+  // The reserving stream's entry in the allocator's statistics
+  // (AllocatorStats::own_segments), which its blocks' bytes are added to.
+  OwnSegments* own = nullptr;
 };
 
 // The stream that reserved a block's segment; a search key (no segment) names

@@ -20,6 +20,14 @@ py::dict stats_dict(const AllocatorStats& s, PolicyKind policy) {
   py::dict per_stream;
   for (const auto& [stream, bytes] : s.unsynced_free_bytes) per_stream[py::int_(stream)] = bytes;
   d["unsynced_free_bytes_by_stream"] = per_stream;
+  py::dict own;
+  for (const auto& [stream, o] : s.own_segments) {
+    own[py::int_(stream)] = py::dict(
+        "reserved_bytes.current"_a = o.reserved.current, "reserved_bytes.peak"_a = o.reserved.peak,
+        "allocated_bytes.current"_a = o.allocated.current,
+        "allocated_bytes.peak"_a = o.allocated.peak);
+  }
+  d["own_segments_by_stream"] = own;
   return d;
 }
 

@@ -91,15 +91,32 @@ void AllocatorStats::add(const AllocatorStats& other) {
     x.freed += y.freed;
   });
   for (const auto& field : kAccumulated) this->*field.member += other.*field.member;
+  for (const auto& [stream, own] : other.own_segments) {
+    for (auto [x, y] : {std::pair{&own_segments[stream].reserved, &own.reserved},
+                        std::pair{&own_segments[stream].allocated, &own.allocated}}) {
+      x->current += y->current;
+      x->peak += y->peak;
+      x->allocated += y->allocated;
+      x->freed += y->freed;
+    }
+  }
 }
 
 void AllocatorStats::reset_peaks() {
   for_each_stat(*this, [](Stat& x) { x.reset_peak(); });
+  for (auto& [stream, own] : own_segments) {
+    own.reserved.reset_peak();
+    own.allocated.reset_peak();
+  }
   allocated_at_peak_reserved = allocated_bytes.all().current;
 }
 
 void AllocatorStats::reset_accumulated() {
   for_each_stat(*this, [](Stat& x) { x.reset_accumulated(); });
+  for (auto& [stream, own] : own_segments) {
+    own.reserved.reset_accumulated();
+    own.allocated.reset_accumulated();
+  }
   for (const auto& field : kAccumulated) this->*field.member = 0;
 }
 

@@ -49,6 +49,15 @@ struct StatArray {
   const Stat& all() const { return s[0]; }
 };
 
+// A stream's own segments (those it reserved: Segment::stream), their bytes
+// and the bytes allocated in them, each with its peak. The peaks' difference
+// is what the stream's blocks left unused in its segments: a trainer
+// measures it of each job's stream with the job alone
+// (waterwave/exec/device_segments.py).
+struct OwnSegments {
+  Stat reserved, allocated;
+};
+
 // How a request was served; one counter each.
 enum class Served : int {
   kSameStream = 0,    // the requesting stream's own unsynced blocks
@@ -83,6 +92,10 @@ struct AllocatorStats {
   std::int64_t largest_free_block = 0;
   std::int64_t synced_free_bytes = 0;
   std::map<StreamId, std::int64_t> unsynced_free_bytes;  // per stream
+  // Per stream that reserved segments, kept as they change (a segment points
+  // at its stream's entry, which is never erased, so the allocation path
+  // adds to it without a search).
+  std::map<StreamId, OwnSegments> own_segments;
   std::int64_t pending_free_bytes = 0;  // freed, waiting on events
 
   void note_reserved_change();   // call after reserved_bytes changes

@@ -223,7 +223,7 @@ class ConcurrentTrainer(SettingsView):
         trainer's."""
         sched = sched or self.plan_schedule
         limit = self.budget = None if sched.pairing == FREE else self._budget(members)
-        jobs = [PairingInput(replace(m.plan, job=k, groups=list(m.measured or m.plan.groups)),
+        jobs = [PairingInput(m.pairing_plan(k),
                              JobGroups(k, m.partition.num_angs, len(m.partition.groups),
                                        m.job.persistent_bytes() + m.partition.peak,
                                        m.partition.split_size))
@@ -373,10 +373,9 @@ class ConcurrentTrainer(SettingsView):
                     start = self._clock(members)
                     self._solo_step(m, probe)
                     seconds = self._clock(members) - start
-                    plan = replace(m.plan, groups=list(m.measured or m.plan.groups))
                     # On a GPU the counters give bytes allocated; the cache
                     # holds more (cached_peak).
-                    peak = step_peak(plan)
+                    peak = step_peak(m.pairing_plan(0))
                     if m.step_fn.device == "cuda":
                         peak = cached_peak(peak, large_segment_size(m))
                     alone.append(MeasuredAlone(peak, max(seconds, 1e-9)))
@@ -429,9 +428,9 @@ class ConcurrentTrainer(SettingsView):
         feed = RoundFeed(PeriodicRounds({0: [(0, g) for g in range(groups)]}, 0, 1),
                          [member.job], CounterBarrier())
 
-        def report(readings):
+        def report(readings, spare):
             if readings is not None and len(readings) == groups:
-                member.measured = readings
+                member.measured, member.segment_spare = readings, spare
 
         with self._tracked(feed):
             run_job(member, feed, 0, measure=None if probe is None else Measure(probe, report))

@@ -32,10 +32,19 @@ LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see run_job)
 class Measure:
     """Measure each group of a job's first step in the allocator (``probe``);
     ``report`` gets the (net, rise) of every group, or None if the step did
-    not run whole."""
+    not run whole, and the step's segment spare (``segment_spare``)."""
     probe: "MemoryProbe"
-    report: Callable[[list[tuple[int, int]] | None], None]
+    report: Callable[[list[tuple[int, int]] | None, int | None], None]
     readings: list = field(default_factory=list)
+    own: list = field(default_factory=list)  # each group's own_peaks
+
+    def segment_spare(self) -> int | None:
+        """What the job's stream's own segments held beyond its blocks over
+        the step, at their peaks (``JobPlan.segment_spare``); None where
+        the allocator does not tell."""
+        if not self.own or None in self.own:
+            return None
+        return max(0, max(r for r, _ in self.own) - max(a for _, a in self.own))
 
 
 def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = None,
@@ -86,7 +95,7 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
                     # The whole step in its first group's round; its other
                     # groups' rounds pass through (the barrier's count).
                     if measure is not None and step == measuring_step:
-                        measure.report(None)
+                        measure.report(None, None)
                         measure = None
                     if group == 0:
                         eager_loss = member.eager_step(*eager).detach()
@@ -102,8 +111,9 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
                     start = measure.probe.start()
                     runner.run_group(group, env)
                     measure.readings.append(measure.probe.since(start))
+                    measure.own.append(measure.probe.own_peaks(stream))
                     if group == last_group:  # before the next entry is planned
-                        measure.report(list(measure.readings))
+                        measure.report(list(measure.readings), measure.segment_spare())
                         measure = None
                 else:
                     runner.run_group(group, env)
@@ -127,7 +137,7 @@ def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None
         env = None  # its tensors go back to the allocator
         try:
             if measure is not None:
-                measure.report(None)
+                measure.report(None, None)
             job.losses += [float(x) for x in pending]  # the steps it finished
             if job.error is None:
                 job.forget_skipped_state()
@@ -251,6 +261,15 @@ class MemoryProbe:
     def start(self) -> int:
         self.stats.reset_peak_memory_stats(self.device)
         return self.stats.memory_allocated(self.device)
+
+    def own_peaks(self, stream) -> tuple[int, int] | None:
+        """(reserved, allocated) peaks of the segments ``stream`` reserved
+        since ``start()``: Waterwave's allocator counts them
+        (``cuda.own_segments``); None under torch's, which does not."""
+        if self.stats is not cuda or stream is None:
+            return None
+        own = cuda.own_segments(stream.cuda_stream, self.device)
+        return own["reserved_bytes.peak"], own["allocated_bytes.peak"]
 
     def since(self, start: int) -> tuple[int, int]:
         """(net bytes, most bytes above ``start``) since ``start()``."""

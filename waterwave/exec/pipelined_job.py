@@ -10,6 +10,7 @@ May import: waterwave.pipeline, this package.
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 from ..pipeline.pairing import JobPlan, graph_plan, step_peak
 from .group_runner import GroupRunner
@@ -33,6 +34,9 @@ class PipelinedJob:
         self.runner = GroupRunner(job.step_fn, self.partition)
         self.plan: JobPlan = graph_plan(0, job.graph, self.partition)
         self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
+        # What its stream's own segments held beyond its blocks in that step
+        # (JobPlan.segment_spare); None where not measured.
+        self.segment_spare: int | None = None
         # Its data's batches already on the GPU: held beside every step, and
         # in no step's allocations (on the CPU a dataset in memory is the
         # user's, not the training's).
@@ -84,6 +88,13 @@ class PipelinedJob:
         """What it holds beside its steps: what its thread kept from
         evaluating, and its data's batches on the GPU."""
         return self.between.kept + self.data_bytes
+
+    def pairing_plan(self, k: int, **changes) -> JobPlan:
+        """What the pairing plans it by as job ``k``: its groups as measured
+        where they were, with its segment spare; ``changes`` to the plan."""
+        return replace(self.plan, job=k, groups=list(self.measured or self.plan.groups),
+                       segment_spare=self.segment_spare if self.measured else None,
+                       **changes)
 
     def reserve(self) -> int:
         """What a session keeps for its evaluation between its calls."""

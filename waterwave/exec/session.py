@@ -204,19 +204,18 @@ class TrainingSession(SettingsView):
             self._count_training_locked()
             solo = (probe is not None and member.measured is None
                     and self.plan_schedule.pairing == MEMORY)
-            groups = list(member.measured or member.plan.groups)
-            plan = replace(member.plan, job=k, groups=groups,
-                           persistent=member.plan.persistent + member.beside(),
-                           after=job.between.reserve(groups))
+            plan = member.pairing_plan(k)
+            plan = replace(plan, persistent=plan.persistent + member.beside(),
+                           after=job.between.reserve(plan.groups))
             feed.join(k, job, plan, steps, solo_first=solo)
             feed.set_limit(*self._budget(feed))
             self._share_budget_locked()
         measure = None
         if solo:
-            def report(readings, member=member, feed=feed, k=k):
+            def report(readings, spare, member=member, feed=feed, k=k):
                 if readings is not None and len(readings) == len(member.partition.groups):
-                    member.measured = readings
-                    feed.measured(k, readings)
+                    member.measured, member.segment_spare = readings, spare
+                    feed.measured(k, readings, spare)
                 else:
                     feed.measured(k, None)
             measure = Measure(probe, report)

@@ -52,14 +52,16 @@ class RoundFeed:
             self.jobs[k] = job
             self._queues[k] = deque()
 
-    def measured(self, k: int, groups: list[tuple[int, int]] | None) -> None:
+    def measured(self, k: int, groups: list[tuple[int, int]] | None,
+                 segment_spare: int | None = None) -> None:
         """Job k's groups as measured in its solo step (None: the measure
-        failed; it goes on with the bytes it had)."""
+        failed; it goes on with the bytes it had), and its segment spare
+        (``JobPlan.segment_spare``; None: not measured)."""
         with self._lock:
             if groups is None:
                 self.planner.resume(k)
             else:
-                self.planner.update(k, groups)
+                self.planner.update(k, groups, segment_spare)
 
     def set_limit(self, memory_limit: int | None, outside: int | None = None) -> None:
         with self._lock:

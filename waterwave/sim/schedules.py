@@ -118,6 +118,9 @@ class NodeGroupSchedule:
     overlap: bool = True             # Algorithm 1: a job's next step starts as soon as it can
     groups: int = 8
     segment_slack: int = SEGMENT_SLACK  # the memory pairing's part-empty segments a job
+    # Each job's segment spare, measured alone (JobPlan.segment_spare), by
+    # trace name; a job not named has none measured.
+    segment_spares: dict[str, int] | None = None
 
     @property
     def __name__(self) -> str:
@@ -142,7 +145,8 @@ class NodeGroupSchedule:
             kinds = [d >= 0 for _, _, d in t.meta["groups"]]
             num_angs = kinds.index(False) if False in kinds else len(kinds)
             inputs.append(pipeline.PairingInput(
-                JobPlan(j, sum(footprint(p[1]) for p in t.persistent), group_rises(t)),
+                JobPlan(j, sum(footprint(p[1]) for p in t.persistent), group_rises(t),
+                        segment_spare=(self.segment_spares or {}).get(t.name)),
                 JobGroups(j, num_angs, len(kinds), t.peak_live(),
                           t.meta["partition"]["split_size"])))
         limit = None if spec.pairing == pipeline.FREE else self.memory_limit
@@ -257,6 +261,9 @@ class SessionSchedule:
     # bytes allocated (cached_peak), and only TRAINER_PROBES probed.
     like_trainer: bool = False
     segment_slack: int = SEGMENT_SLACK  # its pairing's part-empty segments a job
+    # Its pairing runs the jobs free counting each one's segment spare as
+    # measured alone, as a trainer does (False: a margin of their bytes).
+    segment_spares: bool = True
 
     @property
     def __name__(self) -> str:
@@ -265,14 +272,17 @@ class SessionSchedule:
     def partition(self, g) -> Partition:
         return pipeline.schedule("session").partition(g, None, groups=self.groups)
 
-    def pairing(self) -> NodeGroupSchedule:
+    def pairing(self, segment_spares: dict[str, int] | None = None) -> NodeGroupSchedule:
+        """The memory pairing, given each job's segment spare as measured
+        alone (by trace name; None: not measured)."""
         return NodeGroupSchedule("waterwave", None, self.memory_limit, "program",
-                                 groups=self.groups, segment_slack=self.segment_slack)
+                                 groups=self.groups, segment_slack=self.segment_slack,
+                                 segment_spares=segment_spares)
 
     def decide(self, jobs: list[Trace], probe: Probe) -> tuple[SegmentSchedule, Choice | None]:
         """The schedule to run ``jobs`` by, and the choice behind it (None:
         a job does not train even alone, so nothing was chosen)."""
-        alone = []
+        alone, spares = [], {}
         for t in jobs:
             r = probe([t], lockstep, max(2, self.probe_steps))
             if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
@@ -280,9 +290,14 @@ class SessionSchedule:
             peak = cached_peak(r.peak_allocated) if self.like_trainer else r.peak_reserved
             alone.append(MeasuredAlone(peak, r.step_time_us[0] / 1e6,
                                        t.meta.get("batch_size") or 1))
+            # What its own segments held beyond its blocks, as a trainer on a
+            # GPU measures it of the job's stream (exec/device_segments.py).
+            # (Traces of one name share it: the most any measured.)
+            spares[t.name] = max(spares.get(t.name, 0), r.peak_reserved - r.peak_allocated)
         choice = choose(alone, self.memory_limit)
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
-                      pipeline.SEQUENTIAL: sequential, pipeline.MEMORY: self.pairing()}
+                      pipeline.SEQUENTIAL: sequential,
+                      pipeline.MEMORY: self.pairing(spares if self.segment_spares else None)}
         if choice.why == "probe":
             probed = TRAINER_PROBES if self.like_trainer else PROBED
             probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in probed}
