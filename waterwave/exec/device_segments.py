@@ -4,7 +4,11 @@ pool's 2 MiB, and its large pool's shared segment, Waterwave's
 ``large_segment_size`` where installed, PyTorch's 20 MiB otherwise); on the
 CPU, nothing. The trainer counts a job's peak alone with it
 (``session_choice.cached_peak``) and the memory pairing keeps it back for
-every job (``pairing.SEGMENT_SLACK``).
+every job (``pairing.SEGMENT_SLACK``). Where Waterwave's allocator serves
+the GPU, a job's measured step also reads what its own stream's segments
+held beyond its blocks (``job_loop.MemoryProbe.own_peaks``,
+``JobPlan.segment_spare``), which the pairing counts before running jobs
+free.
 
 May import: waterwave.cuda, waterwave.pipeline, this package.
 """

@@ -220,8 +220,9 @@ class JobPlan:
 
 
 # Of a budget, what plans keep back for the allocator: ``MARGIN`` where
-# groups are paired; ``FREE_MARGIN`` before jobs run free (allocators cache
-# and fragment, and plans count bytes).
+# groups are paired; ``FREE_MARGIN`` of a job's bytes before jobs run free,
+# where its segment spare was not measured (allocators cache and fragment,
+# and plans count bytes).
 MARGIN, FREE_MARGIN = 0.03, 0.05
 # What a job's stream can hold in segments beyond its blocks: a small-pool
 # segment and the large-pool segment that blocks of 1-10 MiB share (20 MiB

@@ -24,8 +24,10 @@ that should not run out of memory (``exec/concurrent.py``'s
 only where its plan keeps to the budget, ``MemoryPairing.fits``): side by
 side could fail a step halfway, with batch norm's running statistics
 already updated, so it runs free only where the measured peaks fit. (The
-pairing itself runs its jobs free where their steps' bytes fit 95% of the
-budget; simulated, that ran out in 13 of 258 draws of tight caps,
+pairing itself runs its jobs free where their steps' bytes fit beside what
+each job's segments held beyond its blocks when it was measured alone,
+``JobPlan.segment_spare``; counting 5% of the bytes instead, that ran out
+in 13 of 258 simulated draws of tight caps, none since,
 bench/concurrent/pairing_fit.py.)
 
 May import: this package.
