@@ -268,7 +268,9 @@ def test_the_segment_spare_measured_alone_decides_whether_the_jobs_run_free(own,
     trainer._memory_probe = lambda members: FakeProbe(rise, own=own)
     trainer.run(1)  # the measured step
     members = trainer.active
-    assert [m.segment_spare for m in members] == [None if own is None else own[0] - own[1]] * 2
+    spare = None if own is None else own[0] - own[1]
+    assert [m.segment_spare for m in members] == [spare] * 2
+    assert [j["segment_spare"] for j in trainer.stats()["jobs"]] == [spare] * 2
     held = sum(step_peak(m.pairing_plan(k)) for k, m in enumerate(members))  # as measured
     trainer.memory_limit = int(held * 1.01)
     assert trainer._planner(members, 2).free is free

@@ -247,7 +247,8 @@ def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
 
 def test_the_pairing_fit_benchmark_counts_each_rules_plans_and_what_ran_out(tmp_path):
     """bench/concurrent/pairing_fit.py: paired rounds' budget with and
-    without a part-empty segment a job kept back, over random mixes."""
+    without a part-empty segment a job kept back, running free with a
+    margin or the jobs' segment spares, over random mixes."""
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "pairing_fit.py"),
                         "--draws", "6", "--seed", "2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, check=False)
@@ -261,10 +262,13 @@ def test_the_pairing_fit_benchmark_counts_each_rules_plans_and_what_ran_out(tmp_
         assert counts["trainer_probe_oom"] <= counts["fits"]
     # Keeping segments back plans past the budget more often, and a plan
     # that keeps to it did not run out.
-    bytes_only, segments = res["rules"]["margin only"], res["rules"]["margin or segments"]
-    assert segments["past_budget"] >= bytes_only["past_budget"]
-    assert segments["fits_oom"] == 0
-    assert "| margin or segments |" in (tmp_path / "pairing_fit.md").read_text()
+    rules = res["rules"]
+    assert rules.keys() == {"bytes", "segments", "spares"}
+    assert rules["segments"]["past_budget"] >= rules["bytes"]["past_budget"]
+    assert rules["segments"]["fits_oom"] == rules["spares"]["fits_oom"] == 0
+    assert rules["spares"]["trainer_probe_oom"] == rules["spares"]["trainer_oom"] == 0
+    assert "each job's segment spare measured alone (`spares`) |" in (
+        tmp_path / "pairing_fit.md").read_text()
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "pairing_fit.py"),
                         "--draws", "0"], capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 2 and "--draws must be at least 1" in r.stderr

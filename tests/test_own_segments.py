@@ -272,3 +272,48 @@ def test_a_block_taken_in_another_streams_segment_counts_to_that_stream():
     assert own[1]["allocated_bytes.current"] == 4 * MiB
     assert own[1]["reserved_bytes.current"] == 20 * MiB
     a.check_invariants()
+
+
+def test_a_measured_step_reads_its_streams_spare_and_the_trainer_counts_it(monkeypatch):
+    """On a GPU under Waterwave's allocator, a job's measured step reads its
+    stream's own segments after each group (``MemoryProbe.own_peaks``), the
+    step's spare is the reserved peak less the allocated peak over its
+    groups, and a trainer counts the job's peak as its step's bytes and that
+    spare; under PyTorch's allocator nothing is read and the peak is
+    ``cached_peak``'s; on the CPU, the bytes."""
+    from types import SimpleNamespace
+
+    from waterwave.exec import device_segments, job_loop
+    from waterwave.pipeline.pairing import JobPlan
+    from waterwave.pipeline.session_choice import cached_peak
+
+    a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "own_segments_first:True")
+    monkeypatch.setattr(job_loop.cuda, "is_installed", lambda: True)
+    monkeypatch.setattr(job_loop.cuda, "allocator", lambda device=None: a)
+    probe = job_loop.MemoryProbe("cuda:0")
+    stream = SimpleNamespace(cuda_stream=7)
+    measure = job_loop.Measure(probe, lambda readings, spare: None)
+    probe.start()
+    first = a.alloc(3 * MiB, 7)  # a 20 MiB segment of stream 7's own
+    measure.own.append(probe.own_peaks(stream))
+    a.free(first)
+    probe.start()
+    a.alloc(6 * MiB, 7)
+    measure.own.append(probe.own_peaks(stream))
+    assert measure.own == [(20 * MiB, 3 * MiB), (20 * MiB, 6 * MiB)]
+    assert measure.segment_spare() == 14 * MiB
+    assert probe.own_peaks(None) is None  # a job on no stream of its own
+    measure.own.append(None)
+    assert measure.segment_spare() is None
+
+    def member(device, spare):
+        plan = JobPlan(0, 10 * MiB, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)], segment_spare=spare)
+        return SimpleNamespace(pairing_plan=lambda k: plan, step_fn=SimpleNamespace(
+            device=device, params=[SimpleNamespace(device=f"{device}:0")]))
+
+    assert device_segments.peak_alone(member("cuda", 14 * MiB)) == 29 * MiB
+    assert device_segments.peak_alone(member("cpu", None)) == 15 * MiB
+    monkeypatch.setattr(device_segments.cuda, "is_installed", lambda: False)
+    assert device_segments.peak_alone(member("cuda", None)) == cached_peak(15 * MiB)
+    monkeypatch.setattr(job_loop.cuda, "is_installed", lambda: False)
+    assert job_loop.MemoryProbe("cuda:0").own_peaks(stream) is None  # torch's counters

@@ -48,12 +48,13 @@ from waterwave.pipeline.pairing import SEGMENT_SLACK  # noqa: E402
 from waterwave.pipeline.schedules import MEMORY  # noqa: E402
 
 STEPS = 12
-# What paired rounds keep back (a margin, or a part-empty segment pair a job
-# where more) and whether running free counts each job's segment spare as
-# measured alone (else a margin of the bytes).
-RULES = {"3%; free: 5% of the bytes": (0, False),
-         "3% or a segment pair a job; free: 5% of the bytes": (SEGMENT_SLACK, False),
-         "3% or a segment pair a job; free: each job's spare measured alone": (SEGMENT_SLACK, True)}
+# Each rule: what paired rounds keep back (a margin, or a part-empty segment
+# pair a job where more), whether running free counts each job's segment
+# spare as measured alone (else a margin of the bytes), and its description.
+RULES = {"bytes": (0, False, "3%; 5% of the bytes"),
+         "segments": (SEGMENT_SLACK, False, "3% or a segment pair a job; 5% of the bytes"),
+         "spares": (SEGMENT_SLACK, True,
+                    "3% or a segment pair a job; each job's segment spare measured alone")}
 
 
 def measure(draws: int, seed: int) -> dict:
@@ -87,7 +88,7 @@ def measure(draws: int, seed: int) -> dict:
         for t in grouped:  # each job alone, as a session measures it
             alone = sim([t], cap, "lockstep", 3)
             spares[t.name] = max(spares.get(t.name, 0), alone.peak_reserved - alone.peak_allocated)
-        for rule, (slack, measured) in RULES.items():
+        for rule, (slack, measured, _) in RULES.items():
             pairing = SessionSchedule(cap, segment_slack=slack).pairing(
                 spares if measured else None)
             kept = pairing.planner(grouped, STEPS).fits
@@ -119,7 +120,7 @@ def report(result: dict) -> str:
              "| a trainer's session ran out |",
              "|---|---|---|---|---|---|---|"]
     for rule, c in result["rules"].items():
-        lines.append(f"| {rule} | {c['fits']} | {c['fits_oom']} | {c['past_budget']} "
+        lines.append(f"| {RULES[rule][2]} (`{rule}`) | {c['fits']} | {c['fits_oom']} | {c['past_budget']} "
                      f"| {c['past_budget_oom']} | {c['trainer_probe_oom']} | {c['trainer_oom']} |")
     return "\n".join(lines) + "\n"
 

@@ -79,7 +79,7 @@ from dataclasses import replace
 from .. import cuda
 from ..alloc.own_segments import own_segments_for_run
 from ..pipeline.counter_barrier import CounterBarrier
-from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner, step_peak
+from ..pipeline.pairing import JobGroups, PeriodicRounds, RoundPlanner
 from ..pipeline.round_feed import RoundFeed
 from ..pipeline.schedules import (
     ALGORITHM1,
@@ -91,9 +91,9 @@ from ..pipeline.schedules import (
     PairingInput,
     Schedule,
 )
-from ..pipeline.session_choice import TRAINER_PROBES, Choice, MeasuredAlone, cached_peak, choose
+from ..pipeline.session_choice import TRAINER_PROBES, Choice, MeasuredAlone, choose
 from . import awaiting_jobs, ctrl_c
-from .device_segments import large_segment_size, segment_slack
+from .device_segments import peak_alone, segment_slack
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView, whole_steps
@@ -373,12 +373,7 @@ class ConcurrentTrainer(SettingsView):
                     start = self._clock(members)
                     self._solo_step(m, probe)
                     seconds = self._clock(members) - start
-                    # On a GPU the counters give bytes allocated; the cache
-                    # holds more (cached_peak).
-                    peak = step_peak(m.pairing_plan(0))
-                    if m.step_fn.device == "cuda":
-                        peak = cached_peak(peak, large_segment_size(m))
-                    alone.append(MeasuredAlone(peak, max(seconds, 1e-9)))
+                    alone.append(MeasuredAlone(peak_alone(m), max(seconds, 1e-9)))
                 self._alone = alone
                 steps -= 1
             else:
@@ -448,7 +443,9 @@ class ConcurrentTrainer(SettingsView):
 
     def stats(self) -> dict:
         """Per job: node groups (and how many allocate), the split size,
-        steps run and the error of a job that failed; the bytes the last run
+        steps run, whether its step was measured alone and its segment
+        spare (``JobPlan.segment_spare``; None where not measured), and the
+        error of a job that failed; the bytes the last run
         planned for (``budget``: the memory limit, or on a GPU without one
         what the allocator could give); and the allocator's statistics where
         the Waterwave allocator serves the jobs."""
@@ -464,6 +461,7 @@ class ConcurrentTrainer(SettingsView):
                                 "allocation_groups": sum(g.kind == "ANG" for g in p.groups),
                                 "split_size": p.split_size, "partition": p.how,
                                 "measured": m.measured is not None,
+                                "segment_spare": m.segment_spare,
                                 "error": None if j.error is None else repr(j.error)})
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()

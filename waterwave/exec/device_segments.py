@@ -15,7 +15,8 @@ May import: waterwave.cuda, waterwave.pipeline, this package.
 from __future__ import annotations
 
 from .. import cuda
-from ..pipeline.pairing import LARGE_SEGMENT, SMALL_SEGMENT
+from ..pipeline.pairing import LARGE_SEGMENT, SMALL_SEGMENT, step_peak
+from ..pipeline.session_choice import cached_peak
 
 
 def large_segment_size(member) -> int:
@@ -30,3 +31,18 @@ def segment_slack(members) -> int:
     part-empty segments: the largest over those on a GPU, 0 on the CPU."""
     on_cuda = [m for m in members if m.step_fn.device == "cuda"]
     return SMALL_SEGMENT + max(map(large_segment_size, on_cuda)) if on_cuda else 0
+
+
+def peak_alone(member) -> int:
+    """The most a pipelined job holds, from its step measured alone, as a
+    trainer counts it beside the others: on a GPU, its step's bytes and its
+    segment spare (what its stream's own segments reserved beyond its
+    blocks), or, where the allocator did not measure that (PyTorch's), its
+    bytes with ``cached_peak``'s margin and segments; on the CPU, its bytes."""
+    plan = member.pairing_plan(0)
+    peak = step_peak(plan)
+    if member.step_fn.device != "cuda":
+        return peak
+    if plan.segment_spare is not None:
+        return peak + plan.segment_spare
+    return cached_peak(peak, large_segment_size(member))

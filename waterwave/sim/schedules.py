@@ -257,12 +257,15 @@ class SessionSchedule:
     name: str = "session"
     groups: int = 8
     probe_steps: int = 3
-    # As a trainer on a device chooses: a job's peak alone counted from its
-    # bytes allocated (cached_peak), and only TRAINER_PROBES probed.
+    # As a trainer on a device chooses: only TRAINER_PROBES probed.
     like_trainer: bool = False
     segment_slack: int = SEGMENT_SLACK  # its pairing's part-empty segments a job
-    # Its pairing runs the jobs free counting each one's segment spare as
-    # measured alone, as a trainer does (False: a margin of their bytes).
+    # Each job's segment spare measured alone counts, as a trainer counts it
+    # under Waterwave's allocator: in its peak (then the bytes it reserved
+    # alone), and where the pairing runs the jobs free. False: as a trainer
+    # under PyTorch's allocator, a trainer's peak is its bytes allocated
+    # with a margin and a part-empty segment of each pool (cached_peak), and
+    # the pairing's a margin of the bytes.
     segment_spares: bool = True
 
     @property
@@ -287,7 +290,12 @@ class SessionSchedule:
             r = probe([t], lockstep, max(2, self.probe_steps))
             if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
                 return lockstep, None  # it runs out of memory alone: as side by side would
-            peak = cached_peak(r.peak_allocated) if self.like_trainer else r.peak_reserved
+            # A trainer counts its step and the segment spare measured alone
+            # (what its stream's own segments reserved, beside what it holds
+            # elsewhere): the bytes reserved alone. Without the spares, its
+            # bytes allocated, with a margin and a segment of each pool.
+            peak = (cached_peak(r.peak_allocated) if self.like_trainer and not self.segment_spares
+                    else r.peak_reserved)
             alone.append(MeasuredAlone(peak, r.step_time_us[0] / 1e6,
                                        t.meta.get("batch_size") or 1))
             # What its own segments held beyond its blocks, as a trainer on a
