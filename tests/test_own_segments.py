@@ -275,8 +275,9 @@ def test_a_block_taken_in_another_streams_segment_counts_to_that_stream():
 
 
 def test_a_measured_step_reads_its_streams_spare_and_the_trainer_counts_it(monkeypatch):
-    """On a GPU under Waterwave's allocator, a job's measured step reads its
-    stream's own segments after each group (``MemoryProbe.own_peaks``), the
+    """On a GPU under Waterwave's allocator, streams keeping to their own
+    segments, a job's measured step reads its stream's own segments after
+    each group (``MemoryProbe.own_peaks``), the
     step's spare is the reserved peak less the allocated peak over its
     groups, and a trainer counts the job's peak as its step's bytes and that
     spare; under PyTorch's allocator nothing is read and the peak is
@@ -303,6 +304,9 @@ def test_a_measured_step_reads_its_streams_spare_and_the_trainer_counts_it(monke
     assert measure.own == [(20 * MiB, 3 * MiB), (20 * MiB, 6 * MiB)]
     assert measure.segment_spare() == 14 * MiB
     assert probe.own_peaks(None) is None  # a job on no stream of its own
+    a.set_own_segments_first(False)
+    assert probe.own_peaks(stream) is None  # its blocks may sit in other streams' segments
+    a.set_own_segments_first(True)
     measure.own.append(None)
     assert measure.segment_spare() is None
 

@@ -5,9 +5,10 @@ pool's 2 MiB, and its large pool's shared segment, Waterwave's
 CPU, nothing. The trainer counts a job's peak alone with it
 (``session_choice.cached_peak``) and the memory pairing keeps it back for
 every job (``pairing.SEGMENT_SLACK``). Where Waterwave's allocator serves
-the GPU, a job's measured step also reads what its own stream's segments
-held beyond its blocks (``job_loop.MemoryProbe.own_peaks``,
-``JobPlan.segment_spare``), which the pairing counts before running jobs
+the GPU and each stream keeps to its own segments (a trainer's run), a
+job's measured step also reads what its stream's segments held beyond its
+blocks (``job_loop.MemoryProbe.own_peaks``, ``JobPlan.segment_spare``),
+which the trainer counts in its peak and the pairing before running jobs
 free.
 
 May import: waterwave.cuda, waterwave.pipeline, this package.

@@ -265,8 +265,12 @@ class MemoryProbe:
     def own_peaks(self, stream) -> tuple[int, int] | None:
         """(reserved, allocated) peaks of the segments ``stream`` reserved
         since ``start()``: Waterwave's allocator counts them
-        (``cuda.own_segments``); None under torch's, which does not."""
-        if self.stats is not cuda or stream is None:
+        (``cuda.own_segments``). None under torch's, which does not, and
+        where streams do not keep to their own segments (a trainer's run
+        holds ``own_segments_first``; elsewhere a job's blocks may sit in
+        other streams' segments, and its own say nothing of them)."""
+        if (self.stats is not cuda or stream is None
+                or not cuda.allocator(self.device).config.own_segments_first):
             return None
         own = cuda.own_segments(stream.cuda_stream, self.device)
         return own["reserved_bytes.peak"], own["allocated_bytes.peak"]
