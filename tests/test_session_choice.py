@@ -35,7 +35,7 @@ from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
 from waterwave.sim.rates import added_steps_rate  # noqa: E402
-from waterwave.sim.schedules import ALLOCATORS, SessionSchedule  # noqa: E402
+from waterwave.sim.schedules import ALLOCATORS, SessionSchedule, segment_spares  # noqa: E402
 
 GPU = "H100-80GB"
 KERNELS = KernelModel.load()
@@ -261,10 +261,7 @@ def test_the_pairing_runs_free_only_where_the_spares_measured_alone_fit_too():
                       run("lockstep", picks, None, False).peak_reserved, 0.0)
     cut = SessionSchedule().partition
     traces = [eager_trace(graph(k), GPU, KERNELS, partition=cut(graph(k))) for k in picks]
-    spares = {}
-    for k, t in zip(picks, traces):
-        alone = run("lockstep", [k], cap, False, 3)
-        spares[t.name] = alone.peak_reserved - alone.peak_allocated
+    spares = segment_spares((t, run("lockstep", [k], cap, False, 3)) for k, t in zip(picks, traces))
     assert spares["mlp512x1-bs1024"] > 15 << 20
     policy, config = ALLOCATORS["session"]
     for measured in (None, spares):

@@ -43,7 +43,7 @@ from sharing_vs_plain import GPU, PLAIN, SHAPES, cap_between, mlp_graph  # noqa:
 from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
-from waterwave.sim.schedules import ALLOCATORS, SessionSchedule  # noqa: E402
+from waterwave.sim.schedules import ALLOCATORS, SessionSchedule, segment_spares  # noqa: E402
 from waterwave.pipeline.pairing import SEGMENT_SLACK  # noqa: E402
 from waterwave.pipeline.schedules import MEMORY  # noqa: E402
 
@@ -84,10 +84,8 @@ def measure(draws: int, seed: int) -> dict:
         ran += 1
         grouped = [eager_trace(graphs[k], GPU, kernels, partition=cut(graphs[k]))
                    for k in picks]
-        spares = {}
-        for t in grouped:  # each job alone, as a session measures it
-            alone = sim([t], cap, "lockstep", 3)
-            spares[t.name] = max(spares.get(t.name, 0), alone.peak_reserved - alone.peak_allocated)
+        # Each job alone, as a session measures it.
+        spares = segment_spares((t, sim([t], cap, "lockstep", 3)) for t in grouped)
         for rule, (slack, measured, _) in RULES.items():
             pairing = SessionSchedule(cap, segment_slack=slack).pairing(
                 spares if measured else None)
@@ -120,8 +118,9 @@ def report(result: dict) -> str:
              "| a trainer's session ran out |",
              "|---|---|---|---|---|---|---|"]
     for rule, c in result["rules"].items():
-        lines.append(f"| {RULES[rule][2]} (`{rule}`) | {c['fits']} | {c['fits_oom']} | {c['past_budget']} "
-                     f"| {c['past_budget_oom']} | {c['trainer_probe_oom']} | {c['trainer_oom']} |")
+        lines.append(f"| {RULES[rule][2]} (`{rule}`) | {c['fits']} | {c['fits_oom']} "
+                     f"| {c['past_budget']} | {c['past_budget_oom']} | {c['trainer_probe_oom']} "
+                     f"| {c['trainer_oom']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -285,9 +285,10 @@ class SessionSchedule:
     def decide(self, jobs: list[Trace], probe: Probe) -> tuple[SegmentSchedule, Choice | None]:
         """The schedule to run ``jobs`` by, and the choice behind it (None:
         a job does not train even alone, so nothing was chosen)."""
-        alone, spares = [], {}
+        alone, runs = [], []
         for t in jobs:
             r = probe([t], lockstep, max(2, self.probe_steps))
+            runs.append((t, r))
             if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
                 return lockstep, None  # it runs out of memory alone: as side by side would
             # A trainer counts its step and the segment spare measured alone
@@ -298,10 +299,7 @@ class SessionSchedule:
                     else r.peak_reserved)
             alone.append(MeasuredAlone(peak, r.step_time_us[0] / 1e6,
                                        t.meta.get("batch_size") or 1))
-            # What its own segments held beyond its blocks, as a trainer on a
-            # GPU measures it of the job's stream (exec/device_segments.py).
-            # (Traces of one name share it: the most any measured.)
-            spares[t.name] = max(spares.get(t.name, 0), r.peak_reserved - r.peak_allocated)
+        spares = segment_spares(runs)
         choice = choose(alone, self.memory_limit)
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
                       pipeline.SEQUENTIAL: sequential,
@@ -330,6 +328,18 @@ class SessionSchedule:
     def __call__(self, jobs: list[Trace], steps: int) -> list[list[Segment]]:
         raise ValueError("the session schedule chooses by simulating its jobs: run it through "
                          "waterwave.sim.simulate, which gives it the device to measure them on")
+
+
+def segment_spares(alone) -> dict[str, int]:
+    """Each job's segment spare (``JobPlan.segment_spare``) from ``alone``,
+    pairs of a trace and its run alone: what its segments held beyond its
+    blocks, reserved less allocated at their peaks, as a trainer on a GPU
+    reads it of the job's stream (exec/job_loop.py, ``MemoryProbe.own_peaks``).
+    By trace name; traces of one name share the most any measured."""
+    spares: dict[str, int] = {}
+    for t, r in alone:
+        spares[t.name] = max(spares.get(t.name, 0), r.peak_reserved - r.peak_allocated)
+    return spares
 
 
 def op_regions(t: Trace, first: bool = False) -> list[Region]:
