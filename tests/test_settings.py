@@ -8,6 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import waterwave as ww
+from conftest import make
 from waterwave import _C
 
 MiB = 1024**2
@@ -118,3 +119,24 @@ def test_any_keywords_make_a_config_or_a_config_error_and_change_nothing(setting
         assert base == ww.AllocatorConfig()
         return
     assert ww.AllocatorConfig(str(c)) == c
+
+
+@given(total_mib=st.integers(10, 144 * 1024), data=st.data())
+@example(total_mib=79 * 1024, data=None)  # 646 MiB of 79 GiB: limit / total allows a byte less
+def test_fraction_allowing_gives_an_allocator_exactly_the_limit(total_mib, data):
+    # Limits of whole 2 MiB pages from 10 MiB, which the allocator takes as
+    # one segment of their size.
+    total = total_mib * MiB
+    limit = (646 if data is None else 2 * data.draw(st.integers(5, total_mib // 2))) * MiB
+    fraction = ww.alloc.fraction_allowing(limit, total)
+    assert int(fraction * total) == limit
+    a = make("pytorch", capacity=total, per_process_memory_fraction=fraction)
+    a.alloc(limit)
+    with pytest.raises(ww.OutOfMemoryError):
+        a.alloc(2 * MiB)
+
+
+@pytest.mark.parametrize("limit, total", [(0, MiB), (-1, MiB), (2 * MiB, MiB)])
+def test_fraction_allowing_refuses_a_limit_outside_the_device(limit, total):
+    with pytest.raises(ValueError, match="not within the device's"):
+        ww.alloc.fraction_allowing(limit, total)

@@ -91,7 +91,10 @@ def child(way: str, args) -> dict:
         # allocator's cache included), as nvidia-smi would show it.
         index = device.index if device.index is not None else torch.cuda.current_device()
         total = torch.cuda.get_device_properties(index).total_memory
-        torch.cuda.set_per_process_memory_fraction(family.memory_limit / total, index)
+        from waterwave.alloc import fraction_allowing
+
+        torch.cuda.set_per_process_memory_fraction(
+            fraction_allowing(family.memory_limit, total), index)
     if ww is not None:
         # On a GPU the session's budget is then what the allocator can still
         # give under that cap; the CPU has no cap but the session's limit.

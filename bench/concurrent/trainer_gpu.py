@@ -57,6 +57,7 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
     """One trial in this process: ``njobs`` copies of ``model`` at ``batch``
     trained by the ConcurrentTrainer under ``schedule``."""
     import waterwave
+    from waterwave.alloc import fraction_allowing
 
     cap = int(cap_gib * GiB)
     if device == "cuda":
@@ -67,7 +68,8 @@ def trial(schedule: str, model: str, batch: int, njobs: int, cap_gib: float, ste
         total = int(os.environ.get(TOTAL_BYTES_ENV) or 0)
         if not total:
             raise RuntimeError(f"{TOTAL_BYTES_ENV} is not set: run trials through main()")
-        waterwave.install_allocator(policy="waterwave", per_process_memory_fraction=cap / total,
+        waterwave.install_allocator(policy="waterwave",
+                                    per_process_memory_fraction=fraction_allowing(cap, total),
                                     **ALLOC_CONFIG)
     import torch
 

@@ -15,4 +15,4 @@ arrive as data, (size, offset) slots and an arena.
 """
 from .._C import AllocatorConfig  # noqa: F401
 from .allocator import Allocator, PlanAllocator  # noqa: F401
-from .settings import POLICIES, config_string, parse_config  # noqa: F401
+from .settings import POLICIES, config_string, fraction_allowing, parse_config  # noqa: F401

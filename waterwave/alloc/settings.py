@@ -8,6 +8,7 @@ May import: waterwave._C.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,20 @@ from .._C import AllocatorConfig
 ENV_VAR = "WATERWAVE_ALLOC_CONF"
 # The one list of policies is the C++ core's (csrc/alloc/policies.cpp).
 POLICIES = tuple(name for name, _ in _C.policies())
+
+
+def fraction_allowing(limit: int, total: int) -> float:
+    """The ``per_process_memory_fraction`` under which an allocator of a
+    device of ``total`` bytes allows exactly ``limit`` bytes. The allocator
+    allows ``int(fraction * total)``, as PyTorch's does, and ``limit /
+    total`` can round to a byte less (646 MiB of 79 GiB does): a cap set so
+    would refuse a schedule whose peaks add up to the limit exactly."""
+    if not 0 < limit <= total:
+        raise ValueError(f"a limit of {limit} bytes is not within the device's {total} bytes")
+    fraction = limit / total
+    while int(fraction * total) < limit:
+        fraction = math.nextafter(fraction, math.inf)
+    return fraction
 
 
 def _format_value(key: str, value: Any) -> str:

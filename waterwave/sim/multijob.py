@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from .. import _C
-from ..alloc import POLICIES, Allocator, AllocatorConfig, cache_splits
+from ..alloc import POLICIES, Allocator, AllocatorConfig, cache_splits, fraction_allowing
 from .gpus import GPU
 from .gpus import gpu as named_gpu
 from ..pipeline.pass_profile import GPU_MARGIN, with_slack
@@ -145,7 +145,8 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
         if not 0 < memory_limit <= spec.memory:
             raise ValueError(f"memory limit {memory_limit} bytes is not within {spec.name}'s "
                              f"{spec.memory} bytes")
-        settings = settings.replace(per_process_memory_fraction=memory_limit / spec.memory)
+        settings = settings.replace(
+            per_process_memory_fraction=fraction_allowing(memory_limit, spec.memory))
     device = _C.SimDevice(spec.memory, 0.0, True)
     device.set_concurrent_kernels(concurrent_kernels)
     alloc = Allocator("pytorch" if policy == "pytorch" else "waterwave", device, settings)
