@@ -14,8 +14,11 @@ torch = pytest.importorskip("torch")
 import waterwave as ww  # noqa: E402
 from waterwave.pipeline import SCHEDULES as TABLE  # noqa: E402
 from waterwave.pipeline.nodegroups import partition  # noqa: E402
-from waterwave.pipeline.pairing import JobGroups, JobPlan, graph_plan, step_peak  # noqa: E402
+from waterwave.exec.job_loop import OwnPeaks  # noqa: E402
+from waterwave.pipeline.pairing import (JobGroups, JobPlan, SegmentSpare,  # noqa: E402
+                                        graph_plan, step_peak)
 
+MiB = 1 << 20
 SCHEDULES = ["waterwave", "waterwave-alg1", "waterwave-s", "lockstep", "turns", "sequential", "session"]
 
 
@@ -219,7 +222,7 @@ class FakeProbe:
         return 0, self.rise
 
     def own_peaks(self, stream):
-        return self.own
+        return None if self.own is None else OwnPeaks(*self.own)
 
     def available(self):
         return self.free
@@ -253,26 +256,33 @@ def test_on_a_gpu_the_first_step_alone_measures_the_groups_the_pairing_plans_fro
     assert probe.groups == sum(groups)
 
 
-@pytest.mark.parametrize("own, free", [(None, False), ((8 << 20, 8 << 20), True),
-                                       ((12 << 20, 8 << 20), False)])
-def test_the_segment_spare_measured_alone_decides_whether_the_jobs_run_free(own, free):
+@pytest.mark.parametrize("own, room, free", [
+    (None, 0, False),  # not measured: 5% of the bytes
+    ((8 * MiB, 8 * MiB, 2 * MiB, 2 * MiB), 2 * MiB, True),  # no spare: the shared small segment
+    ((8 * MiB, 8 * MiB, 2 * MiB, 2 * MiB), 0, False),
+    ((12 * MiB, 8 * MiB, 2 * MiB, 2 * MiB), 2 * MiB, False),  # 4 MiB spare a job
+    ((10 * MiB, 8 * MiB, 4 * MiB, 2 * MiB), 4 * MiB, True),  # 2 MiB a job, small: no shared one
+    ((10 * MiB, 8 * MiB, 4 * MiB, 2 * MiB), 4 * MiB - 64 * 1024, False)])
+def test_the_segment_spare_measured_alone_decides_whether_the_jobs_run_free(own, room, free):
     """Where the allocator counts what a job's stream's own segments held
-    beyond its blocks in its measured step, the pairing runs the jobs free
-    when their steps and those spares fit the limit; where it does not
-    (torch's allocator), a margin of their bytes stands in. Under a limit
-    1% over the steps' bytes: no spare runs free; a spare of 4 MiB, or no
-    measure, does not."""
+    beyond its blocks in its measured step (in all and in the small pool),
+    the pairing runs the jobs free when their steps and those spares fit
+    the limit, with a small-pool segment more where their small segments
+    left less than one spare (``shared_small_pool``); where it does not
+    count them (torch's allocator), a margin of their bytes stands in.
+    Under a limit of the steps' bytes, 1% and ``room`` more."""
     rise = 1 << 20
     jobs = pairs()[:2]
     trainer = ww.ConcurrentTrainer([p.job for p in jobs], split_size=4096, memory_limit=1 << 40)
     trainer._memory_probe = lambda members: FakeProbe(rise, own=own)
     trainer.run(1)  # the measured step
     members = trainer.active
-    spare = None if own is None else own[0] - own[1]
+    spare = None if own is None else SegmentSpare(own[0] - own[1], own[2] - own[3])
     assert [m.segment_spare for m in members] == [spare] * 2
-    assert [j["segment_spare"] for j in trainer.stats()["jobs"]] == [spare] * 2
+    assert [(j["segment_spare"], j["small_pool_spare"]) for j in trainer.stats()["jobs"]] == [
+        (None, None) if own is None else (spare.total, spare.small_pool)] * 2
     held = sum(step_peak(m.pairing_plan(k)) for k, m in enumerate(members))  # as measured
-    trainer.memory_limit = int(held * 1.01)
+    trainer.memory_limit = int(held * 1.01) + room
     assert trainer._planner(members, 2).free is free
     losses = trainer.run(2)
     for p, got in zip(jobs, losses):

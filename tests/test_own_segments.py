@@ -235,13 +235,22 @@ def test_each_stream_counts_the_segments_it_reserved_and_the_bytes_allocated_in_
     """``own_segments_by_stream``: what a trainer measures of a job's stream
     alone (``JobPlan.segment_spare``: the reserved peak less the allocated
     peak). A block another stream takes in a segment counts to the segment's
-    stream; released segments leave it; peaks reset with the others."""
+    stream; released segments leave it; peaks reset with the others. Each
+    figure is given in all and by pool, as ``memory_stats()`` gives them."""
     a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "own_segments_first:True")
     big = a.alloc(12 * MiB, 1)  # a segment of its own size
     small = a.alloc(3 * MiB, 2)  # a 20 MiB large-pool segment, shared by blocks of 1-10 MiB
+    tiny = a.alloc(1000, 1)  # a 2 MiB small-pool segment of stream 1's
     own = a.stats()["own_segments_by_stream"]
-    assert own[1] == {"reserved_bytes.current": 12 * MiB, "reserved_bytes.peak": 12 * MiB,
-                      "allocated_bytes.current": 12 * MiB, "allocated_bytes.peak": 12 * MiB}
+    assert own[1] == {
+        f"{what}_bytes.{pool}{when}": bytes_
+        for what, pool, bytes_ in [("reserved", "", 14 * MiB), ("allocated", "", 12 * MiB + 1024),
+                                   ("reserved", "small_pool.", 2 * MiB),
+                                   ("allocated", "small_pool.", 1024),
+                                   ("reserved", "large_pool.", 12 * MiB),
+                                   ("allocated", "large_pool.", 12 * MiB)]
+        for when in ("current", "peak")}
+    a.free(tiny)
     assert own[2]["reserved_bytes.current"] == 20 * MiB
     assert own[2]["allocated_bytes.current"] == 3 * MiB
     a.free(small)
@@ -285,7 +294,7 @@ def test_a_measured_step_reads_its_streams_spare_and_the_trainer_counts_it(monke
     from types import SimpleNamespace
 
     from waterwave.exec import device_segments, job_loop
-    from waterwave.pipeline.pairing import JobPlan
+    from waterwave.pipeline.pairing import JobPlan, SegmentSpare
     from waterwave.pipeline.session_choice import cached_peak
 
     a = ww.Allocator("waterwave", ww.SimDevice(256 * MiB, 0.0), "own_segments_first:True")
@@ -300,9 +309,10 @@ def test_a_measured_step_reads_its_streams_spare_and_the_trainer_counts_it(monke
     a.free(first)
     probe.start()
     a.alloc(6 * MiB, 7)
+    a.alloc(1000, 7)  # a 2 MiB small-pool segment of its own
     measure.own.append(probe.own_peaks(stream))
-    assert measure.own == [(20 * MiB, 3 * MiB), (20 * MiB, 6 * MiB)]
-    assert measure.segment_spare() == 14 * MiB
+    assert measure.own == [(20 * MiB, 3 * MiB, 0, 0), (22 * MiB, 6 * MiB + 1024, 2 * MiB, 1024)]
+    assert measure.segment_spare() == SegmentSpare(16 * MiB - 1024, 2 * MiB - 1024)
     assert probe.own_peaks(None) is None  # a job on no stream of its own
     a.set_own_segments_first(False)
     assert probe.own_peaks(stream) is None  # its blocks may sit in other streams' segments
@@ -315,9 +325,14 @@ def test_a_measured_step_reads_its_streams_spare_and_the_trainer_counts_it(monke
         return SimpleNamespace(pairing_plan=lambda k: plan, step_fn=SimpleNamespace(
             device=device, params=[SimpleNamespace(device=f"{device}:0")]))
 
-    assert device_segments.peak_alone(member("cuda", 14 * MiB)) == 29 * MiB
+    assert device_segments.peak_alone(member("cuda", SegmentSpare(14 * MiB))) == 29 * MiB
     assert device_segments.peak_alone(member("cpu", None)) == 15 * MiB
     monkeypatch.setattr(device_segments.cuda, "is_installed", lambda: False)
     assert device_segments.peak_alone(member("cuda", None)) == cached_peak(15 * MiB)
+    # Peaks reserved alone, and only those, are marked so: side by side
+    # counts a segment of the small pool the jobs share beside them.
+    spare = SegmentSpare(14 * MiB, 1 * MiB)
+    assert [device_segments.measured_alone(member(d, s), 0.01).segment_spare
+            for d, s in [("cuda", spare), ("cuda", None), ("cpu", None)]] == [spare, None, None]
     monkeypatch.setattr(job_loop.cuda, "is_installed", lambda: False)
     assert job_loop.MemoryProbe("cuda:0").own_peaks(stream) is None  # torch's counters

@@ -23,6 +23,8 @@ from waterwave.pipeline.pairing import (  # noqa: E402
     FREE_MARGIN,
     MARGIN,
     SEGMENT_SLACK,
+    SHARED_SMALL_POOL,
+    SegmentSpare,
     JobGroups,
     JobPlan,
     MemoryPairing,
@@ -204,26 +206,37 @@ def test_paired_rounds_keep_back_their_margin_or_a_part_empty_segment_a_job_whic
 
 def test_jobs_run_free_where_their_steps_and_measured_spares_fit_else_with_a_margin():
     """Each job counts the most it holds in a step, and the spare its
-    segments held beyond its blocks measured alone; a job not measured
-    counts FREE_MARGIN of its bytes instead."""
-    def two(spare):
+    segments held beyond its blocks measured alone, and the jobs together a
+    segment of the small pool they share where their small segments' spares
+    leave less than one (``shared_small_pool``); a job not measured counts
+    FREE_MARGIN of its bytes instead."""
+    def two(spare, small=0):
+        spare = None if spare is None else SegmentSpare(spare, small)
         return [JobPlan(j, 10 * MiB, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)], segment_spare=spare)
                 for j in range(2)]
 
     steps = 30 * MiB  # both jobs' state and steps at once
-    assert MemoryPairing(two(0), steps, 1).free
-    assert not MemoryPairing(two(1), steps, 1).free
-    assert MemoryPairing(two(MiB), steps + 2 * MiB, 1).free
-    assert not MemoryPairing(two(MiB), steps + 2 * MiB - 1, 1).free
-    assert MemoryPairing(two(MiB // 2), steps + MiB, 1).free
+    shared = SHARED_SMALL_POOL
+    assert shared == 2 * MiB
+    assert MemoryPairing(two(0), steps + shared, 1).free
+    assert not MemoryPairing(two(0), steps + shared - 1, 1).free
+    assert not MemoryPairing(two(1), steps + shared, 1).free
+    assert MemoryPairing(two(MiB), steps + 2 * MiB + shared, 1).free
+    assert not MemoryPairing(two(MiB), steps + 2 * MiB + shared - 1, 1).free
+    assert MemoryPairing(two(MiB // 2), steps + MiB + shared, 1).free
+    # Spares of the small pool leaving a segment or more in all: none more.
+    assert MemoryPairing(two(MiB, MiB), steps + 2 * MiB, 1).free
+    assert not MemoryPairing(two(MiB, MiB - 1), steps + 2 * MiB, 1).free
     assert not MemoryPairing(two(None), steps + MiB, 1).free  # 5% of 30 MiB is more
-    assert MemoryPairing(two(None), int(steps / (1 - FREE_MARGIN)) + 1, 1).free
+    assert MemoryPairing(two(None), int(steps / (1 - FREE_MARGIN)) + 1, 1).free  # no pool counted
     mixed = [two(MiB)[0], two(None)[1]]
-    assert MemoryPairing(mixed, 16 * MiB + int(15 * MiB / (1 - FREE_MARGIN)) + 1, 1).free
-    assert not MemoryPairing(mixed, 16 * MiB + int(15 * MiB / (1 - FREE_MARGIN)) - 1, 1).free
-    measured = MemoryPairing(two(None), steps + MiB, 1)
+    mixed_need = 16 * MiB + int(15 * MiB / (1 - FREE_MARGIN)) + shared
+    assert MemoryPairing(mixed, mixed_need + 1, 1).free
+    assert not MemoryPairing(mixed, mixed_need - 1, 1).free
+    measured = MemoryPairing(two(None), steps + MiB + shared, 1)
     for j in range(2):
-        measured.update(j, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)], segment_spare=MiB // 2)
+        measured.update(j, [(5 * MiB, 5 * MiB), (-5 * MiB, 0)],
+                        segment_spare=SegmentSpare(MiB // 2))
     assert measured.free
 
 

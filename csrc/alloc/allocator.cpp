@@ -3,6 +3,7 @@
 #include "allocator.h"
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <iterator>
 #include <sstream>
@@ -358,7 +359,7 @@ Block* Allocator::reserve_segment_locked(Lock& lock, std::size_t bytes, PoolKind
   }
   auto* seg = new Segment{*addr, bytes, pool, stream, nullptr};
   seg->own = &stats_.own_segments[stream];
-  seg->own->reserved.increase(static_cast<std::int64_t>(bytes));
+  seg->own->reserved.increase(pool, static_cast<std::int64_t>(bytes));
   Block* b = block_pool_.make();
   b->addr = *addr;
   b->size = bytes;
@@ -391,7 +392,7 @@ std::size_t Allocator::release_segments_locked(Lock& lock, const std::vector<Blo
     bytes += seg->size;
     stats_.segment.decrease(seg->pool, 1);
     stats_.reserved_bytes.decrease(seg->pool, static_cast<std::int64_t>(seg->size));
-    seg->own->reserved.decrease(static_cast<std::int64_t>(seg->size));
+    seg->own->reserved.decrease(seg->pool, static_cast<std::int64_t>(seg->size));
     stats_.num_device_free++;
     if (seg->size >= cfg_.max_split_size) stats_.oversize_segments.decrease(1);
     stats_.note_reserved_change();
@@ -452,11 +453,11 @@ void Allocator::account_mapped(Segment* seg, std::int64_t bytes) {
   const auto pages = static_cast<std::int64_t>((bytes < 0 ? -bytes : bytes) / seg->page);
   if (bytes > 0) {
     stats_.reserved_bytes.increase(seg->pool, bytes);
-    seg->own->reserved.increase(bytes);
+    seg->own->reserved.increase(seg->pool, bytes);
     stats_.num_device_alloc += pages;
   } else {
     stats_.reserved_bytes.decrease(seg->pool, -bytes);
-    seg->own->reserved.decrease(-bytes);
+    seg->own->reserved.decrease(seg->pool, -bytes);
     stats_.num_device_free += pages;
   }
   stats_.note_reserved_change();
@@ -521,8 +522,8 @@ Block* Allocator::grow_locked(const Request& r, StreamId owner) {
             const Block* m = idle.back();
             device_.remap(m->addr, b->addr + mapped, page);
             // Reserved stays, but it moves to this segment's stream.
-            m->segment->own->reserved.decrease(static_cast<std::int64_t>(page));
-            seg->own->reserved.increase(static_cast<std::int64_t>(page));
+            m->segment->own->reserved.decrease(m->segment->pool, static_cast<std::int64_t>(page));
+            seg->own->reserved.increase(seg->pool, static_cast<std::int64_t>(page));
             if (history_.on()) {  // the page leaves one segment for another
               note("segment_unmap", m->addr, page, m->segment->stream);
               note("segment_map", b->addr + mapped, page, seg->stream);
@@ -777,7 +778,7 @@ void Allocator::hand_out(Block* b, const Request& r) {
   const auto size = static_cast<std::int64_t>(b->size);
   stats_.allocation.increase(pool, 1);
   stats_.allocated_bytes.increase(pool, size);
-  b->segment->own->allocated.increase(size);
+  b->segment->own->allocated.increase(pool, size);
   stats_.requested_bytes.increase(pool, static_cast<std::int64_t>(r.bytes));
   stats_.active.increase(pool, 1);
   stats_.active_bytes.increase(pool, size);
@@ -791,7 +792,7 @@ void Allocator::account_free_request(Block* b) {
   live_.erase(b->addr);
   stats_.allocation.decrease(pool, 1);
   stats_.allocated_bytes.decrease(pool, static_cast<std::int64_t>(b->size));
-  b->segment->own->allocated.decrease(static_cast<std::int64_t>(b->size));
+  b->segment->own->allocated.decrease(pool, static_cast<std::int64_t>(b->size));
   if (b->size >= cfg_.max_split_size) stats_.oversize_allocations.decrease(1);
 }
 
@@ -860,7 +861,8 @@ void Allocator::check_common_invariants() {
   std::size_t reserved = 0, allocated = 0, allocated_count = 0, pending_bytes = 0,
               pending_count = 0, split_free = 0, split_free_bytes = 0;
   Addr last_end = 0;
-  std::map<StreamId, std::pair<std::size_t, std::size_t>> own;  // reserved, allocated
+  // Each stream's own segments by pool: (reserved, allocated).
+  std::map<StreamId, std::array<std::pair<std::size_t, std::size_t>, 2>> own;
   for (const auto& [addr, seg] : segments_) {
     if (seg->addr != addr) fail_invariant("segment map key differs from segment address");
     auto found = stats_.own_segments.find(seg->stream);
@@ -868,7 +870,7 @@ void Allocator::check_common_invariants() {
       fail_invariant("segment " + format_addr(seg->addr) + " does not point at its stream's "
                      "own-segment statistics");
     }
-    auto& mine = own[seg->stream];
+    auto& mine = own[seg->stream][seg->pool];
     if (!seg->expandable) mine.first += seg->size;
     if (seg->addr < last_end) fail_invariant("segments overlap at " + format_addr(seg->addr));
     last_end = seg->addr + seg->size;
@@ -958,8 +960,16 @@ void Allocator::check_common_invariants() {
   eq("inactive_split_bytes", stats_.inactive_split_bytes.all().current, split_free_bytes);
   for (const auto& [stream, stat] : stats_.own_segments) {
     const auto it = own.find(stream);
-    eq("own_segments reserved", stat.reserved.current, it == own.end() ? 0 : it->second.first);
-    eq("own_segments allocated", stat.allocated.current, it == own.end() ? 0 : it->second.second);
+    std::size_t all_reserved = 0, all_allocated = 0;
+    for (PoolKind pool : {kSmallPool, kLargePool}) {
+      const auto [r, a] = it == own.end() ? std::pair<std::size_t, std::size_t>{} : it->second[pool];
+      eq("own_segments reserved (pool)", stat.reserved.s[1 + pool].current, r);
+      eq("own_segments allocated (pool)", stat.allocated.s[1 + pool].current, a);
+      all_reserved += r;
+      all_allocated += a;
+    }
+    eq("own_segments reserved", stat.reserved.all().current, all_reserved);
+    eq("own_segments allocated", stat.allocated.all().current, all_allocated);
   }
 }
 

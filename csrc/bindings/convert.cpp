@@ -22,10 +22,18 @@ py::dict stats_dict(const AllocatorStats& s, PolicyKind policy) {
   d["unsynced_free_bytes_by_stream"] = per_stream;
   py::dict own;
   for (const auto& [stream, o] : s.own_segments) {
-    own[py::int_(stream)] = py::dict(
-        "reserved_bytes.current"_a = o.reserved.current, "reserved_bytes.peak"_a = o.reserved.peak,
-        "allocated_bytes.current"_a = o.allocated.current,
-        "allocated_bytes.peak"_a = o.allocated.peak);
+    py::dict figures;
+    const char* pools[] = {"all", "small_pool", "large_pool"};
+    for (std::size_t i = 0; i < 3; ++i) {
+      // PyTorch's keys for the whole stream ("reserved_bytes.peak"), and
+      // its pools' ("reserved_bytes.small_pool.peak").
+      const std::string pool = i == 0 ? "" : std::string(pools[i]) + ".";
+      figures[py::str("reserved_bytes." + pool + "current")] = o.reserved.s[i].current;
+      figures[py::str("reserved_bytes." + pool + "peak")] = o.reserved.s[i].peak;
+      figures[py::str("allocated_bytes." + pool + "current")] = o.allocated.s[i].current;
+      figures[py::str("allocated_bytes." + pool + "peak")] = o.allocated.s[i].peak;
+    }
+    own[py::int_(stream)] = figures;
   }
   d["own_segments_by_stream"] = own;
   return d;

@@ -94,10 +94,12 @@ void AllocatorStats::add(const AllocatorStats& other) {
   for (const auto& [stream, own] : other.own_segments) {
     for (auto [x, y] : {std::pair{&own_segments[stream].reserved, &own.reserved},
                         std::pair{&own_segments[stream].allocated, &own.allocated}}) {
-      x->current += y->current;
-      x->peak += y->peak;
-      x->allocated += y->allocated;
-      x->freed += y->freed;
+      for (std::size_t i = 0; i < x->s.size(); ++i) {
+        x->s[i].current += y->s[i].current;
+        x->s[i].peak += y->s[i].peak;
+        x->s[i].allocated += y->s[i].allocated;
+        x->s[i].freed += y->s[i].freed;
+      }
     }
   }
 }

@@ -50,12 +50,13 @@ struct StatArray {
 };
 
 // A stream's own segments (those it reserved: Segment::stream), their bytes
-// and the bytes allocated in them, each with its peak. The peaks' difference
-// is what the stream's blocks left unused in its segments: a trainer
-// measures it of each job's stream with the job alone
-// (waterwave/exec/device_segments.py).
+// and the bytes allocated in them, each with its peak, in all and by pool.
+// The peaks' difference is what the stream's blocks left unused in its
+// segments: a trainer measures it of each job's stream with the job alone
+// (waterwave/exec/device_segments.py); the small pool's, to tell whether the
+// jobs' small blocks need a segment more side by side.
 struct OwnSegments {
-  Stat reserved, allocated;
+  StatArray reserved, allocated;
 };
 
 // How a request was served; one counter each.

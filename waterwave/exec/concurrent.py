@@ -93,7 +93,7 @@ from ..pipeline.schedules import (
 )
 from ..pipeline.session_choice import TRAINER_PROBES, Choice, MeasuredAlone, choose
 from . import awaiting_jobs, ctrl_c
-from .device_segments import peak_alone, segment_slack
+from .device_segments import measured_alone, segment_slack
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView, whole_steps
@@ -373,7 +373,7 @@ class ConcurrentTrainer(SettingsView):
                     start = self._clock(members)
                     self._solo_step(m, probe)
                     seconds = self._clock(members) - start
-                    alone.append(MeasuredAlone(peak_alone(m), max(seconds, 1e-9)))
+                    alone.append(measured_alone(m, seconds))
                 self._alone = alone
                 steps -= 1
             else:
@@ -444,7 +444,9 @@ class ConcurrentTrainer(SettingsView):
     def stats(self) -> dict:
         """Per job: node groups (and how many allocate), the split size,
         steps run, whether its step was measured alone and its segment
-        spare (``JobPlan.segment_spare``; None where not measured), and the
+        spare in bytes, in all and in the small pool (``segment_spare`` and
+        ``small_pool_spare``: ``JobPlan.segment_spare``; None where not
+        measured), and the
         error of a job that failed; the bytes the last run
         planned for (``budget``: the memory limit, or on a GPU without one
         what the allocator could give); and the allocator's statistics where
@@ -461,7 +463,10 @@ class ConcurrentTrainer(SettingsView):
                                 "allocation_groups": sum(g.kind == "ANG" for g in p.groups),
                                 "split_size": p.split_size, "partition": p.how,
                                 "measured": m.measured is not None,
-                                "segment_spare": m.segment_spare,
+                                "segment_spare": (None if m.segment_spare is None
+                                                  else m.segment_spare.total),
+                                "small_pool_spare": (None if m.segment_spare is None
+                                                     else m.segment_spare.small_pool),
                                 "error": None if j.error is None else repr(j.error)})
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()

@@ -9,7 +9,9 @@ the GPU and each stream keeps to its own segments (a trainer's run), a
 job's measured step also reads what its stream's segments held beyond its
 blocks (``job_loop.MemoryProbe.own_peaks``, ``JobPlan.segment_spare``),
 which the trainer counts in its peak and the pairing before running jobs
-free.
+free. Side by side, the jobs' streams share the small pool: a trainer
+counts what it may take beyond peaks measured so (``measured_alone``,
+``pairing.shared_small_pool``).
 
 May import: waterwave.cuda, waterwave.pipeline, this package.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from .. import cuda
 from ..pipeline.pairing import LARGE_SEGMENT, SMALL_SEGMENT, step_peak
-from ..pipeline.session_choice import cached_peak
+from ..pipeline.session_choice import MeasuredAlone, cached_peak
 
 
 def large_segment_size(member) -> int:
@@ -45,5 +47,14 @@ def peak_alone(member) -> int:
     if member.step_fn.device != "cuda":
         return peak
     if plan.segment_spare is not None:
-        return peak + plan.segment_spare
+        return peak + plan.segment_spare.total
     return cached_peak(peak, large_segment_size(member))
+
+
+def measured_alone(member, seconds: float) -> MeasuredAlone:
+    """A pipelined job as a trainer measured its step alone, in ``seconds``:
+    its peak (``peak_alone``), marked as bytes reserved where its segment
+    spare was measured, with that spare, so that side by side counts the
+    small pool the jobs' streams share (``session_choice.side_by_side_need``)."""
+    spare = member.pairing_plan(0).segment_spare if member.step_fn.device == "cuda" else None
+    return MeasuredAlone(peak_alone(member), max(seconds, 1e-9), segment_spare=spare)

@@ -17,9 +17,11 @@ import contextlib
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .. import cuda
 from ..pipeline.counter_barrier import BarrierAborted
+from ..pipeline.pairing import SegmentSpare
 from ..pipeline.round_feed import RoundFeed
 from . import awaiting_jobs
 from .step import grad_mode
@@ -28,23 +30,35 @@ from .workers import Task
 LOSSES_IN_FLIGHT = 2  # steps whose loss a job reads later (see run_job)
 
 
+class OwnPeaks(NamedTuple):
+    """A stream's own segments' peaks since a start (``MemoryProbe.own_peaks``)."""
+    reserved: int
+    allocated: int
+    small_reserved: int
+    small_allocated: int
+
+
 @dataclass
 class Measure:
     """Measure each group of a job's first step in the allocator (``probe``);
     ``report`` gets the (net, rise) of every group, or None if the step did
     not run whole, and the step's segment spare (``segment_spare``)."""
     probe: "MemoryProbe"
-    report: Callable[[list[tuple[int, int]] | None, int | None], None]
+    report: Callable[[list[tuple[int, int]] | None, SegmentSpare | None], None]
     readings: list = field(default_factory=list)
     own: list = field(default_factory=list)  # each group's own_peaks
 
-    def segment_spare(self) -> int | None:
+    def segment_spare(self) -> SegmentSpare | None:
         """What the job's stream's own segments held beyond its blocks over
-        the step, at their peaks (``JobPlan.segment_spare``); None where
-        the allocator does not tell."""
+        the step, at their peaks, in all and in the small pool
+        (``JobPlan.segment_spare``); None where the allocator does not
+        tell."""
         if not self.own or None in self.own:
             return None
-        return max(0, max(r for r, _ in self.own) - max(a for _, a in self.own))
+        total = max(0, max(p.reserved for p in self.own) - max(p.allocated for p in self.own))
+        small = max(0, max(p.small_reserved for p in self.own)
+                    - max(p.small_allocated for p in self.own))
+        return SegmentSpare(total, min(small, total))
 
 
 def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = None,
@@ -262,9 +276,10 @@ class MemoryProbe:
         self.stats.reset_peak_memory_stats(self.device)
         return self.stats.memory_allocated(self.device)
 
-    def own_peaks(self, stream) -> tuple[int, int] | None:
-        """(reserved, allocated) peaks of the segments ``stream`` reserved
-        since ``start()``: Waterwave's allocator counts them
+    def own_peaks(self, stream) -> OwnPeaks | None:
+        """The reserved and allocated peaks of the segments ``stream``
+        reserved since ``start()``, in all and in the small pool: Waterwave's
+        allocator counts them
         (``cuda.own_segments``). None under torch's, which does not, and
         where streams do not keep to their own segments (a trainer's run
         holds ``own_segments_first``; elsewhere a job's blocks may sit in
@@ -273,7 +288,9 @@ class MemoryProbe:
                 or not cuda.allocator(self.device).config.own_segments_first):
             return None
         own = cuda.own_segments(stream.cuda_stream, self.device)
-        return own["reserved_bytes.peak"], own["allocated_bytes.peak"]
+        return OwnPeaks(own["reserved_bytes.peak"], own["allocated_bytes.peak"],
+                        own["reserved_bytes.small_pool.peak"],
+                        own["allocated_bytes.small_pool.peak"])
 
     def since(self, start: int) -> tuple[int, int]:
         """(net bytes, most bytes above ``start``) since ``start()``."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import replace
 
-from ..pipeline.pairing import JobPlan, graph_plan, step_peak
+from ..pipeline.pairing import JobPlan, SegmentSpare, graph_plan, step_peak
 from .group_runner import GroupRunner
 from .pipeline_settings import PipelineSettings
 
@@ -36,7 +36,7 @@ class PipelinedJob:
         self.measured: list[tuple[int, int]] | None = None  # each group's (net, rise) on a GPU
         # What its stream's own segments held beyond its blocks in that step
         # (JobPlan.segment_spare); None where not measured.
-        self.segment_spare: int | None = None
+        self.segment_spare: SegmentSpare | None = None
         # Its data's batches already on the GPU: held beside every step, and
         # in no step's allocations (on the CPU a dataset in memory is the
         # user's, not the training's).

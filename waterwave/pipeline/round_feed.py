@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from .counter_barrier import CounterBarrier
-from .pairing import JobPlan, RoundPlanner
+from .pairing import JobPlan, RoundPlanner, SegmentSpare
 
 WINDOW_STEPS = 4  # steps of every job planned at a time
 
@@ -53,7 +53,7 @@ class RoundFeed:
             self._queues[k] = deque()
 
     def measured(self, k: int, groups: list[tuple[int, int]] | None,
-                 segment_spare: int | None = None) -> None:
+                 segment_spare: SegmentSpare | None = None) -> None:
         """Job k's groups as measured in its solo step (None: the measure
         failed; it goes on with the bytes it had), and its segment spare
         (``JobPlan.segment_spare``; None: not measured)."""

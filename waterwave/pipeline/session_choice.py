@@ -5,8 +5,10 @@ a choice out: the trainer feeds it what a GPU measured, the simulator what
 it simulated (``waterwave.sim.schedules.SessionSchedule``).
 
 - FREE (side by side, no barrier) when the bytes each job was measured
-  holding alone fit the budget together: nothing waits, and every job runs
-  as fast as sharing the device lets it.
+  holding alone fit the budget together (beside peaks reserved alone, with
+  what the small pool the jobs' streams share may take beyond them,
+  ``side_by_side_need``): nothing waits, and every job runs as fast as
+  sharing the device lets it.
 - Otherwise memory binds, and no figure measured alone says for sure what
   fits beside what: a shared cache lets side by side fit under less than
   the peaks' sum, and blocks one job pins can keep another's step from
@@ -37,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .pairing import FREE_MARGIN, LARGE_SEGMENT, SMALL_SEGMENT
+from .pairing import FREE_MARGIN, LARGE_SEGMENT, SMALL_SEGMENT, SegmentSpare, shared_small_pool
 from .schedules import FREE, MEMORY, SEQUENTIAL, TURNS
 
 
@@ -45,10 +47,15 @@ from .schedules import FREE, MEMORY, SEQUENTIAL, TURNS
 class MeasuredAlone:
     """One job as measured training alone: the most bytes it held (as the
     allocator counts them, its cached blocks included), a steady step's
-    time, and the samples a step trains."""
+    time, and the samples a step trains. ``segment_spare``: where ``peak``
+    is what the job's segments reserved alone, as Waterwave's allocator
+    measures it, what they held beyond its blocks; None where ``peak`` is
+    bytes allocated with a margin and segments (``cached_peak``) or, on the
+    CPU, bytes allocated."""
     peak: int
     step_seconds: float
     samples: int = 1
+    segment_spare: SegmentSpare | None = None
 
     def __post_init__(self) -> None:
         if self.peak < 0 or not self.step_seconds > 0 or self.samples < 1:
@@ -81,10 +88,18 @@ def cached_peak(allocated: int, large_segment_size: int = LARGE_SEGMENT) -> int:
     return int(allocated / (1 - FREE_MARGIN)) + SMALL_SEGMENT + large_segment_size
 
 
+def side_by_side_need(jobs: Sequence[MeasuredAlone]) -> int:
+    """The bytes the jobs are counted to hold side by side: their peaks
+    alone, and where those are bytes reserved, what the small pool they
+    share may take beyond them (``shared_small_pool``; ``cached_peak``
+    already counts a segment of each pool a job)."""
+    return sum(j.peak for j in jobs) + shared_small_pool(j.segment_spare for j in jobs)
+
+
 def side_by_side_fits(jobs: Sequence[MeasuredAlone], memory_limit: int | None) -> bool:
-    """Whether the jobs' peaks alone, held all at once, fit ``memory_limit``
-    bytes (None: no limit)."""
-    return memory_limit is None or sum(j.peak for j in jobs) <= memory_limit
+    """Whether the jobs, held all at once as measured alone
+    (``side_by_side_need``), fit ``memory_limit`` bytes (None: no limit)."""
+    return memory_limit is None or side_by_side_need(jobs) <= memory_limit
 
 
 def turns_rate(jobs: Sequence[MeasuredAlone]) -> float:
@@ -113,7 +128,7 @@ def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
     if not jobs:
         raise ValueError("a session's choice needs at least one job")
     if side_by_side_fits(jobs, memory_limit):
-        return Choice(FREE, f"side by side fits: {sum(j.peak for j in jobs):,} bytes held "
+        return Choice(FREE, f"side by side fits: {side_by_side_need(jobs):,} bytes held "
                             f"alone in all, under {_limit(memory_limit)}")
     turns = turns_rate(jobs)
     if probes is None:

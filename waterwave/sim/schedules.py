@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from ..pipeline import schedules as pipeline
 from ..pipeline.nodegroups import Partition
 from ..graph import footprint
-from ..pipeline.pairing import SEGMENT_SLACK, JobGroups, JobPlan, RoundPlanner, whole_run
+from ..pipeline.pairing import (SEGMENT_SLACK, JobGroups, JobPlan, RoundPlanner, SegmentSpare,
+                                whole_run)
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
 from ..pipeline.session_choice import (PROBED, TRAINER_PROBES, Choice, MeasuredAlone,
@@ -120,7 +121,7 @@ class NodeGroupSchedule:
     segment_slack: int = SEGMENT_SLACK  # the memory pairing's part-empty segments a job
     # Each job's segment spare, measured alone (JobPlan.segment_spare), by
     # trace name; a job not named has none measured.
-    segment_spares: dict[str, int] | None = None
+    segment_spares: dict[str, SegmentSpare] | None = None
 
     @property
     def __name__(self) -> str:
@@ -275,7 +276,7 @@ class SessionSchedule:
     def partition(self, g) -> Partition:
         return pipeline.schedule("session").partition(g, None, groups=self.groups)
 
-    def pairing(self, segment_spares: dict[str, int] | None = None) -> NodeGroupSchedule:
+    def pairing(self, segment_spares: dict[str, SegmentSpare] | None = None) -> NodeGroupSchedule:
         """The memory pairing, given each job's segment spare as measured
         alone (by trace name; None: not measured)."""
         return NodeGroupSchedule("waterwave", None, self.memory_limit, "program",
@@ -291,15 +292,18 @@ class SessionSchedule:
             runs.append((t, r))
             if not r.ok or not r.step_time_us or r.step_time_us[0] is None:
                 return lockstep, None  # it runs out of memory alone: as side by side would
+        spares = segment_spares(runs)
+        for t, r in runs:
             # A trainer counts its step and the segment spare measured alone
             # (what its stream's own segments reserved, beside what it holds
             # elsewhere): the bytes reserved alone. Without the spares, its
             # bytes allocated, with a margin and a segment of each pool.
-            peak = (cached_peak(r.peak_allocated) if self.like_trainer and not self.segment_spares
-                    else r.peak_reserved)
+            if self.like_trainer and not self.segment_spares:
+                peak, spare = cached_peak(r.peak_allocated), None
+            else:
+                peak, spare = r.peak_reserved, spares[t.name]
             alone.append(MeasuredAlone(peak, r.step_time_us[0] / 1e6,
-                                       t.meta.get("batch_size") or 1))
-        spares = segment_spares(runs)
+                                       t.meta.get("batch_size") or 1, spare))
         choice = choose(alone, self.memory_limit)
         by_pairing = {pipeline.FREE: lockstep, pipeline.TURNS: turns,
                       pipeline.SEQUENTIAL: sequential,
@@ -330,15 +334,22 @@ class SessionSchedule:
                          "waterwave.sim.simulate, which gives it the device to measure them on")
 
 
-def segment_spares(alone) -> dict[str, int]:
+def segment_spares(alone) -> dict[str, SegmentSpare]:
     """Each job's segment spare (``JobPlan.segment_spare``) from ``alone``,
     pairs of a trace and its run alone: what its segments held beyond its
-    blocks, reserved less allocated at their peaks, as a trainer on a GPU
-    reads it of the job's stream (exec/job_loop.py, ``MemoryProbe.own_peaks``).
-    By trace name; traces of one name share the most any measured."""
-    spares: dict[str, int] = {}
+    blocks, reserved less allocated at their peaks, in all and in the small
+    pool, as a trainer on a GPU reads it of the job's stream
+    (exec/job_loop.py, ``MemoryProbe.own_peaks``). By trace name; traces of
+    one name share the most any measured."""
+    spares: dict[str, SegmentSpare] = {}
     for t, r in alone:
-        spares[t.name] = max(spares.get(t.name, 0), r.peak_reserved - r.peak_allocated)
+        small = sum(max(0, own["reserved_bytes.small_pool.peak"]
+                        - own["allocated_bytes.small_pool.peak"])
+                    for own in r.stats["own_segments_by_stream"].values())
+        total = max(0, r.peak_reserved - r.peak_allocated)
+        seen = spares.get(t.name, SegmentSpare(0))
+        total = max(seen.total, total)
+        spares[t.name] = SegmentSpare(total, min(total, max(seen.small_pool, small)))
     return spares
 
 
