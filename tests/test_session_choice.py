@@ -30,7 +30,8 @@ import waterwave as ww  # noqa: E402
 from waterwave.pipeline.pairing import SegmentSpare, step_peak  # noqa: E402
 from waterwave.pipeline.schedules import FREE, MEMORY, SEQUENTIAL, TURNS  # noqa: E402
 from waterwave.pipeline.session_choice import (PROBED, TRAINER_PROBES,  # noqa: E402
-                                                MeasuredAlone, cached_peak, choose)
+                                                MeasuredAlone, cached_peak, choose,
+                                                side_by_side_need)
 from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
@@ -281,6 +282,32 @@ def test_a_trainer_counts_a_segment_of_the_small_pool_the_jobs_share_side_by_sid
     roomier = sum(alone) + 2 * MiB
     session = run(SessionSchedule(roomier, like_trainer=True), picks, roomier, True, LONG)
     assert session.ok and session.session["pairing"] == FREE
+
+
+@example(picks=[4, 4], concurrent=True)  # ran out at the sum of the bytes reserved alone
+@example(picks=[4, 4, 5], concurrent=False)
+@given(picks=st.lists(st.integers(0, len(SHAPES) - 1), min_size=2, max_size=4),
+       concurrent=st.booleans())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_side_by_side_fits_a_cap_of_exactly_what_the_trainer_counts_for_it(picks, concurrent):
+    """The edge of a trainer's rule: capped at exactly what it counts for
+    side by side (each job's bytes reserved alone, and a small-pool segment
+    where their small segments left less than one spare), the jobs run side
+    by side to the end."""
+    cut = SessionSchedule().partition
+    traces = [eager_trace(graph(k), GPU, KERNELS, partition=cut(graph(k))) for k in picks]
+    policy, config = ALLOCATORS["session"]
+
+    def sim(ts, cap, steps):
+        return simulate(ts, GPU, cap, "lockstep", policy, steps, config=config, record=False,
+                        concurrent_kernels=concurrent, warm=True)
+
+    runs = [(t, sim([t], None, 3)) for t in traces]
+    spares = segment_spares(runs)
+    need = side_by_side_need([MeasuredAlone(r.peak_reserved, 1.0, 1, spares[t.name])
+                              for t, r in runs])
+    side = sim(traces, need, LONG)
+    assert side.ok, f"side by side ran out of memory under the {need:,} bytes counted for it"
 
 
 def test_the_pairing_runs_free_only_where_the_spares_measured_alone_fit_too():
