@@ -304,3 +304,9 @@ def test_the_counter_barrier_tracks_the_lowest_unfinished_round(data):
                 want[r] = want.get(r, 0) + 1
         assert b.pending() == want
         assert b._lowest() == min(want, default=float("inf"))
+
+
+def test_without_a_limit_jobs_run_free_whatever_their_spares():
+    spare = SegmentSpare(64 * MiB)  # more than the steps' bytes
+    plans = [JobPlan(j, MiB, [(MiB, MiB), (-MiB, 0)], segment_spare=spare) for j in range(2)]
+    assert MemoryPairing(plans, None, 1).free

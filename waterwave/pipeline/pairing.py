@@ -415,12 +415,13 @@ class MemoryPairing(RoundPlanner):
         plans = list(self.by_job.values())
         limit, outside = self.memory_limit, self.outside
         slack = self.segment_slack * len(plans)
-        if limit is None:  # no limit: a budget no step reaches, so the jobs run free
+        unlimited = limit is None
+        if unlimited:  # a budget no step reaches, so the jobs run free
             limit, outside, slack = sum(step_peak(j) for j in plans) * 2 + 1, 0, 0
         self.limit = limit - max(int(limit * self.margin), slack) - outside
-        shared = shared_small_pool(j.segment_spare for j in plans)
-        self.free = (not self.solo and not self.paused
-                     and sum(self._free_bytes(j) for j in plans) + shared <= limit - outside)
+        self.free = not self.solo and not self.paused and (
+            unlimited or sum(self._free_bytes(j) for j in plans)
+            + shared_small_pool(j.segment_spare for j in plans) <= limit - outside)
 
     def _free_bytes(self, plan: JobPlan) -> float:
         """What a job counts for running free: the most it holds, and the
