@@ -246,6 +246,7 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     wc.check_invariants(0)
     print(json.dumps({'losses': losses, 'measured': [j['measured'] for j in stats['jobs']],
                       'spares': [j['segment_spare'] for j in stats['jobs']],
+                      'small_spares': [j['small_pool_spare'] for j in stats['jobs']],
                       'errors': [j['error'] for j in stats['jobs']], 'rounds': stats['rounds_run'],
                       'groups': [j['groups'] for j in stats['jobs']],
                       'waits': s['num_stream_waits'], 'bad_frees': wc.free_errors()[0],
@@ -255,6 +256,7 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     assert out["errors"] == [None, None] and out["measured"] == [True, True]
     # Each job's stream's own segments were read in its measured step.
     assert all(isinstance(s, int) and s >= 0 for s in out["spares"])
+    assert all(0 <= small <= s for small, s in zip(out["small_spares"], out["spares"]))
     assert out["rounds"] > 1  # not free: the budget holds one step at a time
     assert out["own_after"] == [False, False]  # the run's own setting, turned off after it
     for losses in out["losses"]:
