@@ -245,6 +245,31 @@ def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
     assert bad.returncode == 2 and "positive number of units" in bad.stderr
 
 
+def test_the_session_fit_benchmark_counts_the_choices_below_the_best_and_the_edge(tmp_path):
+    """bench/concurrent/session_fit.py: the session and the trainer's choice
+    against the plain schedules under random caps, and side by side capped
+    at exactly what a trainer counts for it (it fits) and at the bytes
+    reserved alone (two MLP 4096x2 at batch 256 ran out there)."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "session_fit.py"),
+                        "--draws", "4", "--seeds", "11", "--edge-draws", "12", "--edge-seeds",
+                        "5", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "session_fit.json").read_text())
+    caps, edge = res["random_caps"], res["edge"]
+    assert res["simulated"] and 0 < caps["a_plain_schedule_fits"] <= 4
+    assert caps["ways"].keys() == {"session", "trainer"}
+    for c in caps["ways"].values():
+        assert c["below"] + c["oom"] <= caps["a_plain_schedule_fits"]
+        assert c["side_by_side_from_peaks"] <= caps["a_plain_schedule_fits"]
+    assert edge["mixes"] == 12 and edge["need"]["oom"] == 0
+    assert 0 <= edge["sum"]["oom"] <= edge["mixes"]
+    assert "| what a trainer counts for it" in (tmp_path / "session_fit.md").read_text()
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "session_fit.py"),
+                        "--draws", "-1"], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2 and "--draws and --edge-draws must be 0 or more" in r.stderr
+
+
 def test_the_pairing_fit_benchmark_counts_each_rules_plans_and_what_ran_out(tmp_path):
     """bench/concurrent/pairing_fit.py: paired rounds' budget with and
     without a part-empty segment a job kept back, running free with a

@@ -263,8 +263,8 @@ def shared_small_pool(spares) -> int:
     the jobs' small segments, nothing where they leave one or more, or
     where none was measured (then margins or ``cached_peak``'s segments
     stand in). Capped at the sum of the bytes reserved alone, side by side
-    ran out in 8 of 600 simulated mixes of 2-4 MLPs; capped at that sum and
-    this, in none of 900. Under random caps a trainer runs free from its
+    ran out in 10 of 900 simulated mixes of 2-4 MLPs; capped at that sum and
+    this, in none (bench/concurrent/session_fit.py). Under random caps a trainer runs free from its
     peaks in 166 draws of 261 where it did in 168 (counting a segment
     always: 158, and 8 more below 97% of the best plain schedule). Counted
     by a trainer's side by side
