@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from sharing_vs_plain import GPU, PLAIN, SHAPES, cap_between, mlp_graph  # noqa: E402
+from sharing_vs_plain import (GPU, PLAIN, SHAPES, cap_between, mlp_graph,  # noqa: E402
+                              write_results)
 
 from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
@@ -133,12 +134,7 @@ def main() -> None:
     if args.draws < 1:
         ap.error(f"--draws must be at least 1, not {args.draws}")
     result = measure(args.draws, args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pairing_fit.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = report(result)
-    (args.out / "pairing_fit.md").write_text(text)
-    print(text)
-    print(f"wrote {args.out / 'pairing_fit.md'} and pairing_fit.json")
+    write_results(args.out, "pairing_fit", result, report(result))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from sharing_vs_plain import GPU, PLAIN, SHAPES, cap_between, mlp_graph  # noqa: E402
+from sharing_vs_plain import (GPU, PLAIN, SHAPES, cap_between, mlp_graph,  # noqa: E402
+                              write_results)
 
 from waterwave.pipeline.schedules import FREE  # noqa: E402
 from waterwave.pipeline.session_choice import MeasuredAlone, side_by_side_need  # noqa: E402
@@ -181,12 +182,7 @@ def main() -> None:
     result = {"gpu": GPU, "simulated": True,
               "random_caps": random_caps(mixes, args.draws, args.seeds),
               "edge": edge(mixes, args.edge_draws, args.edge_seeds)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "session_fit.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = report(result)
-    (args.out / "session_fit.md").write_text(text)
-    print(text)
-    print(f"wrote {args.out / 'session_fit.md'} and session_fit.json")
+    write_results(args.out, "session_fit", result, report(result))
 
 
 if __name__ == "__main__":

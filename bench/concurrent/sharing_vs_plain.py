@@ -187,6 +187,17 @@ def report(rows: list[dict], seed: int, steps: int = 6) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: Path, stem: str, result, text: str) -> None:
+    """``result`` as ``stem``.json and ``text`` as ``stem``.md in ``out``
+    (made if missing), the text printed: how this bench, pairing_fit.py
+    and session_fit.py leave their figures."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+    print(f"wrote {out / stem}.md and {stem}.json")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mixes", type=int, default=24)
@@ -197,13 +208,8 @@ def main(argv=None) -> int:
     if args.steps < 1:
         ap.error(f"--steps {args.steps}: a job trains at least one step")
     rows = measure(args.mixes, args.seed, args.steps)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "sharing_vs_plain" + ("" if args.steps == 6 else f"_{args.steps}steps")
-    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    text = report(rows, args.seed, args.steps)
-    (out / f"{stem}.md").write_text(text)
-    print(text)
+    write_results(Path(args.out), stem, rows, report(rows, args.seed, args.steps))
     return 0
 
 

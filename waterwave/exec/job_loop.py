@@ -55,10 +55,7 @@ class Measure:
         tell."""
         if not self.own or None in self.own:
             return None
-        total = max(0, max(p.reserved for p in self.own) - max(p.allocated for p in self.own))
-        small = max(0, max(p.small_reserved for p in self.own)
-                    - max(p.small_allocated for p in self.own))
-        return SegmentSpare(total, min(small, total))
+        return SegmentSpare.from_peaks(*(max(peaks) for peaks in zip(*self.own)))
 
 
 def run_job(member, feed: RoundFeed, k: int, enter: Callable[[int], None] | None = None,

@@ -215,6 +215,15 @@ class SegmentSpare:
         if not 0 <= self.small_pool <= self.total:
             raise ValueError(f"a segment spare needs 0 <= small_pool <= total bytes, not {self}")
 
+    @classmethod
+    def from_peaks(cls, reserved: int, allocated: int, small_reserved: int,
+                   small_allocated: int) -> SegmentSpare:
+        """From the segments' peaks, in all and in the small pool. Peaks
+        fall at different moments, so the small pool's difference can
+        exceed the whole's; it is kept within it."""
+        total = max(0, reserved - allocated)
+        return cls(total, min(total, max(0, small_reserved - small_allocated)))
+
 
 @dataclass
 class JobPlan:

@@ -343,13 +343,14 @@ def segment_spares(alone) -> dict[str, SegmentSpare]:
     one name share the most any measured."""
     spares: dict[str, SegmentSpare] = {}
     for t, r in alone:
-        small = sum(max(0, own["reserved_bytes.small_pool.peak"]
-                        - own["allocated_bytes.small_pool.peak"])
-                    for own in r.stats["own_segments_by_stream"].values())
-        total = max(0, r.peak_reserved - r.peak_allocated)
-        seen = spares.get(t.name, SegmentSpare(0))
-        total = max(seen.total, total)
-        spares[t.name] = SegmentSpare(total, min(total, max(seen.small_pool, small)))
+        streams = r.stats["own_segments_by_stream"].values()
+        spare = SegmentSpare.from_peaks(
+            r.peak_reserved, r.peak_allocated,
+            sum(own["reserved_bytes.small_pool.peak"] for own in streams),
+            sum(own["allocated_bytes.small_pool.peak"] for own in streams))
+        seen = spares.get(t.name, spare)
+        total = max(seen.total, spare.total)
+        spares[t.name] = SegmentSpare(total, max(seen.small_pool, spare.small_pool))
     return spares
 
 
