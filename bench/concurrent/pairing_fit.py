@@ -96,7 +96,7 @@ def measure(draws: int, seed: int) -> dict:
             c["fits" if kept else "past_budget"] += 1
             if not ok:
                 c["fits_oom" if kept else "past_budget_oom"] += 1
-            trainer = SessionSchedule(cap, like_trainer=True, segment_slack=slack,
+            trainer = SessionSchedule(cap, segment_slack=slack,
                                       segment_spares=measured)
             session = sim(grouped, cap, trainer)
             probed = session.session and f"{MEMORY} did not fit" in session.session["why"]

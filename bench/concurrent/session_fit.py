@@ -52,7 +52,7 @@ from waterwave.sim.schedules import ALLOCATORS, SessionSchedule, segment_spares 
 SHORT, LONG = 4, 12  # the runs whose difference in steps a rate is taken over
 WITHIN = 0.97  # issue 41's 3%
 WAYS = {"session": lambda cap: SessionSchedule(cap),
-        "trainer": lambda cap: SessionSchedule(cap, like_trainer=True)}
+        "trainer": lambda cap: SessionSchedule(cap)}
 
 
 class Mixes:

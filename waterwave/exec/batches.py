@@ -11,12 +11,15 @@ at its first batch when it is made, to capture its step, and so draws the
 first epoch's order then, where an eager loop draws it as the loop starts;
 with nothing drawn in between, the two draw alike. (Putting the global
 generator back after the look was tried: with trials on several threads,
-that rewinds what the others drew meanwhile.)
+that rewinds what the others drew meanwhile.) Steps undone (a trainer's
+probe of side by side whose step ran out of memory, ``rollback.py``) give
+their batches back, to be trained on next.
 
 May import: waterwave.capturing; torch lazily.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -67,20 +70,42 @@ class BatchFeed:
         self.target_keys = tuple(target_keys)
         self.epoch = 0  # epochs begun
         self._batches: Iterator | None = None
-        self._held: tuple | None = None  # a step's batches looked at and not yet trained on
+        # Steps' batches drawn and not yet trained on, in order: one looked
+        # at (peek), and those a rolled-back step gives back (rewind).
+        self._ahead: deque[tuple] = deque()
+        self._recorded: list[tuple] | None = None  # steps handed out since record()
 
     def peek(self) -> tuple[tuple, tuple]:
         """The next step's batches, without using them up (the job captures
         its step on them)."""
-        if self._held is None:
-            self._held = self._draw_step()
-        return self._held
+        if not self._ahead:
+            self._ahead.append(self._draw_step())
+        return self._ahead[0]
 
     def next(self) -> tuple[tuple, tuple]:
         """(inputs, targets) of the next step's batches, on the model's device."""
-        held, self._held = self._held, None
-        inputs, targets = held if held is not None else self._draw_step()
+        step = self._ahead.popleft() if self._ahead else self._draw_step()
+        if self._recorded is not None:
+            self._recorded.append(step)
+        inputs, targets = step
         return self._to_device(inputs), self._to_device(targets)
+
+    def record(self) -> None:
+        """Keep the steps' batches handed out from here on (as drawn, before
+        they were moved to the device), for ``rewind``."""
+        self._recorded = []
+
+    def rewind(self) -> None:
+        """The steps handed out since ``record()`` come again, in order,
+        before any other: their steps were undone (``exec/rollback.py``)."""
+        if self._recorded is None:
+            raise RuntimeError("rewind() without record(): no batches were kept to give back")
+        self._ahead.extendleft(reversed(self._recorded))
+        self._recorded = None
+
+    def stop_recording(self) -> None:
+        """Let go of the batches kept since ``record()``."""
+        self._recorded = None
 
     def _draw_step(self) -> tuple[tuple, tuple]:
         if self.per_step == 1:

@@ -91,13 +91,14 @@ from ..pipeline.schedules import (
     PairingInput,
     Schedule,
 )
-from ..pipeline.session_choice import TRAINER_PROBES, Choice, MeasuredAlone, choose
+from ..pipeline.session_choice import CPU_PROBES, PROBED, Choice, MeasuredAlone, choose
 from . import awaiting_jobs, ctrl_c
 from .device_segments import measured_alone, segment_slack
 from .job import Job
 from .job_loop import Measure, MemoryProbe, run_job, wait_tasks
 from .pipeline_settings import PipelineSettings, SettingsView, whole_steps
 from .pipelined_job import PipelinedJob, refuse_past_limit
+from .rollback import JobCheckpoint, ran_out_of_memory
 from .session import training_session
 from .workers import POOL
 
@@ -377,7 +378,7 @@ class ConcurrentTrainer(SettingsView):
                 self._alone = alone
                 steps -= 1
             else:
-                pending = [p for p in TRAINER_PROBES if p not in self._probes]
+                pending = [p for p in self._probed(members) if p not in self._probes]
                 if choose(self._alone, limit).pairing == FREE or not pending:
                     self.choice = choose(self._alone, limit, self._probes or None)
                     break
@@ -388,15 +389,71 @@ class ConcurrentTrainer(SettingsView):
                     # (segments counted): the pairing would run past it.
                     self._probes[MEMORY] = None
                     continue
-                start = self._clock(members)
-                self._run_rounds(members, n, replace(self.plan_schedule, pairing=pending[0]))
-                self._probes[pending[0]] = len(members) * n / max(self._clock(members) - start,
-                                                                  1e-9)
+                if pending[0] == FREE:
+                    self._probes[FREE] = self._probe_side_by_side(members, n, limit)
+                else:
+                    start = self._clock(members)
+                    self._run_rounds(members, n, replace(self.plan_schedule, pairing=pending[0]))
+                    self._probes[pending[0]] = len(members) * n / max(
+                        self._clock(members) - start, 1e-9)
                 steps -= n
             members = self.active
         if steps > 0 and members and self.choice is not None:
             self._run_rounds(members, steps, replace(self.plan_schedule,
                                                      pairing=self.choice.pairing))
+
+    def _probed(self, members: list[PipelinedJob]) -> tuple[str, ...]:
+        """The ways the session probes where memory binds: every one where
+        the jobs train on a GPU, whose allocator holds the budget as its cap
+        while side by side is probed; on the CPU nothing holds a budget, so
+        side by side runs only where the peaks fit (``CPU_PROBES``)."""
+        if all(m.step_fn.device == "cuda" for m in members):
+            return PROBED
+        return CPU_PROBES
+
+    def _probe_side_by_side(self, members: list[PipelinedJob], steps: int,
+                            limit: int | None) -> float | None:
+        """``steps`` steps of every job side by side, timed (samples per
+        second), the allocator capped at ``limit`` bytes for the jobs beside
+        what the rest of the process holds. None where a job's step ran out
+        of memory: each such job is put back as it was before the probe
+        (``rollback.JobCheckpoint``: its parameters, buffers, optimizer
+        state, schedulers and batches) and trains the probe's steps again
+        alone, one job after another, as measured alone it fits."""
+        self._clock(members)  # the jobs' queued work ends before their state is copied
+        kept = [JobCheckpoint(m.job) for m in members]
+        try:
+            start = self._clock(members)
+            with self._capped(members, limit):
+                self._run_rounds(members, steps, replace(self.plan_schedule, pairing=FREE))
+            seconds = self._clock(members) - start
+        except BaseException:  # Ctrl-C: the steps the jobs finished stand
+            for checkpoint in kept:
+                checkpoint.release()
+            raise
+        ran_out = []
+        for m, checkpoint in zip(members, kept):
+            if ran_out_of_memory(m.job.error):
+                checkpoint.restore()
+                ran_out.append(m)
+            else:
+                checkpoint.release()
+        if not ran_out:
+            return len(members) * steps / max(seconds, 1e-9)
+        self._run_rounds(ran_out, steps, replace(self.plan_schedule, pairing=SEQUENTIAL))
+        return None
+
+    def _capped(self, members: list[PipelinedJob], limit: int | None):
+        """While the block runs, the jobs' allocator reserves at most
+        ``limit`` bytes beside what the process holds outside the jobs (all
+        it holds less what the jobs hold between steps); no cap where no
+        limit is set (the device's own memory bounds the jobs)."""
+        probe = self._memory_probe(members)
+        if limit is None or probe is None:
+            return contextlib.nullcontext()
+        outside = max(0, probe.stats.memory_allocated(probe.device)
+                      - sum(m.held() for m in members))
+        return probe.capped_at(outside + limit)
 
     def _forget_choice(self) -> None:
         """The session schedule measures and chooses again (the jobs or the

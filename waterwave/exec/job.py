@@ -204,6 +204,21 @@ class Job:
             if capture is not None:
                 capture.forget_skipped_state()
 
+    def captures(self) -> list[CapturedStep]:
+        """Every capture of its step made so far: its own, those for batches
+        of other shapes, and those for the model's other variants."""
+        if self._step_fn is None:
+            return []
+        out = [self._step_fn, *(c for c in self._other_shapes.values() if c is not None)]
+        for step_fn, others in self._by_variant.values():
+            out += [step_fn, *(c for c in others.values() if c is not None)]
+        return out
+
+    @property
+    def grad_scaler(self):
+        """The GradScaler its steps use, or None."""
+        return self._capture[4]
+
     def after_step(self) -> None:
         """After each step's update, on the job's thread: its per-step
         schedulers step, as ``scheduler.step()`` follows

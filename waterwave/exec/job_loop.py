@@ -9,7 +9,7 @@ training session (``session.py``) either loop on the thread that called
 A job that raises stops alone: its error is kept (``Job.error``), its
 groups leave the barrier, its tensors are dropped, and the others go on.
 
-May import: waterwave.pipeline, waterwave.cuda, this package; torch.
+May import: waterwave.pipeline, waterwave.cuda, waterwave.alloc, this package; torch.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .. import cuda
+from ..alloc.settings import fraction_allowing
 from ..pipeline.counter_barrier import BarrierAborted
 from ..pipeline.pairing import SegmentSpare
 from ..pipeline.round_feed import RoundFeed
@@ -293,6 +294,24 @@ class MemoryProbe:
         """(net bytes, most bytes above ``start``) since ``start()``."""
         now = self.stats.memory_allocated(self.device)
         return now - start, max(0, self.stats.max_memory_allocated(self.device) - start)
+
+    @contextlib.contextmanager
+    def capped_at(self, cap: int):
+        """While the block runs, the allocator reserves at most ``cap`` bytes
+        in all: its ``per_process_memory_fraction`` lowered to allow exactly
+        that where it allowed more, and put back after. What a step beyond
+        it asks for raises the allocator's out-of-memory error."""
+        _, total = self.stats.mem_get_info(self.device)
+        before = self.stats.get_per_process_memory_fraction(self.device)
+        lowered = 0 < cap < int(before * total)
+        if lowered:
+            self.stats.set_per_process_memory_fraction(fraction_allowing(cap, total),
+                                                       self.device)
+        try:
+            yield
+        finally:
+            if lowered:
+                self.stats.set_per_process_memory_fraction(before, self.device)
 
     def available(self) -> int:
         """Bytes new tensors can still take: the allocator's cached free

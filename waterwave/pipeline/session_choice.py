@@ -20,17 +20,20 @@ it simulated (``waterwave.sim.schedules.SessionSchedule``).
   another's kernels; where each job alone keeps the device busy, turns win
   and the barriers between paired rounds only cost.
 
-The simulator probes all four. A trainer on a device probes only the ways
-that should not run out of memory (``exec/concurrent.py``'s
-``TRAINER_PROBES``: turns, one after another and the pairing, the pairing
-only where its plan keeps to the budget, ``MemoryPairing.fits``): side by
-side could fail a step halfway, with batch norm's running statistics
-already updated, so it runs free only where the measured peaks fit. (The
+A trainer on a GPU probes all four too (``exec/concurrent.py``), but the
+pairing only where its plan keeps to the budget (``MemoryPairing.fits``).
+Side by side could run out of memory halfway through a step, with batch
+norm's running statistics already moved and some parameters updated, so
+the trainer probes it with the budget set as the allocator's cap and each
+job's state kept on the host (``exec/rollback.py``): a job whose step runs
+out is put back as it was and trains the probe's steps again alone. (The
 pairing itself runs its jobs free where their steps' bytes fit beside what
 each job's segments held beyond its blocks when it was measured alone,
 ``JobPlan.segment_spare``; counting 5% of the bytes instead, that ran out
 in 13 of 258 simulated draws of tight caps, none since,
-bench/concurrent/pairing_fit.py.)
+bench/concurrent/pairing_fit.py.) On the CPU nothing holds a budget, so a
+probe of side by side would always fit: there it runs only where the peaks
+fit (``CPU_PROBES``).
 
 May import: this package.
 """
@@ -73,13 +76,6 @@ class Choice:
     pairing_rate: float | None = None
 
 
-# What a trainer on a device probes where memory binds: the ways that hold
-# no more than a job's step beside the others' state (one after another
-# holds what turns hold there: a job's parameters stay while the trainer has
-# it, but it hands the cache from job to job once a run, not once a step).
-TRAINER_PROBES = (TURNS, SEQUENTIAL, MEMORY)
-
-
 def cached_peak(allocated: int, large_segment_size: int = LARGE_SEGMENT) -> int:
     """The bytes a job that allocated ``allocated`` bytes at most may hold
     in a caching allocator's segments, running beside others: what a
@@ -114,6 +110,12 @@ def turns_rate(jobs: Sequence[MeasuredAlone]) -> float:
 # to lose to on later steps).
 PROBED = (FREE, TURNS, SEQUENTIAL, MEMORY)
 TIE = 0.01
+
+# What a trainer on the CPU probes where memory binds: the ways that hold no
+# more than a job's step beside the others' state (one after another holds
+# what turns hold there: a job's parameters stay while the trainer has it,
+# but it hands the cache from job to job once a run, not once a step).
+CPU_PROBES = (TURNS, SEQUENTIAL, MEMORY)
 
 
 def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,

@@ -51,8 +51,7 @@ from ..pipeline.pairing import (SEGMENT_SLACK, JobGroups, JobPlan, RoundPlanner,
                                 whole_run)
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
-from ..pipeline.session_choice import (PROBED, TRAINER_PROBES, Choice, MeasuredAlone,
-                                        cached_peak, choose)
+from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, cached_peak, choose
 from .rates import added_steps_rate
 from .trace import Trace
 
@@ -258,8 +257,6 @@ class SessionSchedule:
     name: str = "session"
     groups: int = 8
     probe_steps: int = 3
-    # As a trainer on a device chooses: only TRAINER_PROBES probed.
-    like_trainer: bool = False
     segment_slack: int = SEGMENT_SLACK  # its pairing's part-empty segments a job
     # Each job's segment spare measured alone counts, as a trainer counts it
     # under Waterwave's allocator: in its peak (then the bytes it reserved
@@ -298,7 +295,7 @@ class SessionSchedule:
             # (what its stream's own segments reserved, beside what it holds
             # elsewhere): the bytes reserved alone. Without the spares, its
             # bytes allocated, with a margin and a segment of each pool.
-            if self.like_trainer and not self.segment_spares:
+            if not self.segment_spares:
                 peak, spare = cached_peak(r.peak_allocated), None
             else:
                 peak, spare = r.peak_reserved, spares[t.name]
@@ -309,8 +306,7 @@ class SessionSchedule:
                       pipeline.SEQUENTIAL: sequential,
                       pipeline.MEMORY: self.pairing(spares if self.segment_spares else None)}
         if choice.why == "probe":
-            probed = TRAINER_PROBES if self.like_trainer else PROBED
-            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in probed}
+            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in PROBED}
             choice = choose(alone, self.memory_limit, probes)
         return by_pairing[choice.pairing], choice
 

@@ -1,0 +1,257 @@
+"""A trainer's probe of side by side whose step runs out of memory puts the
+job back (``waterwave/exec/rollback.py``, ``ConcurrentTrainer._probe_side_by_side``):
+the job then trains exactly as its eager loop, as if the undone steps never
+ran. On the CPU nothing runs out, so the probe runs as on a GPU (every way
+probed) and a job's group raises ``torch.OutOfMemoryError`` as the
+allocator would."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from waterwave.exec import concurrent  # noqa: E402
+from waterwave.exec.batches import BatchFeed  # noqa: E402
+from waterwave.exec.job_loop import MemoryProbe  # noqa: E402
+from waterwave.exec.rollback import JobCheckpoint, ran_out_of_memory  # noqa: E402
+from waterwave.pipeline.pairing import step_peak  # noqa: E402
+from waterwave.pipeline.schedules import FREE, MEMORY, SEQUENTIAL, TURNS  # noqa: E402
+from waterwave.pipeline.session_choice import CPU_PROBES, PROBED  # noqa: E402
+
+
+def model(seed: int, width: int):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.BatchNorm1d(width),
+                               torch.nn.ReLU(), torch.nn.Linear(width, 3))
+
+
+def data(seed: int, batches: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g))
+            for _ in range(batches)]
+
+
+LOSS = torch.nn.functional.cross_entropy
+
+
+class Twin:
+    """A job (Adam, a per-step scheduler, batch norm) and the same loop run
+    eagerly for reference."""
+
+    def __init__(self, seed: int, width: int):
+        self.data = data(seed)
+        net = model(seed, width)
+        self.eager = copy.deepcopy(net)
+        self.eager_opt = torch.optim.Adam(self.eager.parameters(), lr=0.02)
+        self.eager_sched = torch.optim.lr_scheduler.StepLR(self.eager_opt, 2, gamma=0.5)
+        opt = torch.optim.Adam(net.parameters(), lr=0.02)
+        self.sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+        self.job = ww.Job(net, loss_fn=LOSS, optimizer=opt, data=self.data,
+                          step_schedulers=[self.sched], name=f"w{width}")
+
+    def check(self, steps: int):
+        losses = []
+        for k in range(steps):
+            x, y = self.data[k % len(self.data)]
+            self.eager_opt.zero_grad()
+            loss = LOSS(self.eager(x), y)
+            loss.backward()
+            self.eager_opt.step()
+            self.eager_sched.step()
+            losses.append(loss.item())
+        assert self.job.losses == pytest.approx(losses, rel=1e-5, abs=1e-7)
+        for (name, a), b in zip(self.eager.state_dict().items(), self.job.model.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+        for p, q in zip(self.eager.parameters(), self.job.model.parameters()):
+            ours, theirs = self.job.optimizer.state[q], self.eager_opt.state[p]
+            assert set(ours) == set(theirs)
+            for key in theirs:
+                torch.testing.assert_close(torch.as_tensor(ours[key]),
+                                           torch.as_tensor(theirs[key]), msg=key)
+        assert self.sched.last_epoch == self.eager_sched.last_epoch
+        assert self.job.optimizer.param_groups[0]["lr"] == self.eager_opt.param_groups[0]["lr"]
+
+
+def as_on_a_gpu(monkeypatch):
+    """The trainer probes every way, side by side too, as on a GPU."""
+    monkeypatch.setattr(concurrent.ConcurrentTrainer, "_probed", lambda self, members: PROBED)
+
+
+def run_out_in_free_probe(trainer, job, at_call: int):
+    """``job``'s ``at_call``-th group in the side-by-side probe raises the
+    allocator's out-of-memory error; returns the groups it ran there."""
+    member = trainer.member(job)
+    run_group = member.runner.run_group
+    state = {"armed": False, "calls": 0}
+
+    def group(k, env):
+        if state["armed"]:
+            state["calls"] += 1
+            if state["calls"] == at_call:
+                raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+        run_group(k, env)
+
+    member.runner.run_group = group
+    run_rounds = trainer._run_rounds
+
+    def rounds(members, steps, sched=None):
+        state["armed"] = sched is not None and sched.pairing == FREE
+        try:
+            run_rounds(members, steps, sched)
+        finally:
+            state["armed"] = False
+
+    trainer._run_rounds = rounds
+    return state
+
+
+def tight(trainer) -> int:
+    return sum(step_peak(trainer.member(j).plan) for j in trainer.jobs) - 1
+
+
+@pytest.mark.parametrize("step, group", [(0, 2), (1, 1), (1, -1)])
+def test_a_job_that_runs_out_in_the_side_by_side_probe_trains_as_its_eager_loop(monkeypatch, step,
+                                                                                 group):
+    """The second job's step ``step`` of the probe runs out of memory in its
+    group ``group`` (-1: its last, the optimizer's update, some parameters
+    updated already): it is put back as it was before the probe and trains
+    the probe's steps again alone. Side by side is not chosen; each job
+    trains 11 steps exactly as its eager loop would (losses, parameters,
+    batch norm's statistics, Adam's state, the scheduler)."""
+    as_on_a_gpu(monkeypatch)
+    a, b = Twin(1, 24), Twin(2, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    groups = len(trainer.member(b.job).partition.groups)
+    at = step * groups + (group % groups) + 1
+    state = run_out_in_free_probe(trainer, b.job, at)
+    trainer.run(11)
+    assert state["calls"] == at, "the probe did not reach the group that runs out"
+    chose = trainer.stats()["session"]
+    assert "free did not fit" in chose["why"] and chose["ran"] in (TURNS, SEQUENTIAL, MEMORY)
+    assert b.job.error is None and not b.job.failed
+    a.check(11)
+    b.check(11)
+
+
+def test_a_side_by_side_probe_that_fits_is_kept_where_fastest(monkeypatch):
+    """Nothing runs out: the probe's steps stand, and side by side is among
+    the ways compared (chosen where fastest); every job trains as eager."""
+    as_on_a_gpu(monkeypatch)
+    a, b = Twin(3, 24), Twin(4, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    trainer.run(11)
+    chose = trainer.stats()["session"]
+    assert chose["why"].startswith("fastest of the probes") and "free did not fit" not in chose["why"]
+    assert "free " in chose["why"]
+    a.check(11)
+    b.check(11)
+
+
+def test_on_the_cpu_the_trainer_does_not_probe_side_by_side():
+    """Nothing holds a budget on the CPU: side by side runs only where the
+    peaks fit, and the probes are the others."""
+    a, b = Twin(5, 24), Twin(6, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    assert trainer._probed(trainer.members) == CPU_PROBES
+    assert FREE not in CPU_PROBES and set(PROBED) == {FREE, *CPU_PROBES}
+    trainer.memory_limit = tight(trainer)
+    trainer.run(9)
+    why = trainer.stats()["session"]["why"]
+    assert "free" not in why and all(w in why for w in (TURNS, SEQUENTIAL, MEMORY))
+    a.check(9)
+    b.check(9)
+
+
+def test_a_checkpoint_puts_the_state_a_step_changed_back_in_place():
+    """Taken between steps and restored after two eager steps: every
+    parameter, buffer and optimizer state tensor holds its values again (the
+    same tensor objects), state made since is gone, the scheduler and the
+    learning rate are back, the losses are cut, and the two steps' batches
+    come next."""
+    twin = Twin(7, 16)
+    job = twin.job
+    job.train(1)
+    tensors = {id(t): t.detach().clone() for t in (*job.model.parameters(), *job.model.buffers())}
+    state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+             for p, s in job.optimizer.state.items()}
+    objects = [id(v) for s in job.optimizer.state.values() for v in s.values()]
+    lr, epoch = job.optimizer.param_groups[0]["lr"], twin.sched.last_epoch
+    kept = JobCheckpoint(job)
+    job.train(2)
+    assert len(job.losses) == 3 and twin.sched.last_epoch == epoch + 2
+    kept.restore()
+    assert len(job.losses) == 1 and twin.sched.last_epoch == epoch
+    assert job.optimizer.param_groups[0]["lr"] == lr
+    for t in (*job.model.parameters(), *job.model.buffers()):
+        assert torch.equal(t, tensors[id(t)])
+    assert [id(v) for s in job.optimizer.state.values() for v in s.values()] == objects
+    for p, s in state.items():
+        for k, v in s.items():
+            assert torch.equal(torch.as_tensor(job.optimizer.state[p][k]), torch.as_tensor(v))
+    job.train(8)
+    twin.check(9)
+
+
+def test_a_batch_feed_gives_back_the_steps_recorded_in_order():
+    feed = BatchFeed([torch.tensor(k) for k in range(5)])
+
+    def drawn(n=1):
+        return [int(feed.next()[0][0]) for _ in range(n)]
+
+    assert drawn() == [0]
+    feed.record()
+    assert int(feed.peek()[0][0]) == 1
+    assert drawn(2) == [1, 2] and int(feed.peek()[0][0]) == 3
+    feed.rewind()
+    assert drawn(5) == [1, 2, 3, 4, 0]
+    with pytest.raises(RuntimeError, match="without record"):
+        feed.rewind()
+    feed.record()
+    drawn()
+    feed.stop_recording()
+    with pytest.raises(RuntimeError, match="without record"):
+        feed.rewind()
+
+
+def test_only_out_of_memory_errors_are_rolled_back():
+    from waterwave._C import OutOfMemoryError
+
+    assert ran_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert ran_out_of_memory(OutOfMemoryError("out of memory"))
+    assert not ran_out_of_memory(RuntimeError("out of memory"))
+    assert not ran_out_of_memory(None)
+
+
+class Stats:
+    """An allocator's cap, as ``MemoryProbe`` reads and sets it."""
+
+    def __init__(self, fraction: float, total: int):
+        self.fraction, self.total, self.set = fraction, total, []
+
+    def mem_get_info(self, device):
+        return self.total // 2, self.total
+
+    def get_per_process_memory_fraction(self, device):
+        return self.fraction
+
+    def set_per_process_memory_fraction(self, fraction, device):
+        self.set.append(fraction)
+        self.fraction = fraction
+
+
+def test_a_probe_caps_the_allocator_for_the_block_and_puts_its_cap_back():
+    total = 79 * 2**30
+    probe = MemoryProbe.__new__(MemoryProbe)
+    probe.stats, probe.device = Stats(1.0, total), 0
+    with probe.capped_at(646 * 2**20):
+        assert int(probe.stats.fraction * total) == 646 * 2**20  # exactly, not a byte short
+    assert probe.stats.fraction == 1.0 and len(probe.stats.set) == 2
+    probe.stats = Stats(0.25, total)
+    with pytest.raises(KeyError):
+        with probe.capped_at(total // 2):  # above the cap already there: left alone
+            assert probe.stats.set == []
+            raise KeyError("the block's error")
+    assert probe.stats.set == [] and probe.stats.fraction == 0.25
