@@ -246,8 +246,9 @@ def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
 
 
 def test_the_session_fit_benchmark_counts_the_choices_below_the_best_and_the_edge(tmp_path):
-    """bench/concurrent/session_fit.py: the session and the trainer's choice
-    against the plain schedules under random caps, and side by side capped
+    """bench/concurrent/session_fit.py: the session's choice (a trainer's on a
+    GPU) and one from the peaks only against the plain schedules under
+    random caps, and side by side capped
     at exactly what a trainer counts for it (it fits) and at the bytes
     reserved alone (two MLP 4096x2 at batch 256 ran out there)."""
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "session_fit.py"),
@@ -258,10 +259,12 @@ def test_the_session_fit_benchmark_counts_the_choices_below_the_best_and_the_edg
     res = json.loads((tmp_path / "session_fit.json").read_text())
     caps, edge = res["random_caps"], res["edge"]
     assert res["simulated"] and 0 < caps["a_plain_schedule_fits"] <= 4
-    assert caps["ways"].keys() == {"session", "trainer"}
+    assert caps["ways"].keys() == {"session", "peaks only"}
     for c in caps["ways"].values():
         assert c["below"] + c["oom"] <= caps["a_plain_schedule_fits"]
         assert c["side_by_side_from_peaks"] <= caps["a_plain_schedule_fits"]
+        assert c["side_by_side_probe_ran_out"] <= c["side_by_side_probed"]
+    assert caps["ways"]["peaks only"]["side_by_side_probed"] == 0
     assert edge["mixes"] == 12 and edge["need"]["oom"] == 0
     assert 0 <= edge["sum"]["oom"] <= edge["mixes"]
     assert "| what a trainer counts for it" in (tmp_path / "session_fit.md").read_text()

@@ -4,6 +4,7 @@ the job then trains exactly as its eager loop, as if the undone steps never
 ran. On the CPU nothing runs out, so the probe runs as on a GPU (every way
 probed) and a job's group raises ``torch.OutOfMemoryError`` as the
 allocator would."""
+import contextlib
 import copy
 
 import pytest
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import waterwave as ww  # noqa: E402
 from waterwave.exec import concurrent  # noqa: E402
+from waterwave.exec.device_segments import peak_alone  # noqa: E402
 from waterwave.exec.batches import BatchFeed  # noqa: E402
 from waterwave.exec.job_loop import MemoryProbe  # noqa: E402
 from waterwave.exec.rollback import JobCheckpoint, ran_out_of_memory  # noqa: E402
@@ -110,14 +112,14 @@ def tight(trainer) -> int:
     return sum(step_peak(trainer.member(j).plan) for j in trainer.jobs) - 1
 
 
-@pytest.mark.parametrize("step, group", [(0, 2), (1, 1), (1, -1)])
+@pytest.mark.parametrize("step, group", [(0, 2), (1, -1), (3, 0)])
 def test_a_job_that_runs_out_in_the_side_by_side_probe_trains_as_its_eager_loop(monkeypatch, step,
                                                                                  group):
     """The second job's step ``step`` of the probe runs out of memory in its
     group ``group`` (-1: its last, the optimizer's update, some parameters
     updated already): it is put back as it was before the probe and trains
     the probe's steps again alone. Side by side is not chosen; each job
-    trains 11 steps exactly as its eager loop would (losses, parameters,
+    trains 13 steps exactly as its eager loop would (losses, parameters,
     batch norm's statistics, Adam's state, the scheduler)."""
     as_on_a_gpu(monkeypatch)
     a, b = Twin(1, 24), Twin(2, 40)
@@ -126,13 +128,13 @@ def test_a_job_that_runs_out_in_the_side_by_side_probe_trains_as_its_eager_loop(
     groups = len(trainer.member(b.job).partition.groups)
     at = step * groups + (group % groups) + 1
     state = run_out_in_free_probe(trainer, b.job, at)
-    trainer.run(11)
+    trainer.run(13)
     assert state["calls"] == at, "the probe did not reach the group that runs out"
     chose = trainer.stats()["session"]
     assert "free did not fit" in chose["why"] and chose["ran"] in (TURNS, SEQUENTIAL, MEMORY)
     assert b.job.error is None and not b.job.failed
-    a.check(11)
-    b.check(11)
+    a.check(13)
+    b.check(13)
 
 
 def test_a_side_by_side_probe_that_fits_is_kept_where_fastest(monkeypatch):
@@ -142,12 +144,12 @@ def test_a_side_by_side_probe_that_fits_is_kept_where_fastest(monkeypatch):
     a, b = Twin(3, 24), Twin(4, 40)
     trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
     trainer.memory_limit = tight(trainer)
-    trainer.run(11)
+    trainer.run(13)
     chose = trainer.stats()["session"]
     assert chose["why"].startswith("fastest of the probes") and "free did not fit" not in chose["why"]
     assert "free " in chose["why"]
-    a.check(11)
-    b.check(11)
+    a.check(13)
+    b.check(13)
 
 
 def test_on_the_cpu_the_trainer_does_not_probe_side_by_side():
@@ -255,3 +257,61 @@ def test_a_probe_caps_the_allocator_for_the_block_and_puts_its_cap_back():
             assert probe.stats.set == []
             raise KeyError("the block's error")
     assert probe.stats.set == [] and probe.stats.fraction == 0.25
+
+
+class CappingProbe:
+    """A GPU's allocator as the trainer's probe sees it: each group measured
+    (nothing held after it, 1 MiB risen while it ran), the bytes allocated
+    in all, and each cap a block ran under."""
+
+    def __init__(self, allocated):
+        self.allocated, self.caps, self.device = allocated, [], 0
+        self.stats = self
+
+    def start(self):
+        return 0
+
+    def since(self, start):
+        return 0, 1 << 20  # a workspace in every group
+
+    def own_peaks(self, stream):
+        return None
+
+    def available(self):
+        return 1 << 40
+
+    def memory_allocated(self, device):
+        return self.allocated()
+
+    @contextlib.contextmanager
+    def capped_at(self, cap):
+        self.caps.append(cap)
+        yield
+
+
+def test_the_side_by_side_probe_runs_under_the_budget_beside_what_the_process_holds(monkeypatch):
+    """The allocator is capped for the probe at the trainer's limit beside
+    what the process holds outside the jobs (all it holds less what they
+    hold between steps), and only for the probe."""
+    as_on_a_gpu(monkeypatch)
+    a, b = Twin(8, 24), Twin(9, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    outside = 5 << 20
+    probe = CappingProbe(lambda: outside + sum(m.held() for m in trainer.members))
+    trainer._memory_probe = lambda members: probe
+    trainer.run(1)  # measured alone; no limit, so side by side
+    limit = trainer.memory_limit = sum(peak_alone(m) for m in trainer.members) - 1
+    capped = []
+    run_rounds = trainer._run_rounds
+
+    def rounds(members, steps, sched=None):
+        capped.append((sched.pairing if sched else None, len(probe.caps)))
+        run_rounds(members, steps, sched)
+
+    trainer._run_rounds = rounds
+    trainer.run(12)
+    assert probe.caps == [limit + outside]
+    assert [p for p, _ in capped][:1] == [FREE] and capped[0][1] == 1
+    assert all(n == 1 for _, n in capped[1:])
+    a.check(13)
+    b.check(13)

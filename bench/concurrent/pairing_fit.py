@@ -19,7 +19,7 @@ to its own large segments), 12 steps a job, first calls made before. For
 each rule: the draws where the pairing's plan keeps to its budget
 (``MemoryPairing.fits``; a session probes the pairing only there), and
 those of them and of the rest that ran out of memory; then the session as
-a trainer on a GPU runs it (``SessionSchedule(like_trainer=True)``): where
+a trainer on a GPU runs it (``SessionSchedule``): where
 its probe of the pairing ran out of memory (on a GPU, a job lost), and
 where its whole run did; under every rule it skips a plan that runs past
 its budget (before 2026-12-02 a trainer probed those too). Every figure is

@@ -1,7 +1,8 @@
 """A training session's choice against the plain schedules, simulated: how
-often the session, and the session as a trainer on a GPU makes it, train
-below 97% of the best plain schedule that fits the same cap or run out of
-memory where one fits; and the edge of a trainer's rule for side by side.
+often the session (as a trainer on a GPU makes it), and one that runs side
+by side only where the peaks fit, train below 97% of the best plain
+schedule that fits the same cap or run out of memory where one fits; and
+the edge of a trainer's rule for side by side.
 
     python bench/concurrent/session_fit.py [--draws 140] [--seeds 11 12]
         [--edge-draws 300] [--edge-seeds 5 6 7] [--out bench/results]
@@ -13,9 +14,11 @@ by side. Every schedule runs under the session's allocator (the waterwave
 policy, each stream keeping to its own large segments), first calls made
 before; a way's rate is the samples of 8 more steps of every job over the
 time they add (``waterwave.sim.rates``). The session probes every way
-where side by side does not surely fit; the trainer
-(``SessionSchedule(like_trainer=True)``) runs side by side only where the
-peaks it measured alone fit (``session_choice.side_by_side_need``) and
+where side by side does not surely fit (``side_by_side_need``), side by
+side too: a trainer on a GPU puts back a job whose step runs out there
+(``exec/rollback.py``), and the table counts how often that happened.
+*Peaks only* (``SessionSchedule(probed=CPU_PROBES)``, a trainer before
+2026-12-02) runs side by side only where the peaks measured alone fit and
 otherwise probes turns, one after another and the pairing.
 
 *The edge*: each mix capped at exactly what a trainer counts for side by
@@ -42,7 +45,8 @@ from sharing_vs_plain import (GPU, PLAIN, SHAPES, cap_between, mlp_graph,  # noq
                               write_results)
 
 from waterwave.pipeline.schedules import FREE  # noqa: E402
-from waterwave.pipeline.session_choice import MeasuredAlone, side_by_side_need  # noqa: E402
+from waterwave.pipeline.session_choice import (CPU_PROBES, MeasuredAlone,  # noqa: E402
+                                               side_by_side_need)
 from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
@@ -52,7 +56,7 @@ from waterwave.sim.schedules import ALLOCATORS, SessionSchedule, segment_spares 
 SHORT, LONG = 4, 12  # the runs whose difference in steps a rate is taken over
 WITHIN = 0.97  # issue 41's 3%
 WAYS = {"session": lambda cap: SessionSchedule(cap),
-        "trainer": lambda cap: SessionSchedule(cap)}
+        "peaks only": lambda cap: SessionSchedule(cap, probed=CPU_PROBES)}
 
 
 class Mixes:
@@ -84,8 +88,8 @@ class Mixes:
 
 
 def random_caps(mixes: Mixes, draws: int, seeds: list[int]) -> dict:
-    counts = {way: {"below": 0, "lowest": None, "oom": 0, "side_by_side_from_peaks": 0}
-              for way in WAYS}
+    counts = {way: {"below": 0, "lowest": None, "oom": 0, "side_by_side_from_peaks": 0,
+                    "side_by_side_probe_ran_out": 0, "side_by_side_probed": 0} for way in WAYS}
     fits_somewhere = 0
     for seed in seeds:
         rng = random.Random(seed)
@@ -105,8 +109,12 @@ def random_caps(mixes: Mixes, draws: int, seeds: list[int]) -> dict:
                 rate, long = mixes.rate(make(cap), picks, cap, concurrent)
                 c = counts[way]
                 chose = long.session or {}
+                why = chose.get("why", "")
                 c["side_by_side_from_peaks"] += (chose.get("pairing") == FREE and
-                                                 chose.get("why", "").startswith("side by side"))
+                                                 why.startswith("side by side"))
+                # A trainer on a GPU puts back the jobs whose step ran out there.
+                c["side_by_side_probed"] += f"{FREE} " in why
+                c["side_by_side_probe_ran_out"] += f"{FREE} did not fit" in why
                 if rate is None:
                     c["oom"] += 1
                     row[way] = None
@@ -155,11 +163,13 @@ def report(result: dict) -> str:
              "", f"Random caps: {caps['a_plain_schedule_fits']} draws where a plain schedule "
              "fits; rates of the added steps over the best plain schedule's.", "",
              "| way | below 97% of the best (lowest) | out of memory where a plain schedule fits "
-             "| ran side by side from its peaks alone |", "|---|---|---|---|"]
+             "| ran side by side from its peaks alone | probed side by side "
+             "| its probe ran out of memory |", "|---|---|---|---|---|---|"]
     for way, c in caps["ways"].items():
         lowest = "" if c["lowest"] is None else f" ({c['lowest']:.3f})"
         lines.append(f"| {way} | {c['below']}{lowest} | {c['oom']} "
-                     f"| {c['side_by_side_from_peaks']} |")
+                     f"| {c['side_by_side_from_peaks']} | {c['side_by_side_probed']} "
+                     f"| {c['side_by_side_probe_ran_out']} |")
     lines += ["", f"The edge: {at['mixes']} mixes, side by side capped at exactly", "",
               "| cap | side by side ran out of memory |", "|---|---|",
               f"| what a trainer counts for it (a small-pool segment more in "

@@ -28,8 +28,12 @@ have finished, in the rounds the schedule gives:
   by the allocator); then side by side where the peaks so measured fit the
   budget together, else the fastest of turns, one job after another and
   the memory pairing, each probed for ``PROBE_STEPS`` steps of every job
-  (``pipeline.session_choice``). The choice holds until the jobs or the
-  limit change; ``stats()["session"]`` says what ran and why.
+  (``pipeline.session_choice``); on a GPU side by side is probed too, for
+  ``SIDE_BY_SIDE_PROBE_STEPS``, under the budget set as the allocator's
+  cap, a job whose step runs out there put back as it was before the probe
+  (``rollback.py``) to train those steps again alone. The choice holds
+  until the jobs or the limit change; ``stats()["session"]`` says what ran
+  and why.
 
 A run's rounds are planned a window of a few steps at a time, as the jobs
 reach them (``pipeline.round_feed``), so ``run(100_000)`` starts at once.
@@ -103,6 +107,12 @@ from .session import training_session
 from .workers import POOL
 
 PROBE_STEPS = 2  # steps of every job each way a session probes
+# Side by side is probed longer: after a job's step alone made its own
+# segments, its blocks are first cached beside the others' in the first
+# step, and what fragments shows in the steps after. The simulator's probe
+# (sim.schedules.SessionSchedule): 2 steps to settle, 3 timed, from an
+# empty cache.
+SIDE_BY_SIDE_PROBE_STEPS = 4
 
 
 class ConcurrentTrainer(SettingsView):
@@ -382,7 +392,7 @@ class ConcurrentTrainer(SettingsView):
                 if choose(self._alone, limit).pairing == FREE or not pending:
                     self.choice = choose(self._alone, limit, self._probes or None)
                     break
-                n = min(PROBE_STEPS, steps)
+                n = min(SIDE_BY_SIDE_PROBE_STEPS if pending[0] == FREE else PROBE_STEPS, steps)
                 if pending[0] == MEMORY and not self._planner(
                         members, n, replace(self.plan_schedule, pairing=MEMORY)).fits:
                     # The budget holds no job's step beside what all hold

@@ -140,13 +140,13 @@ def choose(jobs: Sequence[MeasuredAlone], memory_limit: int | None,
         raise ValueError(f"unknown probes {sorted(unknown)}: a session probes {', '.join(PROBED)}")
     fitted = {p: probes[p] for p in PROBED if probes.get(p) is not None}
     pairing_rate = probes.get(MEMORY)
+    said = ", ".join(f"{p} {'did not fit' if r is None else f'{r:,.0f}'}"
+                     for p, r in probes.items())
     if not fitted:
-        return Choice(SEQUENTIAL, "no probe fitted the limit: one job after another",
+        return Choice(SEQUENTIAL, f"no probe fitted the limit ({said}): one job after another",
                       turns, pairing_rate)
     best = max(fitted.values())
     chosen = next(p for p in PROBED if p in fitted and fitted[p] >= best * (1 - TIE))
-    said = ", ".join(f"{p} {'did not fit' if r is None else f'{r:,.0f}'}"
-                     for p, r in probes.items())
     return Choice(chosen, f"fastest of the probes (per second: {said})", turns, pairing_rate)
 
 

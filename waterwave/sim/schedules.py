@@ -258,6 +258,10 @@ class SessionSchedule:
     groups: int = 8
     probe_steps: int = 3
     segment_slack: int = SEGMENT_SLACK  # its pairing's part-empty segments a job
+    # The ways it probes where side by side does not surely fit: all, as a
+    # trainer on a GPU does; CPU_PROBES as one where nothing holds a budget
+    # (side by side then only where the peaks fit).
+    probed: tuple[str, ...] = PROBED
     # Each job's segment spare measured alone counts, as a trainer counts it
     # under Waterwave's allocator: in its peak (then the bytes it reserved
     # alone), and where the pairing runs the jobs free. False: as a trainer
@@ -306,7 +310,7 @@ class SessionSchedule:
                       pipeline.SEQUENTIAL: sequential,
                       pipeline.MEMORY: self.pairing(spares if self.segment_spares else None)}
         if choice.why == "probe":
-            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in PROBED}
+            probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in self.probed}
             choice = choose(alone, self.memory_limit, probes)
         return by_pairing[choice.pairing], choice
 
