@@ -17,7 +17,7 @@ an undone step drew from torch's generators are not given back: other jobs
 drew from the same generators meanwhile, and rewinding them would change
 what those drew.
 
-May import: this package; torch.
+May import: waterwave._C; torch.
 """
 from __future__ import annotations
 
