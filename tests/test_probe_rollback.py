@@ -19,7 +19,9 @@ from waterwave.exec.job_loop import MemoryProbe  # noqa: E402
 from waterwave.exec.rollback import JobCheckpoint, ran_out_of_memory  # noqa: E402
 from waterwave.pipeline.pairing import step_peak  # noqa: E402
 from waterwave.pipeline.schedules import FREE, MEMORY, SEQUENTIAL, TURNS  # noqa: E402
-from waterwave.pipeline.session_choice import CPU_PROBES, PROBED  # noqa: E402
+from waterwave.exec.concurrent import PROBE_STEPS, SIDE_BY_SIDE_PROBE_STEPS  # noqa: E402
+from waterwave.pipeline.session_choice import (CPU_PROBES, GUARD_CHUNK, GUARDED_STEPS,  # noqa: E402
+                                               PROBED, Choice)
 
 
 def model(seed: int, width: int):
@@ -265,7 +267,7 @@ class CappingProbe:
     in all, and each cap a block ran under."""
 
     def __init__(self, allocated):
-        self.allocated, self.caps, self.device = allocated, [], 0
+        self.allocated, self.caps, self.device, self.inside = allocated, [], 0, False
         self.stats = self
 
     def start(self):
@@ -286,13 +288,18 @@ class CappingProbe:
     @contextlib.contextmanager
     def capped_at(self, cap):
         self.caps.append(cap)
-        yield
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
 
 
 def test_the_side_by_side_probe_runs_under_the_budget_beside_what_the_process_holds(monkeypatch):
-    """The allocator is capped for the probe at the trainer's limit beside
-    what the process holds outside the jobs (all it holds less what they
-    hold between steps), and only for the probe."""
+    """The allocator is capped for each run side by side (the probe, and
+    the guarded steps after it where it is chosen) at the trainer's limit
+    beside what the process holds outside the jobs (all it holds less what
+    they hold between steps), and only for those."""
     as_on_a_gpu(monkeypatch)
     a, b = Twin(8, 24), Twin(9, 40)
     trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
@@ -305,13 +312,107 @@ def test_the_side_by_side_probe_runs_under_the_budget_beside_what_the_process_ho
     run_rounds = trainer._run_rounds
 
     def rounds(members, steps, sched=None):
-        capped.append((sched.pairing if sched else None, len(probe.caps)))
+        capped.append((sched.pairing if sched else None, probe.inside))
         run_rounds(members, steps, sched)
 
     trainer._run_rounds = rounds
     trainer.run(12)
-    assert probe.caps == [limit + outside]
-    assert [p for p, _ in capped][:1] == [FREE] and capped[0][1] == 1
-    assert all(n == 1 for _, n in capped[1:])
+    assert capped[0] == (FREE, True) and len(probe.caps) >= 1
+    assert probe.caps == [limit + outside] * len(probe.caps)
+    assert all(inside == (way == FREE) for way, inside in capped)
+    assert len(probe.caps) == sum(way == FREE for way, _ in capped)
     a.check(13)
     b.check(13)
+
+
+def test_side_by_side_is_not_probed_while_anything_else_trains_on_the_device(cpu_session_plans):
+    """A sharing member training beside the trainer could allocate past
+    what the cap set for the probe counts for it, in a step that cannot be
+    put back: while one trains, the trainer probes as on the CPU."""
+    cpu_session_plans.configure(memory_limit=64 << 20)
+    a, b = Twin(10, 24), Twin(11, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    for m in trainer.members:  # their steps as on a GPU
+        m.step_fn.device = "cuda"
+    try:
+        assert not cpu_session_plans.others_training(trainer)
+        assert trainer._probed(trainer.members) == PROBED
+        beside = model(12, 8)
+        with ww.sharing(beside, cpu_session_plans):
+            assert cpu_session_plans.others_training(trainer)
+            assert trainer._probed(trainer.members) == CPU_PROBES
+        assert trainer._probed(trainer.members) == PROBED
+    finally:
+        for m in trainer.members:
+            m.step_fn.device = "cpu"
+
+
+def free_when_it_fits(monkeypatch):
+    """The session takes side by side wherever its probe fitted (on the
+    CPU the fastest way is the machine's to say)."""
+    real = concurrent.choose
+
+    def choose(alone, limit, probes=None):
+        if probes and probes.get(FREE) is not None and set(probes) == set(PROBED):
+            return Choice(FREE, "fastest of the probes (free, as the test takes it)")
+        return real(alone, limit, probes)
+
+    monkeypatch.setattr(concurrent, "choose", choose)
+
+
+def free_runs(trainer) -> list:
+    """The steps of each side-by-side run of ``trainer``, in order."""
+    runs, run_rounds = [], trainer._run_rounds
+
+    def rounds(members, steps, sched=None):
+        if sched is not None and sched.pairing == FREE:
+            runs.append(steps)
+        run_rounds(members, steps, sched)
+
+    trainer._run_rounds = rounds
+    return runs
+
+
+def test_side_by_side_chosen_from_its_probe_runs_guarded_then_free(monkeypatch):
+    """Chosen from its probe, side by side runs its next GUARDED_STEPS steps
+    GUARD_CHUNK at a time (each from checkpoints), then in one run."""
+    as_on_a_gpu(monkeypatch)
+    free_when_it_fits(monkeypatch)
+    a, b = Twin(13, 24), Twin(14, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    runs = free_runs(trainer)
+    probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
+    trainer.run(probing + GUARDED_STEPS + 5)
+    assert trainer.stats()["session"]["ran"] == FREE
+    assert runs == [SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK) + [5]
+    a.check(probing + GUARDED_STEPS + 5)
+    b.check(probing + GUARDED_STEPS + 5)
+
+
+def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_dropped(monkeypatch):
+    """The second job runs out in the second guarded chunk: it is put back
+    to the chunk's start and trains it again alone; side by side no longer
+    counts, the fastest other probe runs the rest; both jobs train exactly
+    as their eager loops."""
+    as_on_a_gpu(monkeypatch)
+    free_when_it_fits(monkeypatch)
+    a, b = Twin(15, 24), Twin(16, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    groups = len(trainer.member(b.job).partition.groups)
+    # Armed in every side-by-side run: the probe's 4 steps, the first chunk's 8,
+    # then the second chunk's third step.
+    at = (SIDE_BY_SIDE_PROBE_STEPS + GUARD_CHUNK + 2) * groups + 2
+    state = run_out_in_free_probe(trainer, b.job, at)
+    runs = free_runs(trainer)
+    probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
+    steps = probing + 3 * GUARD_CHUNK
+    trainer.run(steps)
+    assert state["calls"] == at
+    assert runs == [SIDE_BY_SIDE_PROBE_STEPS, GUARD_CHUNK, GUARD_CHUNK]  # then no more
+    chose = trainer.stats()["session"]
+    assert chose["ran"] != FREE and "free did not fit" in chose["why"]
+    assert not b.job.failed
+    a.check(steps)
+    b.check(steps)

@@ -95,7 +95,8 @@ from ..pipeline.schedules import (
     PairingInput,
     Schedule,
 )
-from ..pipeline.session_choice import CPU_PROBES, PROBED, Choice, MeasuredAlone, choose
+from ..pipeline.session_choice import (CPU_PROBES, GUARD_CHUNK, GUARDED_STEPS, PROBED, Choice,
+                                       MeasuredAlone, choose)
 from . import awaiting_jobs, ctrl_c
 from .device_segments import measured_alone, segment_slack
 from .job import Job
@@ -391,6 +392,9 @@ class ConcurrentTrainer(SettingsView):
                 pending = [p for p in self._probed(members) if p not in self._probes]
                 if choose(self._alone, limit).pairing == FREE or not pending:
                     self.choice = choose(self._alone, limit, self._probes or None)
+                    # Side by side chosen from its probe runs guarded a while.
+                    self._guard_left = GUARDED_STEPS if (
+                        self.choice.pairing == FREE and FREE in self._probes) else 0
                     break
                 n = min(SIDE_BY_SIDE_PROBE_STEPS if pending[0] == FREE else PROBE_STEPS, steps)
                 if pending[0] == MEMORY and not self._planner(
@@ -408,28 +412,67 @@ class ConcurrentTrainer(SettingsView):
                         self._clock(members) - start, 1e-9)
                 steps -= n
             members = self.active
+        if steps > 0 and members and self.choice is not None and self._guard_left:
+            steps = self._run_guarded(members, steps)
+            members = self.active
         if steps > 0 and members and self.choice is not None:
             self._run_rounds(members, steps, replace(self.plan_schedule,
                                                      pairing=self.choice.pairing))
+
+    def _run_guarded(self, members: list[PipelinedJob], steps: int) -> int:
+        """Side by side chosen from its probe: its next steps, up to the
+        guard's (``GUARDED_STEPS`` in all), run ``GUARD_CHUNK`` at a time as
+        the probe ran (``_side_by_side_put_back``). Where a job's step runs
+        out, it is put back to its chunk's start and trains the chunk again
+        alone; side by side no longer counts as fitting, and the choice
+        falls to the fastest of the other probes. Returns the steps left."""
+        limit = self._budget(members)
+        while steps > 0 and members and self._guard_left > 0:
+            n = min(GUARD_CHUNK, steps, self._guard_left)
+            ran = self._side_by_side_put_back(members, n, limit)
+            steps -= n
+            members = self.active
+            if ran is None:
+                self._probes[FREE] = None
+                self.choice = choose(self._alone, limit, self._probes)
+                self._guard_left = 0
+                break
+            self._guard_left -= n
+        return steps
 
     def _probed(self, members: list[PipelinedJob]) -> tuple[str, ...]:
         """The ways the session probes where memory binds: every one where
         the jobs train on a GPU, whose allocator holds the budget as its cap
         while side by side is probed; on the CPU nothing holds a budget, so
-        side by side runs only where the peaks fit (``CPU_PROBES``)."""
-        if all(m.step_fn.device == "cuda" for m in members):
-            return PROBED
-        return CPU_PROBES
+        side by side runs only where the peaks fit (``CPU_PROBES``). Nor is
+        it probed while anything else trains on the device (a sharing
+        member, a job, another trainer): the cap counts what the rest of the
+        process holds as the probe starts, and what they allocate beyond it
+        meanwhile could meet the cap, in a step that cannot be put back."""
+        if not all(m.step_fn.device == "cuda" for m in members):
+            return CPU_PROBES
+        session = self._session(members)
+        if session is not None and session.others_training(self):
+            return CPU_PROBES
+        return PROBED
 
     def _probe_side_by_side(self, members: list[PipelinedJob], steps: int,
                             limit: int | None) -> float | None:
         """``steps`` steps of every job side by side, timed (samples per
-        second), the allocator capped at ``limit`` bytes for the jobs beside
-        what the rest of the process holds. None where a job's step ran out
-        of memory: each such job is put back as it was before the probe
-        (``rollback.JobCheckpoint``: its parameters, buffers, optimizer
-        state, schedulers and batches) and trains the probe's steps again
-        alone, one job after another, as measured alone it fits."""
+        second; None where a job's step ran out of memory and was put back,
+        ``_side_by_side_put_back``)."""
+        seconds = self._side_by_side_put_back(members, steps, limit)
+        return None if seconds is None else len(members) * steps / max(seconds, 1e-9)
+
+    def _side_by_side_put_back(self, members: list[PipelinedJob], steps: int,
+                               limit: int | None) -> float | None:
+        """``steps`` steps of every job side by side, the allocator capped
+        at ``limit`` bytes for the jobs beside what the rest of the process
+        holds (where nothing else trains on the device); their seconds. None
+        where a job's step ran out of memory: each such job is put back as
+        it was before (``rollback.JobCheckpoint``: its parameters, buffers,
+        optimizer state, schedulers and batches) and trains those steps
+        again alone, one job after another, as measured alone it fits."""
         self._clock(members)  # the jobs' queued work ends before their state is copied
         kept = [JobCheckpoint(m.job) for m in members]
         try:
@@ -449,7 +492,7 @@ class ConcurrentTrainer(SettingsView):
             else:
                 checkpoint.release()
         if not ran_out:
-            return len(members) * steps / max(seconds, 1e-9)
+            return seconds
         self._run_rounds(ran_out, steps, replace(self.plan_schedule, pairing=SEQUENTIAL))
         return None
 
@@ -459,7 +502,9 @@ class ConcurrentTrainer(SettingsView):
         it holds less what the jobs hold between steps); no cap where no
         limit is set (the device's own memory bounds the jobs)."""
         probe = self._memory_probe(members)
-        if limit is None or probe is None:
+        session = self._session(members)
+        if limit is None or probe is None or (session is not None
+                                              and session.others_training(self)):
             return contextlib.nullcontext()
         outside = max(0, probe.stats.memory_allocated(probe.device)
                       - sum(m.held() for m in members))
@@ -471,6 +516,7 @@ class ConcurrentTrainer(SettingsView):
         self.choice: Choice | None = None
         self._alone: list[MeasuredAlone] | None = None
         self._probes: dict[str, float | None] = {}
+        self._guard_left = 0  # steps side by side chosen from its probe still runs guarded
 
     def _clock(self, members: list[PipelinedJob]) -> float:
         """Seconds, once the jobs' queued GPU work has ended."""

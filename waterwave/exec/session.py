@@ -488,6 +488,13 @@ class TrainingSession(SettingsView):
                       + self.ledger().share_stats()["members_live"])
             return self.memory_limit - others, others
 
+    def others_training(self, trainer) -> bool:
+        """Whether anything trains here now beside ``trainer``: a job, a
+        sharing member, another trainer's run."""
+        with self._lock:
+            return bool(self._members or self._free or self._other_members_locked() or any(
+                hold.running for t, hold in list(self._trainers.items()) if t is not trainer))
+
     def member(self, job) -> PipelinedJob:
         """How this session runs ``job``: its groups, runners and
         measurements, kept from its last call here."""

@@ -111,6 +111,15 @@ def turns_rate(jobs: Sequence[MeasuredAlone]) -> float:
 PROBED = (FREE, TURNS, SEQUENTIAL, MEMORY)
 TIE = 0.01
 
+# Side by side can fit its probe and run out of memory some steps later, as
+# blocks cached beside other jobs' fragment the segments (in 3 of 524
+# simulated draws of 2-4 MLPs, at their 6th-12th step). Chosen from its
+# probe, side by side runs its next GUARDED_STEPS steps guarded: GUARD_CHUNK
+# steps at a time, each job's state kept, as the probe ran; a job whose step
+# runs out is put back, and the choice falls to the fastest other probe.
+GUARDED_STEPS = 32
+GUARD_CHUNK = 8
+
 # What a trainer on the CPU probes where memory binds: the ways that hold no
 # more than a job's step beside the others' state (one after another holds
 # what turns hold there: a job's parameters stay while the trainer has it,

@@ -51,7 +51,8 @@ from ..pipeline.pairing import (SEGMENT_SLACK, JobGroups, JobPlan, RoundPlanner,
                                 whole_run)
 from ..pipeline.pass_profile import (START, Region, coarsen, gate_keys, rise_of, split_for,
                                      with_slack)
-from ..pipeline.session_choice import PROBED, Choice, MeasuredAlone, cached_peak, choose
+from ..pipeline.session_choice import (GUARDED_STEPS, PROBED, Choice, MeasuredAlone,
+                                       cached_peak, choose)
 from .rates import added_steps_rate
 from .trace import Trace
 
@@ -312,6 +313,12 @@ class SessionSchedule:
         if choice.why == "probe":
             probes = {p: self._probe_rate(jobs, by_pairing[p], probe) for p in self.probed}
             choice = choose(alone, self.memory_limit, probes)
+            if choice.pairing == pipeline.FREE and not probe(
+                    jobs, lockstep, SETTLING_STEPS + self.probe_steps + GUARDED_STEPS).ok:
+                # As a trainer's guard finds it (session_choice.GUARDED_STEPS):
+                # side by side ran out after its probe, and no longer counts.
+                probes[pipeline.FREE] = None
+                choice = choose(alone, self.memory_limit, probes)
         return by_pairing[choice.pairing], choice
 
     def _probe_rate(self, jobs: list[Trace], way: SegmentSchedule, probe: Probe) -> float | None:
