@@ -253,7 +253,7 @@ def test_the_session_fit_benchmark_counts_the_choices_below_the_best_and_the_edg
     reserved alone (two MLP 4096x2 at batch 256 ran out there)."""
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "concurrent" / "session_fit.py"),
                         "--draws", "4", "--seeds", "11", "--edge-draws", "12", "--edge-seeds",
-                        "5", "--out", str(tmp_path)],
+                        "5", "--check-steps", "20", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "session_fit.json").read_text())
@@ -264,6 +264,7 @@ def test_the_session_fit_benchmark_counts_the_choices_below_the_best_and_the_edg
         assert c["below"] + c["oom"] <= caps["a_plain_schedule_fits"]
         assert c["side_by_side_from_peaks"] <= caps["a_plain_schedule_fits"]
         assert c["side_by_side_probe_ran_out"] <= c["side_by_side_probed"]
+        assert c["ran_out_by_check_steps"] <= c["side_by_side_from_probe"]
     assert caps["ways"]["peaks only"]["side_by_side_probed"] == 0
     assert edge["mixes"] == 12 and edge["need"]["oom"] == 0
     assert 0 <= edge["sum"]["oom"] <= edge["mixes"]

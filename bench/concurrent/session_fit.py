@@ -5,7 +5,7 @@ schedule that fits the same cap or run out of memory where one fits; and
 the edge of a trainer's rule for side by side.
 
     python bench/concurrent/session_fit.py [--draws 140] [--seeds 11 12]
-        [--edge-draws 300] [--edge-seeds 5 6 7] [--out bench/results]
+        [--edge-draws 300] [--edge-seeds 5 6 7] [--check-steps 64] [--out bench/results]
 
 *Random caps*: mixes of 2-4 MLP training jobs (the shapes of
 ``tests/test_session_choice.py``) on a simulated H100, each under a cap
@@ -17,6 +17,12 @@ time they add (``waterwave.sim.rates``). The session probes every way
 where side by side does not surely fit (``side_by_side_need``), side by
 side too: a trainer on a GPU puts back a job whose step runs out there
 (``exec/rollback.py``), and the table counts how often that happened.
+Where it chose side by side from its probe (which a trainer then runs
+guarded for ``session_choice.GUARDED_STEPS`` steps, as the simulated
+session models), side by side is run ``--check-steps`` steps under the cap
+to see whether it lasts past the guard. A plain schedule fits where it
+lasts ``--check-steps`` steps too: side by side can last 12 and run out by
+the 20th.
 *Peaks only* (``SessionSchedule(probed=CPU_PROBES)``, a trainer before
 2026-12-02) runs side by side only where the peaks measured alone fit and
 otherwise probes turns, one after another and the pairing.
@@ -87,10 +93,12 @@ class Mixes:
         return (added_steps_rate(short, long) if short.ok and long.ok else None), long
 
 
-def random_caps(mixes: Mixes, draws: int, seeds: list[int]) -> dict:
+def random_caps(mixes: Mixes, draws: int, seeds: list[int], check_steps: int) -> dict:
     counts = {way: {"below": 0, "lowest": None, "oom": 0, "side_by_side_from_peaks": 0,
-                    "side_by_side_probe_ran_out": 0, "side_by_side_probed": 0} for way in WAYS}
-    fits_somewhere = 0
+                    "side_by_side_probe_ran_out": 0, "side_by_side_probed": 0,
+                    "side_by_side_from_probe": 0, "ran_out_by_check_steps": 0}
+              for way in WAYS}
+    fits_somewhere = plain_ran_out_later = 0
     for seed in seeds:
         rng = random.Random(seed)
         for _ in range(draws):
@@ -100,6 +108,10 @@ def random_caps(mixes: Mixes, draws: int, seeds: list[int]) -> dict:
                               mixes.run("lockstep", picks, None, concurrent, 6).peak_reserved,
                               room)
             plain = {s: mixes.rate(s, picks, cap, concurrent)[0] for s in PLAIN}
+            for s, r in plain.items():  # a plain schedule fits where it lasts check_steps
+                if r is not None and not mixes.run(s, picks, cap, concurrent, check_steps).ok:
+                    plain[s] = None
+                    plain_ran_out_later += 1
             fitted = [r for r in plain.values() if r is not None]
             if not fitted:
                 continue
@@ -115,6 +127,11 @@ def random_caps(mixes: Mixes, draws: int, seeds: list[int]) -> dict:
                 # A trainer on a GPU puts back the jobs whose step ran out there.
                 c["side_by_side_probed"] += f"{FREE} " in why
                 c["side_by_side_probe_ran_out"] += f"{FREE} did not fit" in why
+                if chose.get("pairing") == FREE and why.startswith("fastest"):
+                    # Past the guard: does side by side last check_steps steps?
+                    c["side_by_side_from_probe"] += 1
+                    c["ran_out_by_check_steps"] += not mixes.run(
+                        "lockstep", picks, cap, concurrent, check_steps).ok
                 if rate is None:
                     c["oom"] += 1
                     row[way] = None
@@ -126,6 +143,7 @@ def random_caps(mixes: Mixes, draws: int, seeds: list[int]) -> dict:
                     c["lowest"] = ratio if c["lowest"] is None else min(c["lowest"], ratio)
             print(json.dumps(row), flush=True)
     return {"draws": draws, "seeds": seeds, "a_plain_schedule_fits": fits_somewhere,
+            "check_steps": check_steps, "plain_ran_out_later": plain_ran_out_later,
             "ways": counts}
 
 
@@ -159,17 +177,24 @@ def report(result: dict) -> str:
     edge_seeds = " ".join(map(str, at["seeds"]))
     lines = [f"# A session's choice against the plain schedules (simulated, {GPU})", "",
              f"`python bench/concurrent/session_fit.py --draws {caps['draws']} --seeds {seeds} "
-             f"--edge-draws {at['draws']} --edge-seeds {edge_seeds}`. Every figure is simulated.",
+             f"--edge-draws {at['draws']} --edge-seeds {edge_seeds} --check-steps "
+             f"{caps['check_steps']}`. Every figure is simulated.",
              "", f"Random caps: {caps['a_plain_schedule_fits']} draws where a plain schedule "
-             "fits; rates of the added steps over the best plain schedule's.", "",
+             f"fits (lasts {caps['check_steps']} steps under the cap: "
+             f"{caps['plain_ran_out_later']} plain schedules fitted 12 and not "
+             f"{caps['check_steps']}); rates of the added steps over the best plain "
+             "schedule's.", "",
              "| way | below 97% of the best (lowest) | out of memory where a plain schedule fits "
              "| ran side by side from its peaks alone | probed side by side "
-             "| its probe ran out of memory |", "|---|---|---|---|---|---|"]
+             "| its probe ran out of memory | ran side by side from its probe "
+             f"| of those, ran out within {caps['check_steps']} steps |",
+             "|---|---|---|---|---|---|---|---|"]
     for way, c in caps["ways"].items():
         lowest = "" if c["lowest"] is None else f" ({c['lowest']:.3f})"
         lines.append(f"| {way} | {c['below']}{lowest} | {c['oom']} "
                      f"| {c['side_by_side_from_peaks']} | {c['side_by_side_probed']} "
-                     f"| {c['side_by_side_probe_ran_out']} |")
+                     f"| {c['side_by_side_probe_ran_out']} | {c['side_by_side_from_probe']} "
+                     f"| {c['ran_out_by_check_steps']} |")
     lines += ["", f"The edge: {at['mixes']} mixes, side by side capped at exactly", "",
               "| cap | side by side ran out of memory |", "|---|---|",
               f"| what a trainer counts for it (a small-pool segment more in "
@@ -184,13 +209,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[11, 12])
     ap.add_argument("--edge-draws", type=int, default=300, help="edge draws a seed")
     ap.add_argument("--edge-seeds", type=int, nargs="+", default=[5, 6, 7])
+    ap.add_argument("--check-steps", type=int, default=64,
+                    help="steps side by side chosen from its probe is run to see it last")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.draws < 0 or args.edge_draws < 0:
         ap.error("--draws and --edge-draws must be 0 or more")
+    if args.check_steps < 1:
+        ap.error("--check-steps must be 1 or more")
     mixes = Mixes()
     result = {"gpu": GPU, "simulated": True,
-              "random_caps": random_caps(mixes, args.draws, args.seeds),
+              "random_caps": random_caps(mixes, args.draws, args.seeds, args.check_steps),
               "edge": edge(mixes, args.edge_draws, args.edge_seeds)}
     write_results(args.out, "session_fit", result, report(result))
 

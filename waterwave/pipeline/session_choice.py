@@ -26,7 +26,9 @@ Side by side could run out of memory halfway through a step, with batch
 norm's running statistics already moved and some parameters updated, so
 the trainer probes it with the budget set as the allocator's cap and each
 job's state kept on the host (``exec/rollback.py``): a job whose step runs
-out is put back as it was and trains the probe's steps again alone. (The
+out is put back as it was and trains the probe's steps again alone. Chosen
+from its probe, side by side runs guarded so for ``GUARDED_STEPS`` more
+steps (the simulator models that guard too). (The
 pairing itself runs its jobs free where their steps' bytes fit beside what
 each job's segments held beyond its blocks when it was measured alone,
 ``JobPlan.segment_spare``; counting 5% of the bytes instead, that ran out
@@ -112,11 +114,12 @@ PROBED = (FREE, TURNS, SEQUENTIAL, MEMORY)
 TIE = 0.01
 
 # Side by side can fit its probe and run out of memory some steps later, as
-# blocks cached beside other jobs' fragment the segments (in 3 of 524
-# simulated draws of 2-4 MLPs, at their 6th-12th step). Chosen from its
-# probe, side by side runs its next GUARDED_STEPS steps guarded: GUARD_CHUNK
-# steps at a time, each job's state kept, as the probe ran; a job whose step
-# runs out is put back, and the choice falls to the fastest other probe.
+# blocks cached beside other jobs' fragment the segments: in 9 of 524
+# simulated draws of 2-4 MLPs it fitted its 5 steps and ran out by the 20th
+# (bench/concurrent/session_fit.py). Chosen from its probe, side by side
+# runs its next GUARDED_STEPS steps guarded: GUARD_CHUNK steps at a time,
+# each job's state kept, as the probe ran; a job whose step runs out is put
+# back, and the choice falls to the fastest other probe.
 GUARDED_STEPS = 32
 GUARD_CHUNK = 8
 
