@@ -211,5 +211,5 @@ def format_trials(r: dict) -> str:
         f"{run(r['sharing'])}{speedup(r['sharing'])}",
         f"    a session choosing its way (capture=True): {run(session)}"
         + (f", running {session['ran']}" if session["ran"] else "") + speedup(session),
-        "  (all simulated, not measured on a GPU; the simulated session probes side by side too,"
-        " where a trainer on a GPU runs it only when the peaks measured alone fit)"])
+        "  (all simulated, not measured on a GPU; a trainer on a GPU probes side by side too,"
+        " under the cap, and puts back a job whose step runs out there)"])
