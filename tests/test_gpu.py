@@ -264,6 +264,40 @@ def test_concurrent_trainer_takes_turns_on_the_waterwave_allocator():
     assert out["bad_frees"] == 0
 
 
+def test_a_trainers_side_by_side_probe_that_runs_out_puts_its_jobs_back():
+    """Two ConcurrentTrainer jobs choosing their way (schedule="session")
+    under a budget that holds one step at a time: side by side is probed
+    under the budget set as the allocator's cap, runs out of memory
+    halfway through a step, and the jobs it ran out in are put back from
+    their host checkpoints and train those steps again alone. Each trains
+    as it trains alone; the cap is the allocator's own again after the
+    probe; the allocator stays sound."""
+    eager = run(TRAIN + "print(json.dumps({'losses': train(12)}))")["losses"]
+    out = run(TRAIN + textwrap.dedent("""
+    import waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    jobs = two_jobs(ww)
+    trainer = ww.ConcurrentTrainer(jobs, schedule="session")
+    trainer.memory_limit = (sum(j.persistent_bytes() for j in jobs)
+                            + int(1.5 * max(trainer.member(j).partition.peak for j in jobs)))
+    losses = trainer.run(12)
+    torch.cuda.synchronize()
+    stats = trainer.stats()
+    wc.check_invariants(0)
+    print(json.dumps({'losses': losses, 'why': stats['session']['why'],
+                      'ran': stats['session']['ran'],
+                      'errors': [j['error'] for j in stats['jobs']],
+                      'fraction': wc.get_per_process_memory_fraction(0),
+                      'bad_frees': wc.free_errors()[0]}))
+    """))
+    assert out["errors"] == [None, None]
+    assert "free did not fit" in out["why"] and out["ran"] != "free"
+    assert out["fraction"] == 1.0  # the probe's cap was put back
+    for losses in out["losses"]:
+        assert losses == pytest.approx(eager, rel=1e-3)
+    assert out["bad_frees"] == 0
+
+
 def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     """Job.train from two threads on the Waterwave allocator, under a budget
     that holds one step at a time: each job's first step in the session is
