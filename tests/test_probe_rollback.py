@@ -416,3 +416,59 @@ def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_drop
     assert not b.job.failed
     a.check(steps)
     b.check(steps)
+
+
+class AccumulatingTwin(Twin):
+    """A job that accumulates two batches a step, its data's last batch
+    shorter (a capture of its own), and its eager loop."""
+
+    def __init__(self, seed: int, width: int):
+        g = torch.Generator().manual_seed(seed)
+        self.data = [(torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g))
+                     for n in (16, 16, 16, 16, 16, 10)]
+        net = model(seed, width)
+        self.eager = copy.deepcopy(net)
+        self.eager_opt = torch.optim.Adam(self.eager.parameters(), lr=0.02)
+        self.eager_sched = torch.optim.lr_scheduler.StepLR(self.eager_opt, 2, gamma=0.5)
+        opt = torch.optim.Adam(net.parameters(), lr=0.02)
+        self.sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+        self.job = ww.Job(net, loss_fn=LOSS, optimizer=opt, data=self.data,
+                          step_schedulers=[self.sched], accumulate_grad_batches=2,
+                          name=f"acc{width}")
+
+    def check(self, steps: int):
+        losses = []
+        for k in range(steps):
+            self.eager_opt.zero_grad()
+            total = 0.0
+            for x, y in self.data[2 * k % len(self.data):][:2]:
+                loss = LOSS(self.eager(x), y) / 2
+                loss.backward()
+                total += loss.item()
+            self.eager_opt.step()
+            self.eager_sched.step()
+            losses.append(total)
+        assert self.job.losses == pytest.approx(losses, rel=1e-5, abs=1e-7)
+        for (name, a), b in zip(self.eager.state_dict().items(),
+                                self.job.model.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+        assert self.sched.last_epoch == self.eager_sched.last_epoch
+
+
+def test_an_accumulating_job_put_back_trains_its_batches_again_in_order(monkeypatch):
+    """Accumulating two batches a step, with a short last batch: the job
+    put back after running out in the probe's last step (its second step
+    took the short batch, through a capture of its own, whose groups the
+    count here leaves out) trains the same batches again, each step's pair
+    together, as its eager loop does."""
+    as_on_a_gpu(monkeypatch)
+    a, b = Twin(17, 24), AccumulatingTwin(18, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    groups = len(trainer.member(b.job).partition.groups)
+    state = run_out_in_free_probe(trainer, b.job, 2 * groups + 3)
+    trainer.run(13)
+    assert state["calls"] == 2 * groups + 3
+    assert "free did not fit" in trainer.stats()["session"]["why"]
+    a.check(13)
+    b.check(13)
