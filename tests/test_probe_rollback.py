@@ -472,3 +472,45 @@ def test_an_accumulating_job_put_back_trains_its_batches_again_in_order(monkeypa
     assert "free did not fit" in trainer.stats()["session"]["why"]
     a.check(13)
     b.check(13)
+
+
+def test_an_interrupt_in_the_probe_still_puts_back_a_job_that_ran_out(monkeypatch):
+    """Ctrl-C (``interrupt()``) arrives as a job runs out of memory in the
+    side-by-side probe: the caller gets KeyboardInterrupt, the job is put
+    back rather than failed, its data keeps nothing more for the probe, and
+    the next run trains it on exactly as its eager loop."""
+    as_on_a_gpu(monkeypatch)
+    a, b = Twin(19, 24), Twin(20, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    member = trainer.member(b.job)
+    run_group, calls = member.runner.run_group, [0]
+
+    def group(k, env):
+        if trainer._run_rounds_free:
+            calls[0] += 1
+            if calls[0] == 3:
+                trainer.interrupt()
+                raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+        run_group(k, env)
+
+    member.runner.run_group = group
+    run_rounds = trainer._run_rounds
+    trainer._run_rounds_free = False
+
+    def rounds(members, steps, sched=None):
+        trainer._run_rounds_free = sched is not None and sched.pairing == FREE
+        try:
+            run_rounds(members, steps, sched)
+        finally:
+            trainer._run_rounds_free = False
+
+    trainer._run_rounds = rounds
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run(13)
+    assert not b.job.failed and b.job.batches._recorded is None
+    assert a.job.batches._recorded is None
+    done = len(b.job.losses)
+    trainer.run(13)
+    assert len(b.job.losses) == done + 13
+    b.check(done + 13)

@@ -480,17 +480,10 @@ class ConcurrentTrainer(SettingsView):
             with self._capped(members, limit):
                 self._run_rounds(members, steps, replace(self.plan_schedule, pairing=FREE))
             seconds = self._clock(members) - start
-        except BaseException:  # Ctrl-C: the steps the jobs finished stand
-            for checkpoint in kept:
-                checkpoint.release()
+        except BaseException:  # Ctrl-C: the steps the others finished stand
+            _put_back_those_out_of_memory(members, kept)
             raise
-        ran_out = []
-        for m, checkpoint in zip(members, kept):
-            if ran_out_of_memory(m.job.error):
-                checkpoint.restore()
-                ran_out.append(m)
-            else:
-                checkpoint.release()
+        ran_out = _put_back_those_out_of_memory(members, kept)
         if not ran_out:
             return seconds
         self._run_rounds(ran_out, steps, replace(self.plan_schedule, pairing=SEQUENTIAL))
@@ -584,6 +577,21 @@ class ConcurrentTrainer(SettingsView):
         if cuda.is_installed() and any(j.step_fn.device == "cuda" for j in self.jobs):
             out["allocator"] = cuda.memory_stats()
         return out
+
+
+def _put_back_those_out_of_memory(members: list[PipelinedJob],
+                                  kept: list[JobCheckpoint]) -> list[PipelinedJob]:
+    """Each job of ``members`` whose step ran out of memory put back from
+    its checkpoint in ``kept`` (returned, in order); the others keep their
+    steps, and their checkpoints go."""
+    ran_out = []
+    for m, checkpoint in zip(members, kept):
+        if ran_out_of_memory(m.job.error):
+            checkpoint.restore()
+            ran_out.append(m)
+        else:
+            checkpoint.release()
+    return ran_out
 
 
 # Every trainer alive, for Ctrl-C to stop (ctrl_c).
