@@ -285,13 +285,14 @@ def test_a_trainers_side_by_side_probe_that_runs_out_puts_its_jobs_back():
     stats = trainer.stats()
     wc.check_invariants(0)
     print(json.dumps({'losses': losses, 'why': stats['session']['why'],
-                      'ran': stats['session']['ran'],
+                      'ran': stats['session']['ran'], 'put_back': stats['put_back'],
                       'errors': [j['error'] for j in stats['jobs']],
                       'fraction': wc.get_per_process_memory_fraction(0),
                       'bad_frees': wc.free_errors()[0]}))
     """))
     assert out["errors"] == [None, None]
     assert "free did not fit" in out["why"] and out["ran"] != "free"
+    assert out["put_back"] >= 1
     assert out["fraction"] == 1.0  # the probe's cap was put back
     for losses in out["losses"]:
         assert losses == pytest.approx(eager, rel=1e-3)
