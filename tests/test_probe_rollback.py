@@ -132,6 +132,7 @@ def test_a_job_that_runs_out_in_the_side_by_side_probe_trains_as_its_eager_loop(
     state = run_out_in_free_probe(trainer, b.job, at)
     trainer.run(13)
     assert state["calls"] == at, "the probe did not reach the group that runs out"
+    assert trainer.stats()["put_back"] == 1
     chose = trainer.stats()["session"]
     assert "free did not fit" in chose["why"] and chose["ran"] in (TURNS, SEQUENTIAL, MEMORY)
     assert b.job.error is None and not b.job.failed
@@ -148,6 +149,7 @@ def test_a_side_by_side_probe_that_fits_is_kept_where_fastest(monkeypatch):
     trainer.memory_limit = tight(trainer)
     trainer.run(13)
     chose = trainer.stats()["session"]
+    assert trainer.stats()["put_back"] == 0
     assert chose["why"].startswith("fastest of the probes") and "free did not fit" not in chose["why"]
     assert "free " in chose["why"]
     a.check(13)
@@ -411,6 +413,7 @@ def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_drop
     trainer.run(steps)
     assert state["calls"] == at
     assert runs == [SIDE_BY_SIDE_PROBE_STEPS, GUARD_CHUNK, GUARD_CHUNK]  # then no more
+    assert trainer.stats()["put_back"] == 1
     chose = trainer.stats()["session"]
     assert chose["ran"] != FREE and "free did not fit" in chose["why"]
     assert not b.job.failed
@@ -509,6 +512,7 @@ def test_an_interrupt_in_the_probe_still_puts_back_a_job_that_ran_out(monkeypatc
     with pytest.raises(KeyboardInterrupt):
         trainer.run(13)
     assert not b.job.failed and b.job.batches._recorded is None
+    assert trainer.stats()["put_back"] == 1
     assert a.job.batches._recorded is None
     done = len(b.job.losses)
     trainer.run(13)

@@ -130,6 +130,7 @@ class ConcurrentTrainer(SettingsView):
         self.members: list[PipelinedJob] = []  # each job cut into this trainer's groups
         self.rounds_run = 0
         self.syncs = 0
+        self.put_back = 0  # jobs put back after their step ran out side by side (rollback.py)
         self.budget: int | None = None  # bytes the last run planned for (None: no limit)
         self._forget_choice()  # the session schedule's choice, until jobs or limit change
         self._running: list[RoundFeed] = []  # the feeds of the run in progress
@@ -481,9 +482,10 @@ class ConcurrentTrainer(SettingsView):
                 self._run_rounds(members, steps, replace(self.plan_schedule, pairing=FREE))
             seconds = self._clock(members) - start
         except BaseException:  # Ctrl-C: the steps the others finished stand
-            _put_back_those_out_of_memory(members, kept)
+            self.put_back += len(_put_back_those_out_of_memory(members, kept))
             raise
         ran_out = _put_back_those_out_of_memory(members, kept)
+        self.put_back += len(ran_out)
         if not ran_out:
             return seconds
         self._run_rounds(ran_out, steps, replace(self.plan_schedule, pairing=SEQUENTIAL))
@@ -555,12 +557,14 @@ class ConcurrentTrainer(SettingsView):
         measured), and the
         error of a job that failed; the bytes the last run
         planned for (``budget``: the memory limit, or on a GPU without one
-        what the allocator could give); and the allocator's statistics where
-        the Waterwave allocator serves the jobs."""
+        what the allocator could give); how many times a job whose step ran
+        out of memory side by side was put back (``put_back``: in a probe or
+        a guarded run of the session schedule); and the allocator's
+        statistics where the Waterwave allocator serves the jobs."""
         out = {"schedule": self.schedule, "memory_limit": self.memory_limit, "budget": self.budget,
                "split_size": self.split_size, "split_size_chosen": self.split_size is None,
                "sync_at_barrier": self.sync_at_barrier, "syncs": self.syncs,
-               "rounds_run": self.rounds_run, "jobs": [],
+               "rounds_run": self.rounds_run, "put_back": self.put_back, "jobs": [],
                "session": None if self.choice is None else {
                    "ran": self.choice.pairing, "why": self.choice.why}}
         for m in self.members:
