@@ -518,3 +518,51 @@ def test_an_interrupt_in_the_probe_still_puts_back_a_job_that_ran_out(monkeypatc
     trainer.run(13)
     assert len(b.job.losses) == done + 13
     b.check(done + 13)
+
+
+def test_a_job_with_a_grad_scaler_put_back_scales_as_its_eager_recipe(monkeypatch):
+    """float16 autocast with a GradScaler, one batch in three holding an
+    inf (that step skipped, the scale halved): put back after its probe's
+    steps halved the scale, the job's scale, losses, parameters and Adam's
+    state end as the eager recipe's."""
+    as_on_a_gpu(monkeypatch)
+    g = torch.Generator().manual_seed(21)
+    data = [(torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g))
+            for _ in range(3)]
+    bad = data[1][0].clone()
+    bad[0, 0] = float("inf")
+    data[1] = (bad, data[1][1])
+    net = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    reference = copy.deepcopy(net)
+
+    def scaler():
+        return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3)
+
+    ref_opt, ref_scaler, expected = torch.optim.Adam(reference.parameters(), lr=0.01), scaler(), []
+    steps = 13
+    for i in range(steps):
+        x, y = data[i % 3]
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = LOSS(reference(x), y)
+        ref_scaler.scale(loss).backward()
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+        expected.append(loss.item())
+    opt, ours = torch.optim.Adam(net.parameters(), lr=0.01), scaler()
+    job = ww.Job(net, loss_fn=LOSS, optimizer=opt, data=data, autocast_dtype=torch.float16,
+                 grad_scaler=ours, name="scaled")
+    other = Twin(22, 24)
+    trainer = ww.ConcurrentTrainer([other.job, job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    groups = len(trainer.member(job).partition.groups)
+    state = run_out_in_free_probe(trainer, job, 3 * groups + 1)  # the probe's last step
+    trainer.run(steps)
+    assert state["calls"] == 3 * groups + 1 and trainer.stats()["put_back"] == 1
+    torch.testing.assert_close(job.losses, expected, equal_nan=True)
+    assert ours.state_dict() == ref_scaler.state_dict()
+    for a, b in zip(reference.parameters(), net.parameters()):
+        assert torch.equal(a, b)
+        for key, value in ref_opt.state[a].items():
+            assert torch.equal(torch.as_tensor(opt.state[b][key]), torch.as_tensor(value)), key
+    other.check(steps)
