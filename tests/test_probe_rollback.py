@@ -41,10 +41,12 @@ LOSS = torch.nn.functional.cross_entropy
 
 class Twin:
     """A job (Adam, a per-step scheduler, batch norm) and the same loop run
-    eagerly for reference."""
+    eagerly for reference. ``accumulate``: batches a step, each batch's
+    loss over that many backpropagated, as the eager recipe does."""
 
-    def __init__(self, seed: int, width: int):
-        self.data = data(seed)
+    def __init__(self, seed: int, width: int, batches: list | None = None, accumulate: int = 1):
+        self.data = data(seed) if batches is None else batches
+        self.accumulate = accumulate
         net = model(seed, width)
         self.eager = copy.deepcopy(net)
         self.eager_opt = torch.optim.Adam(self.eager.parameters(), lr=0.02)
@@ -52,18 +54,22 @@ class Twin:
         opt = torch.optim.Adam(net.parameters(), lr=0.02)
         self.sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
         self.job = ww.Job(net, loss_fn=LOSS, optimizer=opt, data=self.data,
-                          step_schedulers=[self.sched], name=f"w{width}")
+                          step_schedulers=[self.sched], accumulate_grad_batches=accumulate,
+                          name=f"w{width}")
 
     def check(self, steps: int):
         losses = []
         for k in range(steps):
-            x, y = self.data[k % len(self.data)]
             self.eager_opt.zero_grad()
-            loss = LOSS(self.eager(x), y)
-            loss.backward()
+            total = 0.0
+            for j in range(self.accumulate):
+                x, y = self.data[(k * self.accumulate + j) % len(self.data)]
+                loss = LOSS(self.eager(x), y) / self.accumulate
+                loss.backward()
+                total += loss.item()
             self.eager_opt.step()
             self.eager_sched.step()
-            losses.append(loss.item())
+            losses.append(total)
         assert self.job.losses == pytest.approx(losses, rel=1e-5, abs=1e-7)
         for (name, a), b in zip(self.eager.state_dict().items(), self.job.model.state_dict().values()):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
@@ -82,9 +88,10 @@ def as_on_a_gpu(monkeypatch):
     monkeypatch.setattr(concurrent.ConcurrentTrainer, "_probed", lambda self, members: PROBED)
 
 
-def run_out_in_free_probe(trainer, job, at_call: int):
-    """``job``'s ``at_call``-th group in the side-by-side probe raises the
-    allocator's out-of-memory error; returns the groups it ran there."""
+def run_out_in_free_probe(trainer, job, at_call: int, also=None):
+    """``job``'s ``at_call``-th group in the side-by-side runs raises the
+    allocator's out-of-memory error, ``also()`` called first; returns the
+    groups it ran there."""
     member = trainer.member(job)
     run_group = member.runner.run_group
     state = {"armed": False, "calls": 0}
@@ -93,6 +100,8 @@ def run_out_in_free_probe(trainer, job, at_call: int):
         if state["armed"]:
             state["calls"] += 1
             if state["calls"] == at_call:
+                if also is not None:
+                    also()
                 raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
         run_group(k, env)
 
@@ -421,41 +430,13 @@ def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_drop
     b.check(steps)
 
 
-class AccumulatingTwin(Twin):
+def accumulating_twin(seed: int, width: int) -> Twin:
     """A job that accumulates two batches a step, its data's last batch
     shorter (a capture of its own), and its eager loop."""
-
-    def __init__(self, seed: int, width: int):
-        g = torch.Generator().manual_seed(seed)
-        self.data = [(torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g))
-                     for n in (16, 16, 16, 16, 16, 10)]
-        net = model(seed, width)
-        self.eager = copy.deepcopy(net)
-        self.eager_opt = torch.optim.Adam(self.eager.parameters(), lr=0.02)
-        self.eager_sched = torch.optim.lr_scheduler.StepLR(self.eager_opt, 2, gamma=0.5)
-        opt = torch.optim.Adam(net.parameters(), lr=0.02)
-        self.sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
-        self.job = ww.Job(net, loss_fn=LOSS, optimizer=opt, data=self.data,
-                          step_schedulers=[self.sched], accumulate_grad_batches=2,
-                          name=f"acc{width}")
-
-    def check(self, steps: int):
-        losses = []
-        for k in range(steps):
-            self.eager_opt.zero_grad()
-            total = 0.0
-            for x, y in self.data[2 * k % len(self.data):][:2]:
-                loss = LOSS(self.eager(x), y) / 2
-                loss.backward()
-                total += loss.item()
-            self.eager_opt.step()
-            self.eager_sched.step()
-            losses.append(total)
-        assert self.job.losses == pytest.approx(losses, rel=1e-5, abs=1e-7)
-        for (name, a), b in zip(self.eager.state_dict().items(),
-                                self.job.model.state_dict().values()):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
-        assert self.sched.last_epoch == self.eager_sched.last_epoch
+    g = torch.Generator().manual_seed(seed)
+    batches = [(torch.randn(n, 12, generator=g), torch.randint(0, 3, (n,), generator=g))
+               for n in (16, 16, 16, 16, 16, 10)]
+    return Twin(seed, width, batches, accumulate=2)
 
 
 def test_an_accumulating_job_put_back_trains_its_batches_again_in_order(monkeypatch):
@@ -465,7 +446,7 @@ def test_an_accumulating_job_put_back_trains_its_batches_again_in_order(monkeypa
     count here leaves out) trains the same batches again, each step's pair
     together, as its eager loop does."""
     as_on_a_gpu(monkeypatch)
-    a, b = Twin(17, 24), AccumulatingTwin(18, 40)
+    a, b = Twin(17, 24), accumulating_twin(18, 40)
     trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
     trainer.memory_limit = tight(trainer)
     groups = len(trainer.member(b.job).partition.groups)
@@ -486,29 +467,7 @@ def test_an_interrupt_in_the_probe_still_puts_back_a_job_that_ran_out(monkeypatc
     a, b = Twin(19, 24), Twin(20, 40)
     trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
     trainer.memory_limit = tight(trainer)
-    member = trainer.member(b.job)
-    run_group, calls = member.runner.run_group, [0]
-
-    def group(k, env):
-        if trainer._run_rounds_free:
-            calls[0] += 1
-            if calls[0] == 3:
-                trainer.interrupt()
-                raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
-        run_group(k, env)
-
-    member.runner.run_group = group
-    run_rounds = trainer._run_rounds
-    trainer._run_rounds_free = False
-
-    def rounds(members, steps, sched=None):
-        trainer._run_rounds_free = sched is not None and sched.pairing == FREE
-        try:
-            run_rounds(members, steps, sched)
-        finally:
-            trainer._run_rounds_free = False
-
-    trainer._run_rounds = rounds
+    run_out_in_free_probe(trainer, b.job, 3, also=trainer.interrupt)
     with pytest.raises(KeyboardInterrupt):
         trainer.run(13)
     assert not b.job.failed and b.job.batches._recorded is None

@@ -59,7 +59,7 @@ class JobCheckpoint:
     def __init__(self, job):
         model, opt = job.model, job.optimizer
         self.job = job
-        self.tensors = [(t, _host_copy(t)) for t in _model_tensors(model)]
+        self.tensors = [(t, _host_copy(t)) for t in (*model.parameters(), *model.buffers())]
         self.optimizer_state = {p: {k: _host_copy(v) for k, v in state.items()}
                                 for p, state in opt.state.items()}
         self.group_settings = [{k: copy.deepcopy(v) for k, v in g.items()
@@ -76,8 +76,6 @@ class JobCheckpoint:
     def restore(self) -> None:
         """The job as it was when the checkpoint was taken, its undone steps'
         batches next to train on, its error gone."""
-        import torch
-
         job, opt = self.job, self.job.optimizer
         stream = job.stream()
         if stream is not None:  # the undone step's kernels end before their tensors are written
@@ -105,9 +103,8 @@ class JobCheckpoint:
         for capture, steps, fresh in self.captures:
             capture.steps = steps
             del capture.fresh_state[fresh:]
-        with torch.no_grad():
-            for p in job.model.parameters():
-                p.grad = None
+        for p in job.model.parameters():
+            p.grad = None
         del job.losses[self.losses:]
         job.eager_steps = self.eager_steps
         if job.batches is not None:
@@ -133,13 +130,3 @@ def ran_out_of_memory(error: BaseException | None) -> bool:
     from .._C import OutOfMemoryError
 
     return isinstance(error, (torch.OutOfMemoryError, OutOfMemoryError))
-
-
-def _model_tensors(model) -> list:
-    """The model's parameters and buffers, each tensor once."""
-    seen, out = set(), []
-    for t in (*model.parameters(), *model.buffers()):
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
