@@ -466,7 +466,8 @@ def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
     """As the runtime's members do (``wait_for_frees``): an operator the
     device cannot place, its budget admitting it, waits for another job's
     frees and runs; where every job would wait, one fails with the device's
-    out of memory. While one waits and a third job's step runs, the others'
+    out of memory, or, where its update has not begun, has its step undone
+    to run again alone. While one waits and a third job's step runs, the others'
     steps do not start, so that what that step frees reaches it first
     (ThreadAccounts holds their boundaries): fewer refusals. (Before the
     simulator modelled the wait, the first mix ran out of memory here.)"""
@@ -484,8 +485,16 @@ def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
         unheld = simulate([big, mid, small], "H100-80GB", cap, "sharing", "waterwave",
                           steps=30, record=False, concurrent_kernels=True)
     assert unheld.ok and r.sharing["device_waits"] < unheld.sharing["device_waits"]
-    r = simulate([big, _mlp_trace(512, 1, 1024)], "H100-80GB", 379_560_484, "sharing",
-                 "waterwave", steps=30, record=False, concurrent_kernels=True)
+    # Every job waits, one for the device: its step is undone and runs again
+    # alone (job.train's put back); with no put back, it fails.
+    pair = [big, _mlp_trace(512, 1, 1024)]
+    r = simulate(pair, "H100-80GB", 379_560_484, "sharing", "waterwave", steps=30,
+                 record=False, concurrent_kernels=True)
+    assert r.ok and r.sharing["put_back"] == 1 and r.peak_reserved <= 379_560_484
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multijob._Run, "_put_back", lambda self, job: False)
+        r = simulate(pair, "H100-80GB", 379_560_484, "sharing", "waterwave", steps=30,
+                     record=False, concurrent_kernels=True)
     assert not r.ok and "out of memory" in r.oom["message"]
 
 
@@ -507,15 +516,22 @@ def test_the_sharing_schedule_cuts_steps_by_the_members_rule(r18):
 def test_sharing_keeps_large_blocks_whole_where_splitting_them_runs_out(r18):
     """Two resnet18 at batch 104 under 3 GiB: with blocks under 128 MiB split
     (the pipeline's setting) the sharing members run out of memory, cached
-    pieces beside them; as a session on a GPU runs them, blocks of 20 MiB or
-    more kept whole (alloc/cache_splits.py), they train, faster than taking
-    turns under PyTorch's allocator."""
+    pieces beside them, or, as job.train runs them, train only by undoing a
+    step and running it again alone; as a session on a GPU runs them,
+    blocks of 20 MiB or more kept whole (alloc/cache_splits.py), they train
+    with no step undone, faster than taking turns under PyTorch's
+    allocator."""
     jobs = [r18.trace_at(104, "H100-80GB", KERNELS) for _ in range(2)]
     split = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4,
                      config="max_split_size_mb:128")
+    assert split.ok and split.sharing["put_back"] >= 1
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multijob._Run, "_put_back", lambda self, job: False)
+        split = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4,
+                         config="max_split_size_mb:128")
     assert not split.ok
     kept = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4)
-    assert kept.ok and kept.hazards == 0
+    assert kept.ok and kept.hazards == 0 and kept.sharing["put_back"] == 0
     assert kept.sharing["peak"] <= kept.sharing["budget"]
     turns = simulate(jobs, "H100-80GB", 3 * GiB, "turns", "pytorch", steps=4)
     assert turns.ok and kept.throughput > turns.throughput

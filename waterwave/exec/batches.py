@@ -12,8 +12,9 @@ first epoch's order then, where an eager loop draws it as the loop starts;
 with nothing drawn in between, the two draw alike. (Putting the global
 generator back after the look was tried: with trials on several threads,
 that rewinds what the others drew meanwhile.) Steps undone (a trainer's
-probe of side by side whose step ran out of memory, ``rollback.py``) give
-their batches back, to be trained on next.
+probe of side by side whose step ran out of memory, or a sharing job's step
+that ran out before its update: ``rollback.py``) give their batches back,
+to be trained on next.
 
 May import: waterwave.capturing; torch lazily.
 """
@@ -74,6 +75,7 @@ class BatchFeed:
         # at (peek), and those a rolled-back step gives back (rewind).
         self._ahead: deque[tuple] = deque()
         self._recorded: list[tuple] | None = None  # steps handed out since record()
+        self._last: tuple | None = None  # the step handed out last, for again()
 
     def peek(self) -> tuple[tuple, tuple]:
         """The next step's batches, without using them up (the job captures
@@ -85,6 +87,7 @@ class BatchFeed:
     def next(self) -> tuple[tuple, tuple]:
         """(inputs, targets) of the next step's batches, on the model's device."""
         step = self._ahead.popleft() if self._ahead else self._draw_step()
+        self._last = step
         if self._recorded is not None:
             self._recorded.append(step)
         inputs, targets = step
@@ -102,6 +105,16 @@ class BatchFeed:
             raise RuntimeError("rewind() without record(): no batches were kept to give back")
         self._ahead.extendleft(reversed(self._recorded))
         self._recorded = None
+
+    def again(self) -> None:
+        """The step handed out last comes again, before any other: it was
+        undone before its update (``rollback.StepStart``)."""
+        if self._last is None:
+            raise RuntimeError("again() before any step was handed out")
+        self._ahead.appendleft(self._last)
+        if self._recorded:
+            self._recorded.pop()
+        self._last = None
 
     def stop_recording(self) -> None:
         """Let go of the batches kept since ``record()``."""

@@ -134,6 +134,10 @@ class Job:
         # Steps run eagerly: in a session that captures nothing, or on batches no
         # capture of it could train
         self.eager_steps = 0
+        # True from the end of a step's backward to the end of its update:
+        # an error before it leaves what the job keeps as it was, but for
+        # batch norm's statistics (rollback.StepStart).
+        self.updating = False
         self._stream = None
 
     def bytes_on_device(self) -> int:
@@ -375,9 +379,11 @@ class Job:
                 opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(*inputs), *(targets or ()))
             loss.backward()
+            self.updating = True
             if member is not None and member.step_point:
                 member.optimizer_step()
             opt.step()
+            self.updating = False
             if not keep_grads:
                 opt.zero_grad(set_to_none=True)
             self.eager_steps += 1
@@ -410,6 +416,7 @@ class Job:
             losses.append(loss)
             scaled = loss / k if k > 1 else loss
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        self.updating = True
         if clip.active:
             if scaler is not None:
                 scaler.unscale_(opt)
@@ -422,6 +429,7 @@ class Job:
             scaler.update()
         else:
             opt.step()
+        self.updating = False
         if not keep_grads:
             opt.zero_grad(set_to_none=True)
         self.eager_steps += 1

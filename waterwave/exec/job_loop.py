@@ -25,6 +25,7 @@ from ..pipeline.counter_barrier import BarrierAborted
 from ..pipeline.pairing import SegmentSpare
 from ..pipeline.round_feed import RoundFeed
 from . import awaiting_jobs
+from .rollback import StepStart, ran_out_of_memory
 from .step import grad_mode
 from .workers import Task
 
@@ -167,7 +168,11 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
     in one ``waterwave.sharing`` block, counted and gated with the other
     members, and each step frees its gradients, as a captured step does:
     what a job holds between steps and calls is its parameters and
-    optimizer state. Stops before a step once ``stopped()`` (Ctrl-C); a job
+    optimizer state. There a step that runs out of memory before its
+    update (beside the others, whose memory the budget admitted) is undone
+    (``rollback.StepStart``) and runs again, the member's passes alone for
+    the rest of the block; one that runs out alone, or in its update,
+    stops the job. Stops before a step once ``stopped()`` (Ctrl-C); a job
     that raises keeps its error as in ``run_job``, and Ctrl-C on this
     thread is raised. Each loss is read a few steps later, as ``run_job``
     reads them: on a GPU reading one waits for the device."""
@@ -182,22 +187,44 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
             keep_grads = session is None
             plain = job.plain_step(keep_grads, member)
             schedulers = bool(job.step_schedulers)
+            undo = StepStart(job) if member is not None and member.gating else None
+            keep = undo is not None and bool(undo.buffers)
             # A CPU's loss is read at once: only a GPU's waits for the device.
             on_cpu = job.device is None or job.device.type == "cpu"
-            for step in range(steps):
+            # After its first step, a step that freed its gradients left
+            # them None: the next need not zero them.
+            grads_none = False
+            done = 0
+            while done < steps:
                 if stopped():
                     return
                 fetching = True
                 inputs, targets = job.next_batch()
                 fetching = False
-                # After its first step, a step that freed its gradients left
-                # them None: the next need not zero them.
-                grads_none = step > 0 and not keep_grads
-                if plain is not None:
-                    loss = plain(inputs, targets, grads_none)
-                else:
-                    loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
-                                          grads_none=grads_none)
+                if keep:
+                    undo.take()
+                try:
+                    if plain is not None:
+                        loss = plain(inputs, targets, grads_none)
+                    else:
+                        loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
+                                              grads_none=grads_none)
+                except Exception as e:
+                    if undo is None or job.updating or member.alone or not ran_out_of_memory(e):
+                        raise
+                    # Its forward or backward ran out beside the others: the
+                    # step's tensors go with the error's frames, and the
+                    # step runs again from where it began, alone.
+                    traceback.clear_frames(e.__traceback__)
+                    del e
+                    inputs = targets = None
+                    undo.put_back()
+                    member.run_alone()
+                    session.count_put_back()
+                    grads_none = True
+                    continue
+                grads_none = not keep_grads
+                done += 1
                 if schedulers:
                     job.after_step()
                 if on_cpu:
@@ -216,6 +243,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
         job.error = e
         job.error_between_steps = fetching
     finally:
+        job.updating = False
         try:
             job.losses += [float(x) for x in pending]  # the steps it finished
         except BaseException as e:

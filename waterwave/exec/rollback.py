@@ -17,6 +17,15 @@ an undone step drew from torch's generators are not given back: other jobs
 drew from the same generators meanwhile, and rewinding them would change
 what those drew.
 
+``StepStart(job)`` is the light form, for a step that failed before its
+update (a sharing job's step that ran out of memory in its forward or
+backward, ``job_loop.run_free``): until the optimizer's step (``Job.updating``)
+an eager step changes only what it keeps in buffers (batch norm's running
+statistics and counts) and the gradients, which a job's step starts from
+None. So ``take()`` copies the buffers on the device at each step's start
+(nothing for a model without buffers), and ``put_back()`` writes them back,
+drops the gradients and gives the step's batch back.
+
 May import: waterwave._C; torch.
 """
 from __future__ import annotations
@@ -117,6 +126,39 @@ class JobCheckpoint:
         if self.job.batches is not None:
             self.job.batches.stop_recording()
         self.tensors, self.optimizer_state = [], {}
+
+
+class StepStart:
+    """What ``job``'s step changes before its update, kept at its start
+    (see the module's opening)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.buffers = list(job.model.buffers())
+        self.kept = [b.detach().clone() for b in self.buffers]
+
+    def take(self) -> None:
+        """The step starts: its buffers as they are now."""
+        if self.buffers:
+            import torch
+
+            with torch.no_grad():
+                torch._foreach_copy_(self.kept, self.buffers)
+
+    def put_back(self) -> None:
+        """The step undone before its update: its buffers as it found them,
+        no gradients, its batch next to train on."""
+        job = self.job
+        if self.buffers:
+            import torch
+
+            with torch.no_grad():
+                torch._foreach_copy_(self.buffers, self.kept)
+        for p in job.model.parameters():
+            p.grad = None
+        job.updating = False
+        if job.batches is not None:
+            job.batches.again()
 
 
 def ran_out_of_memory(error: BaseException | None) -> bool:

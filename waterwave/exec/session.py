@@ -123,6 +123,7 @@ class TrainingSession(SettingsView):
         self._pass_probed_at = -PASS_PROBE_EVERY_S  # when a pass last measured the budget
         self._blocks_kept_whole = False  # cache_splits: set at the first block on a GPU
         self.steps_run = 0
+        self.put_back = 0  # sharing jobs' steps undone and run again alone (run_free)
         self.most_training = 0  # the most jobs that trained here at once
         self.settings = session_settings(PipelineSettings(schedule, memory_limit, split_size,
                                                            order))
@@ -526,6 +527,12 @@ class TrainingSession(SettingsView):
                 job for job, _ in self._free.values()] + [
                 m.name for m in self._other_members_locked()]
 
+    def count_put_back(self) -> None:
+        """A sharing job's step ran out of memory before its update and was
+        undone, to run again alone (``job_loop.run_free``)."""
+        with self._lock:
+            self.put_back += 1
+
     def reset_peak(self) -> None:
         """``stats()["peak_bytes"]`` starts again from the members' bytes now."""
         self.ledger().reset_share_peak()
@@ -546,6 +553,7 @@ class TrainingSession(SettingsView):
                                                     "device_waits", "overshoots", "forced",
                                                     "failed", "overdrawn")},
                     "jobs_known": len(self._pipelined), "steps_run": self.steps_run,
+                    "put_back": self.put_back,
                     "held_between_calls": self._between_calls(feed),
                     "trainers": [{"training": hold.running, "bytes": hold.bytes}
                                  for hold in list(self._trainers.values())],

@@ -139,6 +139,10 @@ class Member:
         # Whether the block's caller tells it of each optimizer step
         # (``job_sharing``), so that the global optimizer hooks pass it by.
         self.steps_told = False
+        # Its passes run alone for the rest of the block: a step of its ran
+        # out of memory beside the others and was undone (job_loop.run_free).
+        self.alone = False
+        self.alone_passes = 0
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int, modules: list) -> None:
@@ -149,6 +153,7 @@ class Member:
         self._depth = 0
         self._recorder = None
         self.step_point = False
+        self.alone = False
         self._modules = modules if budget else [model]
         self._root_handles = [
             model.register_forward_pre_hook(self._root_hook(), with_kwargs=True)]
@@ -267,20 +272,31 @@ class Member:
             self._kind = (structure_of(self._modules), signature, size)
             if self._wait_first_pass(live):
                 self.borrowed_passes += 1
+        elif self.alone and signature != BLOCK_START:
+            self._wait(None, 0, live, boundary=True)
+            self.alone_passes += 1
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, with_slack(rest), live + net, boundary=True)
         self._recorder = PassRecorder(live)  # waiting, it allocated nothing
         self._after_step = 0
         self._signature, self._size, self._prediction = signature, size, prediction
-        self._gates_now = self.gates.get(signature, frozenset())
+        self._gates_now = frozenset() if self.alone else self.gates.get(signature, frozenset())
         self.step_point = measuring or bool(self._gates_now)
         self._occurrences.clear()
         if not measuring and prediction.scale == 1.0 and not self._gates_now and (
-                signature != BLOCK_START):
+                signature != BLOCK_START) and not self.alone:
             # One region, no point inside: _end_pass's first case, which the
             # steady path repeats.
             self._steady = _Steady(signature, size, rise, net, with_slack(rest))
+
+    def run_alone(self) -> None:
+        """Its passes from the next on run alone (the others held at their
+        boundaries, its claim all the room there is) until the block ends:
+        its step ran out of memory beside the others and was undone."""
+        self.alone = True
+        self._steady = None  # each pass's start goes through _start_pass
+        self._gates_now = frozenset()
 
     def _end_pass(self, live: int, peak: int) -> None:
         recorder, signature, prediction = self._recorder, self._signature, self._prediction
@@ -537,12 +553,14 @@ class Member:
 
     def stats(self) -> dict:
         """Its passes, those measured (and of them, those that asked what
-        another member's first pass needed rather than run alone), its gates
+        another member's first pass needed rather than run alone), those run
+        alone after a step of its was undone (``run_alone``), its gates
         per kind of pass, and its bytes (its model's included): now, and the
         most its points saw."""
         return {"name": self.name, "passes": self.passes,
                 "measured_passes": self.measured_passes,
                 "borrowed_passes": self.borrowed_passes,
+                "alone_passes": self.alone_passes,
                 "gates": {str(s): len(k) for s, k in self.gates.items()},
                 "bytes": self.base + self.ledger.usage(self.account.id)[0],
                 "peak_bytes": self.base + self.most}

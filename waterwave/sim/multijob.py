@@ -263,6 +263,11 @@ class _Run:
         # that what that step frees comes back to it.
         self.device_refused: set[int] = set()
         self.device_waits = 0
+        # Sharing jobs one of whose steps the device ran out for before its
+        # update, undone and run again: their steps run alone from then on
+        # (job_loop.run_free, Member.run_alone; a job's call is the run).
+        self.alone: set[int] = set()
+        self.put_back = 0
 
     # The event loop --------------------------------------------------------
     def go(self) -> None:
@@ -282,8 +287,11 @@ class _Run:
                         break
                 if pick is None and self.device_waiting:
                     # Every job waits, one of them for the device: it fails,
-                    # as the runtime fails one member when all of them wait.
+                    # as the runtime fails one member when all of them wait;
+                    # its step is undone where its update has not begun.
                     job, (_, error) = next(iter(self.device_waiting.items()))
+                    if self._put_back(job):
+                        continue
                     self.current = job
                     raise error
                 if pick is None:
@@ -327,6 +335,8 @@ class _Run:
             del self.device_waiting[t.job]
         if self.ledger is None or t.op or self.admitted[t.job] == t.seg or not seg.gate:
             return True
+        if t.job in self.alone and not seg.boundary:
+            return True  # a pass alone has no gate inside
         return self._gate(t, seg)
 
     def _gate(self, t: _Thread, seg: GatedSegment) -> bool:
@@ -338,6 +348,8 @@ class _Run:
         live = self.ledger.usage(account)[0]
         rise, rest, net = seg.rise, seg.rest, seg.net
         borrow = seg.borrow
+        if t.job in self.alone:
+            rise, rest, net, borrow = None, 0, 0, None
         if rise is None and borrow is not None:
             source = self.threads[borrow.source]
             # Its kind measured (the runtime's relook) and memory plentiful:
@@ -350,6 +362,34 @@ class _Run:
             return False
         self.admitted[t.job] = t.seg
         t.ready = max(t.ready, self.device.now())  # it waited until now
+        return True
+
+    def _put_back(self, j: int) -> bool:
+        """Job ``j``'s step, which the device refused in its forward or
+        backward while every job waited (or no other could free), undone: its blocks freed (and
+        those its first step made to keep), its thread back at the step's
+        start, its steps alone from then on. False where it ran alone
+        already or its update had begun: then it fails."""
+        t = self.threads[j]
+        seg = t.segment()
+        k = seg.first + t.op
+        if self.ledger is None or j in self.alone or self.jobs[j].ops[k].phase == "optimizer":
+            return False
+        step = seg.step
+        for key in [key for key in self.ptr[j] if key[0] == step]:
+            self._free(j, self.ptr[j].pop(key), t.stream)
+        if step == 0:
+            for at, made in self.persistent_at[j].items():
+                for b, _, _ in made if 0 <= at < k else ():
+                    if b in self.kept[j]:
+                        self._free(j, self.kept[j].pop(b), t.stream)
+        t.seg = next(i for i, s in enumerate(t.segments) if s.step == step)
+        t.op = 0
+        self.device_waiting.pop(j, None)
+        self.device_refused.discard(j)
+        self.admitted[j] = -1
+        self.alone.add(j)
+        self.put_back += 1
         return True
 
     def _held_for_refused(self, job: int) -> bool:
@@ -395,7 +435,7 @@ class _Run:
         try:
             self._allocate_op(j, seg.step, k, op, t.stream)
         except _C.OutOfMemoryError as e:
-            if not self._wait_for_device(t, e):
+            if not self._wait_for_device(t, e) and not self._put_back(j):
                 raise
             return
         self.device_refused.discard(j)
@@ -551,6 +591,7 @@ class _Run:
             share = self.ledger.share_stats()
             r.sharing = {k: share[k] for k in ("budget", "peak", "gate_waits", "forced")}
             r.sharing["device_waits"] = self.device_waits
+            r.sharing["put_back"] = self.put_back
 
     def _steady_rates(self, batch_sizes: list[int | None]) -> tuple[float | None, float | None]:
         """Samples per second of all jobs together in steady steps, and the

@@ -1,0 +1,149 @@
+"""A sharing job's step that runs out of memory before its update is undone
+and runs again, its passes alone (``job_loop.run_free``,
+``rollback.StepStart``, ``Member.run_alone``): the job then trains exactly
+as its eager loop. On the CPU a memory limit makes the session gate its
+members, and a module's hook raises ``torch.OutOfMemoryError`` where the
+allocator would."""
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import waterwave as ww  # noqa: E402
+from test_probe_rollback import Twin  # noqa: E402
+from waterwave.exec.batches import BatchFeed  # noqa: E402
+
+LIMIT = 64 << 20
+
+
+def run_out(module, at: int, where: str = "forward"):
+    """``module`` raises the allocator's out-of-memory error at its
+    ``at``-th call (1: the first), in its forward or its backward; returns
+    the calls seen."""
+    calls = {"n": 0}
+
+    def hook(*_):
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    if where == "forward":
+        module.register_forward_pre_hook(hook)
+    else:
+        module.register_full_backward_pre_hook(hook)
+    return calls
+
+
+def session():
+    return ww.TrainingSession("cpu", memory_limit=LIMIT)
+
+
+@pytest.mark.parametrize("where, accumulate", [("forward", 1), ("backward", 1),
+                                               ("forward", 2)])
+def test_a_step_that_runs_out_before_its_update_runs_again_alone(where, accumulate):
+    """The job's third step runs out in its last layer's forward (batch
+    norm's statistics moved already) or in its backward (some gradients
+    made): undone, it trains 6 steps as its eager loop (losses, parameters,
+    batch norm's statistics, Adam's state, the scheduler), its passes alone
+    after that step, and the session counts one step put back."""
+    s = session()
+    twin = Twin(3, 24, accumulate=accumulate)
+    calls = run_out(twin.job.model[3], at=3 * accumulate if where == "forward" else 3, where=where)
+    twin.job.train(6, session=s)
+    twin.check(6)
+    assert calls["n"] == 7 * accumulate  # the undone step's calls, and 6 steps'
+    assert s.stats()["put_back"] == 1
+    with ww.sharing(twin.job.model, s) as member:  # the job's member
+        pass
+    # Its passes after the undone one ran alone: the rerun and the 3 after.
+    assert member.stats()["alone_passes"] == 4 * accumulate
+
+
+def test_a_step_undone_beside_another_job_and_both_train_as_their_eager_loops():
+    """Two jobs train in threads under one limit; one's step runs out twice
+    in its forward, in two calls: each is undone and run again, and both
+    jobs match their eager loops."""
+    s = session()
+    a, b = Twin(4, 24), Twin(5, 40)
+    calls = {"n": 0}
+
+    def hook(*_):
+        calls["n"] += 1
+        if calls["n"] in (2, 8):
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    b.job.model[3].register_forward_pre_hook(hook)
+    errors = []
+
+    def trial(twin):
+        try:
+            for _ in range(2):
+                twin.job.train(4, session=s)
+        except BaseException as e:  # the test's failure, reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=trial, args=(t,)) for t in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    a.check(8)
+    b.check(8)
+    assert s.stats()["put_back"] == 2
+
+
+def test_a_step_that_runs_out_in_its_update_stops_the_job():
+    """Adam's update has begun (some state may be written): the step is not
+    undone, and ``train`` raises the out-of-memory error."""
+    s = session()
+    twin = Twin(6, 24)
+    state = {"n": 0}
+
+    def pre_step(*_):
+        state["n"] += 1
+        if state["n"] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    twin.job.optimizer.register_step_pre_hook(pre_step)
+    with pytest.raises(torch.OutOfMemoryError):
+        twin.job.train(4, session=s)
+    assert s.stats()["put_back"] == 0
+    assert len(twin.job.losses) == 1
+    assert not twin.job.updating
+
+
+def test_a_step_that_runs_out_again_alone_stops_the_job():
+    """Undone once, the step runs alone; run out there too, the job stops
+    with the error, its first step kept."""
+    s = session()
+    twin = Twin(7, 24)
+    calls = run_out(twin.job.model[3], at=2)
+    run_out(twin.job.model[3], at=2)  # its count starts after the first's undone call
+    with pytest.raises(torch.OutOfMemoryError):
+        twin.job.train(4, session=s)
+    assert calls["n"] == 3
+    assert s.stats()["put_back"] == 1
+    assert len(twin.job.losses) == 1
+
+
+def test_without_a_budget_nothing_is_undone():
+    """With no budget (a CPU session without a limit) nothing is gated, and
+    an out-of-memory error stops the job as in any loop."""
+    s = ww.TrainingSession("cpu")
+    twin = Twin(8, 24)
+    run_out(twin.job.model[3], at=2)
+    with pytest.raises(torch.OutOfMemoryError):
+        twin.job.train(4, session=s)
+    assert s.stats()["put_back"] == 0
+
+
+def test_a_batch_given_again_comes_next():
+    feed = BatchFeed([(torch.full((1,), float(k)),) for k in range(3)])
+    first = feed.next()[0][0].item()
+    feed.again()
+    assert [feed.next()[0][0].item() for _ in range(3)] == [first, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match="again"):
+        feed.again()
+        feed.again()
