@@ -299,6 +299,36 @@ def test_a_trainers_side_by_side_probe_that_runs_out_puts_its_jobs_back():
     assert out["bad_frees"] == 0
 
 
+def test_a_sharing_jobs_step_that_runs_out_before_its_update_runs_again():
+    """A resnet18 job through job.train in a session with a budget (a
+    sharing member): its third step's forward raises the allocator's
+    out-of-memory error at its last layer, batch norm's statistics moved
+    already. The step is undone on the GPU (the buffers copied back on the
+    member's stream) and runs again alone; the job's losses are its eager
+    loop's, and the allocator stays sound."""
+    eager = run(TRAIN + "print(json.dumps({'losses': train(6)}))")["losses"]
+    out = run(TRAIN + textwrap.dedent("""
+    import waterwave as ww, waterwave.cuda as wc
+    ww.install_allocator(policy="waterwave", max_split_size_mb=128)
+    job = two_jobs(ww)[0]
+    calls = {'n': 0}
+    def run_out(*_):
+        calls['n'] += 1
+        if calls['n'] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+    job.model.fc.register_forward_pre_hook(run_out)
+    session = ww.TrainingSession("cuda:0", memory_limit=4 << 30)
+    losses = job.train(6, session=session)
+    torch.cuda.synchronize()
+    wc.check_invariants(0)
+    print(json.dumps({'losses': losses, 'put_back': session.stats()['put_back'],
+                      'bad_frees': wc.free_errors()[0]}))
+    """))
+    assert out["put_back"] == 1
+    assert out["losses"] == pytest.approx(eager, rel=1e-3)
+    assert out["bad_frees"] == 0
+
+
 def test_jobs_trained_from_two_threads_take_turns_and_train_as_alone():
     """Job.train from two threads on the Waterwave allocator, under a budget
     that holds one step at a time: each job's first step in the session is

@@ -31,7 +31,10 @@ predicted scaled; an allocation past a prediction waits for
 the others' frees, and if every member waits, one fails with
 ``torch.OutOfMemoryError`` naming the budget while the others go on. (On a
 GPU with no ``memory_limit`` the budget is measured, not the user's: there
-that allocation asks the device instead, which may refuse it.)
+that allocation asks the device instead, which may refuse it.) A ``Job``'s
+steps (``job.train``) are undone there, where the update has not begun, and
+run again with the member's passes alone (``run_alone``;
+``job_loop.run_free``).
 
 Without a budget (a CPU session with no ``memory_limit``) nothing waits:
 members are counted, and one hook at the model's call lets Ctrl-C stop them.
