@@ -486,15 +486,14 @@ def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
                           steps=30, record=False, concurrent_kernels=True)
     assert unheld.ok and r.sharing["device_waits"] < unheld.sharing["device_waits"]
     # Every job waits, one for the device: its step is undone and runs again
-    # alone (job.train's put back); with no put back, it fails.
+    # alone (job.train's steps); where nothing undoes it (ww.sharing's own
+    # loops), it fails.
     pair = [big, _mlp_trace(512, 1, 1024)]
     r = simulate(pair, "H100-80GB", 379_560_484, "sharing", "waterwave", steps=30,
                  record=False, concurrent_kernels=True)
     assert r.ok and r.sharing["put_back"] == 1 and r.peak_reserved <= 379_560_484
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(multijob._Run, "_put_back", lambda self, job: False)
-        r = simulate(pair, "H100-80GB", 379_560_484, "sharing", "waterwave", steps=30,
-                     record=False, concurrent_kernels=True)
+    r = simulate(pair, "H100-80GB", 379_560_484, "sharing", "waterwave", steps=30,
+                 record=False, concurrent_kernels=True, undo_steps=False)  # ww.sharing's loops
     assert not r.ok and "out of memory" in r.oom["message"]
 
 
@@ -525,10 +524,8 @@ def test_sharing_keeps_large_blocks_whole_where_splitting_them_runs_out(r18):
     split = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4,
                      config="max_split_size_mb:128")
     assert split.ok and split.sharing["put_back"] >= 1
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(multijob._Run, "_put_back", lambda self, job: False)
-        split = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4,
-                         config="max_split_size_mb:128")
+    split = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4,
+                     config="max_split_size_mb:128", undo_steps=False)
     assert not split.ok
     kept = simulate(jobs, "H100-80GB", 3 * GiB, "sharing", "waterwave", steps=4)
     assert kept.ok and kept.hazards == 0 and kept.sharing["put_back"] == 0

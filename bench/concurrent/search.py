@@ -100,8 +100,10 @@ def rates(family: Family, model: JobModel, schedule: str, k: int,
     peak reserved, or None where they run out of memory."""
     out = {}
     for m in range(1, k + 1):
+        # ww.sharing's trials are the user's own loops: nothing undoes a step
+        # of theirs that the device refuses (job.train's steps it would).
         r, _ = simulate_models([model] * m, family.batch, GPU, schedule, family.memory_limit,
-                               kernels, record=False, concurrent_kernels=True)
+                               kernels, record=False, concurrent_kernels=True, undo_steps=False)
         fits = r.ok and r.throughput is not None
         out[m] = {"samples_per_s": r.throughput if fits else None, "gpu_busy": r.gpu_busy,
                   "peak_reserved": r.peak_reserved if fits else None,

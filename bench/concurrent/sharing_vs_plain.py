@@ -16,7 +16,10 @@ waterwave policy, whose large blocks the run keeps whole as a GPU session
 does. Reported: sharing's samples per second over the best plain schedule
 that fits (1.0 or more: never slower), out of memory where a plain schedule
 fits, the same over the whole run (the quickest plain schedule's length over
-sharing's), and the captured session's ratio beside it. Each rate is taken
+sharing's), and the captured session's ratio beside it. The sharing jobs are
+``job.train``'s: a step the device refuses before its update is undone and
+runs again alone (counted as *undone*), where a loop in ``ww.sharing``
+would fail. Each rate is taken
 two ways: within the steady window (``SimResult.throughput``), and over 8
 steps of every job added to a run whose threads made their first calls
 before (``waterwave.sim.rates``: what a search waits for, which the window,
@@ -122,6 +125,7 @@ def measure(mixes: int, seed: int, steps: int = 6) -> list[dict]:
                         "elapsed_us": r.elapsed_us if r.ok else None,
                         "first_step_us": r.first_step_us if r.ok else None,
                         "forced": (r.sharing or {}).get("forced"),
+                        "put_back": (r.sharing or {}).get("put_back"),
                         "oom": r.oom["message"][:160] if r.oom else None,
                         "added": added_rate(graphs, kernels, way, picks, cap, concurrent)}
         if fits:
@@ -168,10 +172,13 @@ def report(rows: list[dict], seed: int, steps: int = 6) -> str:
               "(first steps, where each thread pays for its first calls, included). *Added "
               f"steps*: the samples of {LONG - SHORT} more steps of every job over the time "
               f"they add ({SHORT} and {LONG} steps, first calls made before), over the best "
-              "plain schedule's.", "",
+              "plain schedule's. *Forced*: admissions the budget forced where every job "
+              "waited at a gate; *undone*: steps the device refused before their update, "
+              "undone and run again alone, as job.train's are (a loop in ww.sharing would "
+              "fail there instead).", "",
               "| jobs | cap MiB | kernels side by side | best plain | sharing | sharing, whole "
-              "run | sharing, added steps | forced | captured session | captured session, "
-              "added steps |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "run | sharing, added steps | forced | undone | captured session | captured "
+              "session, added steps |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in judged:
         ok = r["sharing"]["ok"]
         sharing = f"{r['sharing']['of_best']:.3f}" if ok else "out of memory"
@@ -182,8 +189,8 @@ def report(rows: list[dict], seed: int, steps: int = 6) -> str:
                  for w in ("sharing", "session")}
         lines.append(f"| {', '.join(r['jobs'])} | {r['cap_mib']:.0f} | "
                      f"{'yes' if r['concurrent_kernels'] else 'no'} | {r['best']} | {sharing} | "
-                     f"{whole} | {added['sharing']} | {r['sharing']['forced']} | {session} | "
-                     f"{added['session']} |")
+                     f"{whole} | {added['sharing']} | {r['sharing']['forced']} | "
+                     f"{r['sharing']['put_back']} | {session} | {added['session']} |")
     return "\n".join(lines) + "\n"
 
 

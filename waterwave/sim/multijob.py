@@ -123,7 +123,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
              schedule: str | SegmentSchedule = "lockstep", policy: str = "pytorch", steps: int = 3,
              config: str | AllocatorConfig = "", sync_at_barrier: bool = False, record: bool = True,
              queue_depth: int = QUEUE_DEPTH, concurrent_kernels: bool = False,
-             warm: bool = False) -> SimResult:
+             warm: bool = False, undo_steps: bool = True) -> SimResult:
     """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own
     stream of ``gpu`` under ``policy`` and ``schedule``, within
     ``memory_limit`` bytes (default: the GPU's memory). ``sync_at_barrier``:
@@ -131,7 +131,10 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     the GPU runs kernels of different jobs at once while their shares fit.
     ``warm``: the host threads have made their library kernels' first calls
     before the run (as after a session's first steps), so none pays for
-    them."""
+    them. ``undo_steps``: a ``sharing`` job's step that the device refuses
+    before its update is undone and runs again alone, as ``job.train``'s
+    steps are; False for loops in ``ww.sharing`` blocks, which nothing
+    undoes (the job fails)."""
     if policy not in SIMULATED_POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(SIMULATED_POLICIES)}")
     if not jobs:
@@ -166,7 +169,7 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
         # GPU keeps them (alloc/cache_splits.py), unless the config chose.
         cache_splits.keep_large_blocks_whole(alloc)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth,
-               budget=memory_limit or spec.memory, warm=warm)
+               budget=memory_limit or spec.memory, warm=warm, undo_steps=undo_steps)
     result = SimResult(True, policy, name, spec.name,
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
@@ -215,7 +218,7 @@ def _shared_rounds(segments: list[list[Segment]]) -> float:
 
 class _Run:
     def __init__(self, jobs, segments, alloc, device, policy, sync_at_barrier, record,
-                 queue_depth, budget: int = 0, warm: bool = False):
+                 queue_depth, budget: int = 0, warm: bool = False, undo_steps: bool = True):
         self.jobs, self.alloc, self.device, self.policy = jobs, alloc, device, policy
         self.warm = warm  # first calls paid before the run
         self.sync_at_barrier, self.record, self.queue_depth = sync_at_barrier, record, queue_depth
@@ -268,6 +271,7 @@ class _Run:
         # (job_loop.run_free, Member.run_alone; a job's call is the run).
         self.alone: set[int] = set()
         self.put_back = 0
+        self.undo_steps = undo_steps
 
     # The event loop --------------------------------------------------------
     def go(self) -> None:
@@ -373,7 +377,8 @@ class _Run:
         t = self.threads[j]
         seg = t.segment()
         k = seg.first + t.op
-        if self.ledger is None or j in self.alone or self.jobs[j].ops[k].phase == "optimizer":
+        if (self.ledger is None or not self.undo_steps or j in self.alone
+                or self.jobs[j].ops[k].phase == "optimizer"):
             return False
         step = seg.step
         for key in [key for key in self.ptr[j] if key[0] == step]:
