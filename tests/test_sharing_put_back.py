@@ -7,6 +7,8 @@ allocator would."""
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -147,3 +149,22 @@ def test_a_batch_given_again_comes_next():
     with pytest.raises(RuntimeError, match="again"):
         feed.again()
         feed.again()
+
+
+@given(step=st.integers(1, 5), layer=st.integers(0, 3), where=st.sampled_from(["forward",
+                                                                             "backward"]),
+       accumulate=st.integers(1, 2), seed=st.integers(0, 50))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_step_undone_before_its_update_trains_as_the_eager_loop(step, layer, where,
+                                                                    accumulate, seed):
+    """Out of memory at any layer's forward or backward, in any step of 6,
+    with or without accumulated batches: the job still trains as its eager
+    loop, one step put back."""
+    s = session()
+    twin = Twin(seed, 16 + seed % 5 * 8, accumulate=accumulate)
+    module = twin.job.model[layer]  # its forward and its backward run once a batch
+    calls = run_out(module, at=(step - 1) * accumulate + 1, where=where)
+    twin.job.train(6, session=s)
+    twin.check(6)
+    assert calls["n"] == 6 * accumulate + 1
+    assert s.stats()["put_back"] == 1
