@@ -4,6 +4,7 @@ and runs again, its passes alone (``job_loop.run_free``,
 as its eager loop. On the CPU a memory limit makes the session gate its
 members, and a module's hook raises ``torch.OutOfMemoryError`` where the
 allocator would."""
+import copy
 import threading
 
 import pytest
@@ -167,4 +168,31 @@ def test_any_step_undone_before_its_update_trains_as_the_eager_loop(step, layer,
     twin.job.train(6, session=s)
     twin.check(6)
     assert calls["n"] == 6 * accumulate + 1
+    assert s.stats()["put_back"] == 1
+
+
+def test_a_job_without_data_undoes_its_step_too():
+    """A job that trains on its example batch every step (no data): the
+    undone step has no batch to give back, and the job trains as its loop."""
+    s = session()
+    torch.manual_seed(9)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.BatchNorm1d(20), torch.nn.ReLU(),
+                              torch.nn.Linear(20, 3))
+    eager = copy.deepcopy(net)
+    x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))
+    job = ww.Job(net, (x,), torch.nn.functional.cross_entropy,
+                 torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), targets=(y,))
+    run_out(net[3], at=2)
+    losses = job.train(4, session=s)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(eager(x), y)
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for a, b in zip(eager.state_dict().values(), net.state_dict().values()):
+        torch.testing.assert_close(b, a)
     assert s.stats()["put_back"] == 1
