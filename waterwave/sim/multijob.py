@@ -29,7 +29,7 @@ segments after synchronizing, and retries, as native PyTorch does),
 when the kernels that used it have finished, under the waterwave policy).
 Out of memory is a result (``ok`` false, ``oom`` says where), not an error.
 
-May import: waterwave._C, waterwave.alloc, this package.
+May import: waterwave._C, waterwave.alloc, waterwave.pipeline, this package.
 """
 from __future__ import annotations
 
