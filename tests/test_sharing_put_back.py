@@ -5,6 +5,7 @@ as its eager loop. On the CPU a memory limit makes the session gate its
 members, and a module's hook raises ``torch.OutOfMemoryError`` where the
 allocator would."""
 import copy
+import importlib
 import threading
 
 import pytest
@@ -16,6 +17,7 @@ torch = pytest.importorskip("torch")
 import waterwave as ww  # noqa: E402
 from test_probe_rollback import Twin  # noqa: E402
 from waterwave.exec.batches import BatchFeed  # noqa: E402
+from waterwave.pipeline.pass_profile import ALONE_PASSES  # noqa: E402
 
 LIMIT = 64 << 20
 
@@ -57,10 +59,8 @@ def test_a_step_that_runs_out_before_its_update_runs_again_alone(where, accumula
     twin.check(6)
     assert calls["n"] == 7 * accumulate  # the undone step's calls, and 6 steps'
     assert s.stats()["put_back"] == 1
-    with ww.sharing(twin.job.model, s) as member:  # the job's member
-        pass
     # Its passes after the undone one ran alone: the rerun and the 3 after.
-    assert member.stats()["alone_passes"] == 4 * accumulate
+    assert member_of(twin.job.model).stats()["alone_passes"] == 4 * accumulate
 
 
 def test_a_step_undone_beside_another_job_and_both_train_as_their_eager_loops():
@@ -196,3 +196,30 @@ def test_a_job_without_data_undoes_its_step_too():
     for a, b in zip(eager.state_dict().values(), net.state_dict().values()):
         torch.testing.assert_close(b, a)
     assert s.stats()["put_back"] == 1
+
+
+def test_after_its_passes_alone_the_job_shares_again_and_a_second_undo_doubles_them():
+    """A call of 30 steps: the step undone at its second step runs its
+    next 8 passes alone (ALONE_PASSES), then shares again; run out again
+    there, it is undone again (not stopped) and runs 16 alone. The job
+    trains as its eager loop."""
+    s = session()
+    twin = Twin(14, 24)
+    calls = {"n": 0}
+
+    def hook(*_):
+        calls["n"] += 1
+        if calls["n"] in (2, 15):
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    twin.job.model[3].register_forward_pre_hook(hook)
+    twin.job.train(30, session=s)
+    twin.check(30)
+    assert calls["n"] == 32
+    assert s.stats()["put_back"] == 2
+    assert member_of(twin.job.model).stats()["alone_passes"] == ALONE_PASSES * 3
+
+
+def member_of(model):
+    """The sharing member a model's job.train calls made (its stats)."""
+    return importlib.import_module("waterwave.exec.sharing")._members[model]

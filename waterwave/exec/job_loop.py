@@ -23,6 +23,7 @@ from .. import cuda
 from ..alloc.settings import fraction_allowing
 from ..pipeline.counter_barrier import BarrierAborted
 from ..pipeline.pairing import SegmentSpare
+from ..pipeline.pass_profile import ALONE_PASSES
 from ..pipeline.round_feed import RoundFeed
 from . import awaiting_jobs
 from .rollback import StepStart, ran_out_of_memory
@@ -170,9 +171,9 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
     what a job holds between steps and calls is its parameters and
     optimizer state. There a step that runs out of memory before its
     update (beside the others, whose memory the budget admitted) is undone
-    (``rollback.StepStart``) and runs again, the member's passes alone for
-    the rest of the block; one that runs out alone, or in its update,
-    stops the job. Stops before a step once ``stopped()`` (Ctrl-C); a job
+    (``rollback.StepStart``) and runs again, the member's next passes alone
+    (``ALONE_PASSES``, twice as many at each further undo of the call); one
+    that runs out alone, or in its update, stops the job. Stops before a step once ``stopped()`` (Ctrl-C); a job
     that raises keeps its error as in ``run_job``, and Ctrl-C on this
     thread is raised. Each loss is read a few steps later, as ``run_job``
     reads them: on a GPU reading one waits for the device."""
@@ -189,6 +190,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
             schedulers = bool(job.step_schedulers)
             undo = StepStart(job) if member is not None and member.gating else None
             keep = undo is not None and bool(undo.buffers)
+            alone_for = ALONE_PASSES  # passes alone after an undo, doubling at each
             # A CPU's loss is read at once: only a GPU's waits for the device.
             on_cpu = job.device is None or job.device.type == "cpu"
             # After its first step, a step that freed its gradients left
@@ -210,7 +212,8 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                         loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
                                               grads_none=grads_none)
                 except Exception as e:
-                    if undo is None or job.updating or member.alone or not ran_out_of_memory(e):
+                    if (undo is None or job.updating or member.alone or member.pass_alone
+                            or not ran_out_of_memory(e)):
                         raise
                     # Its forward or backward ran out beside the others: the
                     # step's tensors go with the error's frames, and the
@@ -219,7 +222,8 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                     del e
                     inputs = targets = None
                     undo.put_back()
-                    member.run_alone()
+                    member.run_alone(alone_for)
+                    alone_for *= 2
                     session.count_put_back()
                     grads_none = True
                     continue

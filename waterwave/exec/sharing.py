@@ -33,7 +33,7 @@ the others' frees, and if every member waits, one fails with
 GPU with no ``memory_limit`` the budget is measured, not the user's: there
 that allocation asks the device instead, which may refuse it.) A ``Job``'s
 steps (``job.train``) are undone there, where the update has not begun, and
-run again with the member's passes alone (``run_alone``;
+run again with the member's next passes alone (``run_alone``;
 ``job_loop.run_free``).
 
 Without a budget (a CPU session with no ``memory_limit``) nothing waits:
@@ -142,10 +142,12 @@ class Member:
         # Whether the block's caller tells it of each optimizer step
         # (``job_sharing``), so that the global optimizer hooks pass it by.
         self.steps_told = False
-        # Its passes run alone for the rest of the block: a step of its ran
+        # Its next passes run alone (alone_left of them): a step of its ran
         # out of memory beside the others and was undone (job_loop.run_free).
         self.alone = False
+        self.alone_left = 0
         self.alone_passes = 0
+        self.pass_alone = False  # the running pass runs alone
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int, modules: list) -> None:
@@ -156,7 +158,7 @@ class Member:
         self._depth = 0
         self._recorder = None
         self.step_point = False
-        self.alone = False
+        self.alone, self.alone_left, self.pass_alone = False, 0, False
         self._modules = modules if budget else [model]
         self._root_handles = [
             model.register_forward_pre_hook(self._root_hook(), with_kwargs=True)]
@@ -268,6 +270,7 @@ class Member:
             self.session.probe_sharing_budget()
         prediction = self.profiles.predict(signature, size)
         measuring = prediction is None
+        alone_pass = False
         if signature != BLOCK_START:
             self._place_hooks(None if measuring else self._gate_points)
             self.measured_passes += measuring
@@ -278,26 +281,32 @@ class Member:
         elif self.alone and signature != BLOCK_START:
             self._wait(None, 0, live, boundary=True)
             self.alone_passes += 1
+            self.alone_left -= 1
+            alone_pass = True
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, with_slack(rest), live + net, boundary=True)
         self._recorder = PassRecorder(live)  # waiting, it allocated nothing
         self._after_step = 0
         self._signature, self._size, self._prediction = signature, size, prediction
-        self._gates_now = frozenset() if self.alone else self.gates.get(signature, frozenset())
+        self._gates_now = frozenset() if alone_pass else self.gates.get(signature, frozenset())
         self.step_point = measuring or bool(self._gates_now)
         self._occurrences.clear()
+        self.pass_alone = alone_pass
+        if alone_pass and self.alone_left <= 0:
+            self.alone = False  # the next pass is gated as before
         if not measuring and prediction.scale == 1.0 and not self._gates_now and (
-                signature != BLOCK_START) and not self.alone:
+                signature != BLOCK_START) and not alone_pass:
             # One region, no point inside: _end_pass's first case, which the
             # steady path repeats.
             self._steady = _Steady(signature, size, rise, net, with_slack(rest))
 
-    def run_alone(self) -> None:
-        """Its passes from the next on run alone (the others held at their
-        boundaries, its claim all the room there is) until the block ends:
+    def run_alone(self, passes: int) -> None:
+        """Its next ``passes`` passes run alone (the others held at their
+        boundaries, its claim all the room there is), within this block:
         its step ran out of memory beside the others and was undone."""
         self.alone = True
+        self.alone_left = passes
         self._steady = None  # each pass's start goes through _start_pass
         self._gates_now = frozenset()
 

@@ -53,6 +53,11 @@ SMALLEST_GATE_SHARE = 1 / 256
 # fragmentation: they count the bytes their tensors take, the allocator
 # reserves whole segments (the CPU's budget is exact: no margin there).
 GPU_MARGIN = 0.05
+# Passes a member runs alone after a step of its ran out of memory beside
+# the others and was undone (job.train's steps), doubling at each further
+# undo in the same block: pressure that lasts costs an undone partial step
+# a doubling, pressure that passes no more than these passes in turn.
+ALONE_PASSES = 8
 # A pass's levels drift from its bucket's by a little (another batch's
 # shapes within the bucket, rounding): the room a member reserves for the
 # rest of its pass allows this much more, so a member admitted can finish

@@ -42,7 +42,7 @@ from .. import _C
 from ..alloc import POLICIES, Allocator, AllocatorConfig, cache_splits, fraction_allowing
 from .gpus import GPU
 from .gpus import gpu as named_gpu
-from ..pipeline.pass_profile import GPU_MARGIN, with_slack
+from ..pipeline.pass_profile import ALONE_PASSES, GPU_MARGIN, with_slack
 from .schedules import GatedSegment, Segment, SegmentSchedule, SessionSchedule
 from .schedules import schedule as named_schedule
 from .trace import Op, Trace
@@ -267,9 +267,12 @@ class _Run:
         self.device_refused: set[int] = set()
         self.device_waits = 0
         # Sharing jobs one of whose steps the device ran out for before its
-        # update, undone and run again: their steps run alone from then on
+        # update, undone and run again: their next steps run alone, as many
+        # as alone_left says, twice as many at each further undo
         # (job_loop.run_free, Member.run_alone; a job's call is the run).
         self.alone: set[int] = set()
+        self.alone_left: dict[int, int] = {}
+        self.alone_for: dict[int, int] = {}
         self.put_back = 0
         self.undo_steps = undo_steps
 
@@ -339,8 +342,11 @@ class _Run:
             del self.device_waiting[t.job]
         if self.ledger is None or t.op or self.admitted[t.job] == t.seg or not seg.gate:
             return True
-        if t.job in self.alone and not seg.boundary:
-            return True  # a pass alone has no gate inside
+        if t.job in self.alone:
+            if not seg.boundary:
+                return True  # a pass alone has no gate inside
+            if self.alone_left[t.job] <= 0:
+                self.alone.discard(t.job)  # its steps alone are over
         return self._gate(t, seg)
 
     def _gate(self, t: _Thread, seg: GatedSegment) -> bool:
@@ -366,14 +372,17 @@ class _Run:
             return False
         self.admitted[t.job] = t.seg
         t.ready = max(t.ready, self.device.now())  # it waited until now
+        if t.job in self.alone:
+            self.alone_left[t.job] -= 1
         return True
 
     def _put_back(self, j: int) -> bool:
         """Job ``j``'s step, which the device refused in its forward or
-        backward while every job waited (or no other could free), undone: its blocks freed (and
-        those its first step made to keep), its thread back at the step's
-        start, its steps alone from then on. False where it ran alone
-        already or its update had begun: then it fails."""
+        backward while every job waited (or no other could free), undone:
+        its blocks freed (and those its first step made to keep), its
+        thread back at the step's start, its next ``ALONE_PASSES`` steps
+        alone (twice as many at its next undo). False where the step ran
+        alone or its update had begun: then it fails."""
         t = self.threads[j]
         seg = t.segment()
         k = seg.first + t.op
@@ -394,6 +403,8 @@ class _Run:
         self.device_refused.discard(j)
         self.admitted[j] = -1
         self.alone.add(j)
+        self.alone_left[j] = self.alone_for.get(j, ALONE_PASSES)
+        self.alone_for[j] = 2 * self.alone_left[j]
         self.put_back += 1
         return True
 
