@@ -22,15 +22,16 @@ from waterwave.pipeline.pass_profile import ALONE_PASSES  # noqa: E402
 LIMIT = 64 << 20
 
 
-def run_out(module, at: int, where: str = "forward"):
+def run_out(module, at, where: str = "forward"):
     """``module`` raises the allocator's out-of-memory error at its
-    ``at``-th call (1: the first), in its forward or its backward; returns
-    the calls seen."""
+    ``at``-th call (1: the first; or at each of a tuple of calls), in its
+    forward or its backward; returns the calls seen."""
     calls = {"n": 0}
+    at = at if isinstance(at, tuple) else (at,)
 
     def hook(*_):
         calls["n"] += 1
-        if calls["n"] == at:
+        if calls["n"] in at:
             raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
 
     if where == "forward":
@@ -69,14 +70,7 @@ def test_a_step_undone_beside_another_job_and_both_train_as_their_eager_loops():
     jobs match their eager loops."""
     s = session()
     a, b = Twin(4, 24), Twin(5, 40)
-    calls = {"n": 0}
-
-    def hook(*_):
-        calls["n"] += 1
-        if calls["n"] in (2, 8):
-            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
-
-    b.job.model[3].register_forward_pre_hook(hook)
+    run_out(b.job.model[3], at=(2, 8))
     errors = []
 
     def trial(twin):
@@ -205,14 +199,7 @@ def test_after_its_passes_alone_the_job_shares_again_and_a_second_undo_doubles_t
     trains as its eager loop."""
     s = session()
     twin = Twin(14, 24)
-    calls = {"n": 0}
-
-    def hook(*_):
-        calls["n"] += 1
-        if calls["n"] in (2, 15):
-            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
-
-    twin.job.model[3].register_forward_pre_hook(hook)
+    calls = run_out(twin.job.model[3], at=(2, 15))
     twin.job.train(30, session=s)
     twin.check(30)
     assert calls["n"] == 32
