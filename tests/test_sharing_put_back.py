@@ -25,7 +25,8 @@ LIMIT = 64 << 20
 def run_out(module, at, where: str = "forward"):
     """``module`` raises the allocator's out-of-memory error at its
     ``at``-th call (1: the first; or at each of a tuple of calls), in its
-    forward or its backward; returns the calls seen."""
+    forward or its backward, or, ``module`` an optimizer, in its step;
+    returns the calls seen."""
     calls = {"n": 0}
     at = at if isinstance(at, tuple) else (at,)
 
@@ -34,10 +35,10 @@ def run_out(module, at, where: str = "forward"):
         if calls["n"] in at:
             raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
 
-    if where == "forward":
-        module.register_forward_pre_hook(hook)
-    else:
-        module.register_full_backward_pre_hook(hook)
+    register = {"forward": "register_forward_pre_hook",
+                "backward": "register_full_backward_pre_hook",
+                "step": "register_step_pre_hook"}[where]
+    getattr(module, register)(hook)
     return calls
 
 
@@ -96,14 +97,7 @@ def test_a_step_that_runs_out_in_its_update_stops_the_job():
     undone, and ``train`` raises the out-of-memory error."""
     s = session()
     twin = Twin(6, 24)
-    state = {"n": 0}
-
-    def pre_step(*_):
-        state["n"] += 1
-        if state["n"] == 2:
-            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
-
-    twin.job.optimizer.register_step_pre_hook(pre_step)
+    run_out(twin.job.optimizer, at=2, where="step")
     with pytest.raises(torch.OutOfMemoryError):
         twin.job.train(4, session=s)
     assert s.stats()["put_back"] == 0

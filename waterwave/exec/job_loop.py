@@ -173,8 +173,8 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
     update (beside the others, whose memory the budget admitted) is undone
     (``rollback.StepStart``) and runs again, the member's next passes alone
     (``ALONE_PASSES``, twice as many at each further undo of the call); one
-    that runs out alone, or in its update, stops the job. Stops before a step once ``stopped()`` (Ctrl-C); a job
-    that raises keeps its error as in ``run_job``, and Ctrl-C on this
+    that runs out alone, or in its update, stops the job. Stops before a
+    step once ``stopped()`` (Ctrl-C); a job that raises keeps its error as in ``run_job``, and Ctrl-C on this
     thread is raised. Each loss is read a few steps later, as ``run_job``
     reads them: on a GPU reading one waits for the device."""
     fetching = False
@@ -189,7 +189,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
             plain = job.plain_step(keep_grads, member)
             schedulers = bool(job.step_schedulers)
             undo = StepStart(job) if member is not None and member.gating else None
-            keep = undo is not None and bool(undo.buffers)
+            keeps_buffers = undo is not None and bool(undo.buffers)
             alone_for = ALONE_PASSES  # passes alone after an undo, doubling at each
             # A CPU's loss is read at once: only a GPU's waits for the device.
             on_cpu = job.device is None or job.device.type == "cpu"
@@ -203,7 +203,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                 fetching = True
                 inputs, targets = job.next_batch()
                 fetching = False
-                if keep:
+                if keeps_buffers:
                     undo.take()
                 try:
                     if plain is not None:
@@ -212,8 +212,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
                         loss = job.eager_step(inputs, targets, keep_grads=keep_grads,
                                               grads_none=grads_none)
                 except Exception as e:
-                    if (undo is None or job.updating or member.alone or member.pass_alone
-                            or not ran_out_of_memory(e)):
+                    if undo is None or job.updating or member.alone or not ran_out_of_memory(e):
                         raise
                     # Its forward or backward ran out beside the others: the
                     # step's tensors go with the error's frames, and the

@@ -133,27 +133,26 @@ class StepStart:
     (see the module's opening)."""
 
     def __init__(self, job):
+        import torch
+
         self.job = job
         self.buffers = list(job.model.buffers())
         self.kept = [b.detach().clone() for b in self.buffers]
+        self._copy = torch._foreach_copy_  # looked up once: take() runs every step
 
     def take(self) -> None:
-        """The step starts: its buffers as they are now."""
-        if self.buffers:
-            import torch
-
-            with torch.no_grad():
-                torch._foreach_copy_(self.kept, self.buffers)
+        """The step starts: its buffers as they are now (into detached
+        copies, so no autograd mode is needed)."""
+        self._copy(self.kept, self.buffers)
 
     def put_back(self) -> None:
         """The step undone before its update: its buffers as it found them,
         no gradients, its batch next to train on."""
-        job = self.job
-        if self.buffers:
-            import torch
+        import torch
 
-            with torch.no_grad():
-                torch._foreach_copy_(self.buffers, self.kept)
+        job = self.job
+        with torch.no_grad():  # a buffer may require gradients
+            self._copy(self.buffers, self.kept)
         for p in job.model.parameters():
             p.grad = None
         job.updating = False

@@ -142,12 +142,12 @@ class Member:
         # Whether the block's caller tells it of each optimizer step
         # (``job_sharing``), so that the global optimizer hooks pass it by.
         self.steps_told = False
-        # Its next passes run alone (alone_left of them): a step of its ran
-        # out of memory beside the others and was undone (job_loop.run_free).
+        # Its passes run alone, the running one and alone_left more: a step
+        # of its ran out of memory beside the others and was undone
+        # (job_loop.run_free).
         self.alone = False
         self.alone_left = 0
         self.alone_passes = 0
-        self.pass_alone = False  # the running pass runs alone
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int, modules: list) -> None:
@@ -158,7 +158,7 @@ class Member:
         self._depth = 0
         self._recorder = None
         self.step_point = False
-        self.alone, self.alone_left, self.pass_alone = False, 0, False
+        self.alone, self.alone_left = False, 0
         self._modules = modules if budget else [model]
         self._root_handles = [
             model.register_forward_pre_hook(self._root_hook(), with_kwargs=True)]
@@ -270,7 +270,9 @@ class Member:
             self.session.probe_sharing_budget()
         prediction = self.profiles.predict(signature, size)
         measuring = prediction is None
-        alone_pass = False
+        if self.alone and self.alone_left <= 0:
+            self.alone = False  # its passes alone are over: this one is gated as before
+        alone_pass = self.alone and not measuring and signature != BLOCK_START
         if signature != BLOCK_START:
             self._place_hooks(None if measuring else self._gate_points)
             self.measured_passes += measuring
@@ -278,11 +280,10 @@ class Member:
             self._kind = (structure_of(self._modules), signature, size)
             if self._wait_first_pass(live):
                 self.borrowed_passes += 1
-        elif self.alone and signature != BLOCK_START:
+        elif alone_pass:
             self._wait(None, 0, live, boundary=True)
             self.alone_passes += 1
             self.alone_left -= 1
-            alone_pass = True
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, with_slack(rest), live + net, boundary=True)
@@ -292,9 +293,6 @@ class Member:
         self._gates_now = frozenset() if alone_pass else self.gates.get(signature, frozenset())
         self.step_point = measuring or bool(self._gates_now)
         self._occurrences.clear()
-        self.pass_alone = alone_pass
-        if alone_pass and self.alone_left <= 0:
-            self.alone = False  # the next pass is gated as before
         if not measuring and prediction.scale == 1.0 and not self._gates_now and (
                 signature != BLOCK_START) and not alone_pass:
             # One region, no point inside: _end_pass's first case, which the
@@ -305,10 +303,8 @@ class Member:
         """Its next ``passes`` passes run alone (the others held at their
         boundaries, its claim all the room there is), within this block:
         its step ran out of memory beside the others and was undone."""
-        self.alone = True
-        self.alone_left = passes
+        self.alone, self.alone_left = True, passes
         self._steady = None  # each pass's start goes through _start_pass
-        self._gates_now = frozenset()
 
     def _end_pass(self, live: int, peak: int) -> None:
         recorder, signature, prediction = self._recorder, self._signature, self._prediction

@@ -392,10 +392,10 @@ class _Run:
         step = seg.step
         for key in [key for key in self.ptr[j] if key[0] == step]:
             self._free(j, self.ptr[j].pop(key), t.stream)
-        if step == 0:
+        if step == 0:  # what its first step made to keep, before operator k
             for at, made in self.persistent_at[j].items():
-                for b, _, _ in made if 0 <= at < k else ():
-                    if b in self.kept[j]:
+                if 0 <= at < k:
+                    for b, _, _ in made:
                         self._free(j, self.kept[j].pop(b), t.stream)
         t.seg = next(i for i, s in enumerate(t.segments) if s.step == step)
         t.op = 0
