@@ -159,12 +159,14 @@ def test_any_step_undone_before_its_update_trains_as_the_eager_loop(step, layer,
     assert s.stats()["put_back"] == 1
 
 
-def test_a_job_without_data_undoes_its_step_too():
+@pytest.mark.parametrize("norm", [torch.nn.BatchNorm1d, torch.nn.LayerNorm])
+def test_a_job_without_data_undoes_its_step_too(norm):
     """A job that trains on its example batch every step (no data): the
-    undone step has no batch to give back, and the job trains as its loop."""
+    undone step has no batch to give back, and the job trains as its loop;
+    with layer norm, a model with no buffers to put back."""
     s = session()
     torch.manual_seed(9)
-    net = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.BatchNorm1d(20), torch.nn.ReLU(),
+    net = torch.nn.Sequential(torch.nn.Linear(12, 20), norm(20), torch.nn.ReLU(),
                               torch.nn.Linear(20, 3))
     eager = copy.deepcopy(net)
     x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))

@@ -151,8 +151,9 @@ class StepStart:
         import torch
 
         job = self.job
-        with torch.no_grad():  # a buffer may require gradients
-            self._copy(self.buffers, self.kept)
+        if self.buffers:
+            with torch.no_grad():  # a buffer may require gradients
+                self._copy(self.buffers, self.kept)
         for p in job.model.parameters():
             p.grad = None
         job.updating = False
