@@ -20,8 +20,9 @@ from waterwave.exec.rollback import JobCheckpoint, ran_out_of_memory  # noqa: E4
 from waterwave.pipeline.pairing import step_peak  # noqa: E402
 from waterwave.pipeline.schedules import FREE, MEMORY, SEQUENTIAL, TURNS  # noqa: E402
 from waterwave.exec.concurrent import PROBE_STEPS, SIDE_BY_SIDE_PROBE_STEPS  # noqa: E402
-from waterwave.pipeline.session_choice import (CPU_PROBES, GUARD_CHUNK, GUARDED_STEPS,  # noqa: E402
-                                               PROBED, Choice)
+from waterwave.pipeline.session_choice import (CPU_PROBES, GUARD_CHUNK,  # noqa: E402
+                                               GUARD_CHUNK_MOST, GUARDED_STEPS, PROBED,
+                                               Choice, guard_chunk)
 
 
 def model(seed: int, width: int):
@@ -384,21 +385,48 @@ def free_runs(trainer) -> list:
     return runs
 
 
-def test_side_by_side_chosen_from_its_probe_runs_guarded_then_free(monkeypatch):
-    """Chosen from its probe, side by side runs its next GUARDED_STEPS steps
-    GUARD_CHUNK at a time (each from checkpoints), then in one run."""
+def test_side_by_side_chosen_from_its_probe_runs_guarded_in_chunks_doubling(monkeypatch):
+    """Chosen from its probe, side by side runs every later step from
+    checkpoints: GUARDED_STEPS steps GUARD_CHUNK at a time, then chunks
+    twice as long each (the last cut to the steps asked)."""
     as_on_a_gpu(monkeypatch)
     free_when_it_fits(monkeypatch)
     a, b = Twin(13, 24), Twin(14, 40)
     trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
     trainer.memory_limit = tight(trainer)
     runs = free_runs(trainer)
+    kept = []
+
+    def checkpoint(job):
+        kept.append(job)
+        return JobCheckpoint(job)
+
+    monkeypatch.setattr(concurrent, "JobCheckpoint", checkpoint)
     probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
-    trainer.run(probing + GUARDED_STEPS + 5)
+    later = GUARDED_STEPS + 2 * GUARD_CHUNK + 4 * GUARD_CHUNK + 5
+    trainer.run(probing + later)
     assert trainer.stats()["session"]["ran"] == FREE
-    assert runs == [SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK) + [5]
-    a.check(probing + GUARDED_STEPS + 5)
-    b.check(probing + GUARDED_STEPS + 5)
+    assert runs == ([SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK)
+                    + [2 * GUARD_CHUNK, 4 * GUARD_CHUNK, 5])
+    assert len(kept) == 2 * len(runs)  # every side-by-side run from both jobs' checkpoints
+    a.check(probing + later)
+    b.check(probing + later)
+
+
+def test_guarded_chunks_double_up_to_the_most():
+    chunks, guarded = [], 0
+    while guarded < 20 * GUARD_CHUNK_MOST:
+        chunks.append(guard_chunk(guarded))
+        guarded += chunks[-1]
+    first = GUARDED_STEPS // GUARD_CHUNK
+    assert chunks[:first] == [GUARD_CHUNK] * first
+    doubling = chunks[first:]
+    assert doubling[0] == 2 * GUARD_CHUNK
+    assert all(b == min(2 * a, GUARD_CHUNK_MOST) for a, b in zip(doubling, doubling[1:]))
+    assert doubling[-1] == GUARD_CHUNK_MOST
+    # A chunk cut short by the steps asked: the next is no shorter.
+    assert guard_chunk(GUARDED_STEPS + 5) == 2 * GUARD_CHUNK
+    assert guard_chunk(GUARDED_STEPS + 2 * GUARD_CHUNK + 1) == 4 * GUARD_CHUNK
 
 
 def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_dropped(monkeypatch):
@@ -426,6 +454,33 @@ def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_drop
     chose = trainer.stats()["session"]
     assert chose["ran"] != FREE and "free did not fit" in chose["why"]
     assert not b.job.failed
+    a.check(steps)
+    b.check(steps)
+
+
+def test_a_job_that_runs_out_long_after_the_first_guarded_steps_is_put_back(monkeypatch):
+    """The first job runs out in the third step of the chunk after the
+    first GUARDED_STEPS (a chunk of 2 * GUARD_CHUNK): it is put back to that
+    chunk's start and trains it again alone, side by side is dropped, and
+    both jobs train exactly as their eager loops."""
+    as_on_a_gpu(monkeypatch)
+    free_when_it_fits(monkeypatch)
+    a, b = Twin(17, 24), Twin(18, 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    groups = len(trainer.member(a.job).partition.groups)
+    at = (SIDE_BY_SIDE_PROBE_STEPS + GUARDED_STEPS + 2) * groups + 1
+    state = run_out_in_free_probe(trainer, a.job, at)
+    runs = free_runs(trainer)
+    probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
+    steps = probing + GUARDED_STEPS + 2 * GUARD_CHUNK + 6
+    trainer.run(steps)
+    assert state["calls"] == at
+    assert runs == ([SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK)
+                    + [2 * GUARD_CHUNK])  # then no more
+    assert trainer.stats()["put_back"] == 1
+    assert trainer.stats()["session"]["ran"] != FREE
+    assert not a.job.failed
     a.check(steps)
     b.check(steps)
 

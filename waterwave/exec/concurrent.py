@@ -95,8 +95,8 @@ from ..pipeline.schedules import (
     PairingInput,
     Schedule,
 )
-from ..pipeline.session_choice import (CPU_PROBES, GUARD_CHUNK, GUARDED_STEPS, PROBED, Choice,
-                                       MeasuredAlone, choose)
+from ..pipeline.session_choice import (CPU_PROBES, PROBED, Choice, MeasuredAlone, choose,
+                                       guard_chunk)
 from . import awaiting_jobs, ctrl_c
 from .device_segments import measured_alone, segment_slack
 from .job import Job
@@ -393,9 +393,8 @@ class ConcurrentTrainer(SettingsView):
                 pending = [p for p in self._probed(members) if p not in self._probes]
                 if choose(self._alone, limit).pairing == FREE or not pending:
                     self.choice = choose(self._alone, limit, self._probes or None)
-                    # Side by side chosen from its probe runs guarded a while.
-                    self._guard_left = GUARDED_STEPS if (
-                        self.choice.pairing == FREE and FREE in self._probes) else 0
+                    # Side by side chosen from its probe runs guarded.
+                    self._guarding = self.choice.pairing == FREE and FREE in self._probes
                     break
                 n = min(SIDE_BY_SIDE_PROBE_STEPS if pending[0] == FREE else PROBE_STEPS, steps)
                 if pending[0] == MEMORY and not self._planner(
@@ -413,7 +412,7 @@ class ConcurrentTrainer(SettingsView):
                         self._clock(members) - start, 1e-9)
                 steps -= n
             members = self.active
-        if steps > 0 and members and self.choice is not None and self._guard_left:
+        if steps > 0 and members and self.choice is not None and self._guarding:
             steps = self._run_guarded(members, steps)
             members = self.active
         if steps > 0 and members and self.choice is not None:
@@ -421,24 +420,25 @@ class ConcurrentTrainer(SettingsView):
                                                      pairing=self.choice.pairing))
 
     def _run_guarded(self, members: list[PipelinedJob], steps: int) -> int:
-        """Side by side chosen from its probe: its next steps, up to the
-        guard's (``GUARDED_STEPS`` in all), run ``GUARD_CHUNK`` at a time as
-        the probe ran (``_side_by_side_put_back``). Where a job's step runs
-        out, it is put back to its chunk's start and trains the chunk again
-        alone; side by side no longer counts as fitting, and the choice
-        falls to the fastest of the other probes. Returns the steps left."""
+        """Side by side chosen from its probe: its steps run in chunks as
+        the probe ran (``_side_by_side_put_back``), ``guard_chunk`` steps
+        each: short ones first, then each twice the last. Where a job's step
+        runs out, it is put back to its chunk's start and trains the chunk
+        again alone; side by side no longer counts as fitting, and the
+        choice falls to the fastest of the other probes. Returns the steps
+        left (none, unless side by side was dropped)."""
         limit = self._budget(members)
-        while steps > 0 and members and self._guard_left > 0:
-            n = min(GUARD_CHUNK, steps, self._guard_left)
+        while steps > 0 and members and self._guarding:
+            n = min(guard_chunk(self._guarded), steps)
             ran = self._side_by_side_put_back(members, n, limit)
             steps -= n
             members = self.active
             if ran is None:
                 self._probes[FREE] = None
                 self.choice = choose(self._alone, limit, self._probes)
-                self._guard_left = 0
+                self._guarding = False
                 break
-            self._guard_left -= n
+            self._guarded += n
         return steps
 
     def _probed(self, members: list[PipelinedJob]) -> tuple[str, ...]:
@@ -511,7 +511,8 @@ class ConcurrentTrainer(SettingsView):
         self.choice: Choice | None = None
         self._alone: list[MeasuredAlone] | None = None
         self._probes: dict[str, float | None] = {}
-        self._guard_left = 0  # steps side by side chosen from its probe still runs guarded
+        self._guarding = False  # side by side chosen from its probe: it runs guarded
+        self._guarded = 0       # the steps it has run guarded
 
     def _clock(self, members: list[PipelinedJob]) -> float:
         """Seconds, once the jobs' queued GPU work has ended."""

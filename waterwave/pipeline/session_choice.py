@@ -27,8 +27,9 @@ norm's running statistics already moved and some parameters updated, so
 the trainer probes it with the budget set as the allocator's cap and each
 job's state kept on the host (``exec/rollback.py``): a job whose step runs
 out is put back as it was and trains the probe's steps again alone. Chosen
-from its probe, side by side runs guarded so for ``GUARDED_STEPS`` more
-steps (the simulator models that guard too). (The
+from its probe, side by side runs guarded so for as long as it runs: its
+first ``GUARDED_STEPS`` steps in short chunks (the simulator models those),
+then in chunks doubling in length (``guard_chunk``). (The
 pairing itself runs its jobs free where their steps' bytes fit beside what
 each job's segments held beyond its blocks when it was measured alone,
 ``JobPlan.segment_spare``; counting 5% of the bytes instead, that ran out
@@ -117,11 +118,28 @@ TIE = 0.01
 # blocks cached beside other jobs' fragment the segments: in 9 of 524
 # simulated draws of 2-4 MLPs it fitted its 5 steps and ran out by the 20th
 # (bench/concurrent/session_fit.py). Chosen from its probe, side by side
-# runs its next GUARDED_STEPS steps guarded: GUARD_CHUNK steps at a time,
-# each job's state kept, as the probe ran; a job whose step runs out is put
-# back, and the choice falls to the fastest other probe.
+# runs guarded for as long as it runs, each job's state kept at each
+# chunk's start, as the probe ran; a job whose step runs out is put back,
+# and the choice falls to the fastest other probe. Its first GUARDED_STEPS
+# steps run GUARD_CHUNK at a time, where a run-out is likeliest (the
+# simulator models those); then each chunk is twice the last, up to
+# GUARD_CHUNK_MOST, so that keeping the state costs less and less a step
+# while a run-out as late as any still loses no trial.
 GUARDED_STEPS = 32
 GUARD_CHUNK = 8
+GUARD_CHUNK_MOST = 1024
+
+
+def guard_chunk(guarded: int) -> int:
+    """The steps of the next guarded chunk, ``guarded`` steps guarded so
+    far: ``GUARD_CHUNK`` for the first ``GUARDED_STEPS``, then doubling from
+    twice that, at most ``GUARD_CHUNK_MOST``."""
+    if guarded < GUARDED_STEPS:
+        return GUARD_CHUNK
+    chunk, start = 2 * GUARD_CHUNK, GUARDED_STEPS
+    while chunk < GUARD_CHUNK_MOST and guarded >= start + chunk:
+        start, chunk = start + chunk, 2 * chunk
+    return min(chunk, GUARD_CHUNK_MOST)
 
 # What a trainer on the CPU probes where memory binds: the ways that hold no
 # more than a job's step beside the others' state (one after another holds

@@ -254,8 +254,9 @@ class SessionSchedule:
     each job alone (``probe_steps`` steps), probes each way where side by
     side does not surely fit, and gives the schedule chosen; the probes'
     own steps are not counted in the run. Side by side chosen from its
-    probe is kept only where it lasts the steps a trainer runs it guarded
-    (``session_choice.GUARDED_STEPS``), as the trainer's guard would find."""
+    probe is kept only where it lasts the steps a trainer runs it in short
+    guarded chunks (``session_choice.GUARDED_STEPS``), as the trainer's
+    guard would find; its later, longer chunks are not modelled."""
     memory_limit: int | None = None
     name: str = "session"
     groups: int = 8
