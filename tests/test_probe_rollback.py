@@ -385,15 +385,28 @@ def free_runs(trainer) -> list:
     return runs
 
 
+# The steps a session trainer takes to choose (each job alone, then its
+# probes), and its side-by-side runs up to the end of its first guarded steps.
+PROBING = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
+FIRST_RUNS = [SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK)
+
+
+def guarded_pair(monkeypatch, seeds: tuple[int, int]):
+    """Two twins under a session trainer that chooses side by side from its
+    probe, as on a GPU, under a tight limit."""
+    as_on_a_gpu(monkeypatch)
+    free_when_it_fits(monkeypatch)
+    a, b = Twin(seeds[0], 24), Twin(seeds[1], 40)
+    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
+    trainer.memory_limit = tight(trainer)
+    return a, b, trainer
+
+
 def test_side_by_side_chosen_from_its_probe_runs_guarded_in_chunks_doubling(monkeypatch):
     """Chosen from its probe, side by side runs every later step from
     checkpoints: GUARDED_STEPS steps GUARD_CHUNK at a time, then chunks
     twice as long each (the last cut to the steps asked)."""
-    as_on_a_gpu(monkeypatch)
-    free_when_it_fits(monkeypatch)
-    a, b = Twin(13, 24), Twin(14, 40)
-    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
-    trainer.memory_limit = tight(trainer)
+    a, b, trainer = guarded_pair(monkeypatch, (13, 14))
     runs = free_runs(trainer)
     kept = []
 
@@ -402,15 +415,13 @@ def test_side_by_side_chosen_from_its_probe_runs_guarded_in_chunks_doubling(monk
         return JobCheckpoint(job)
 
     monkeypatch.setattr(concurrent, "JobCheckpoint", checkpoint)
-    probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
-    later = GUARDED_STEPS + 2 * GUARD_CHUNK + 4 * GUARD_CHUNK + 5
-    trainer.run(probing + later)
+    steps = PROBING + GUARDED_STEPS + 2 * GUARD_CHUNK + 4 * GUARD_CHUNK + 5
+    trainer.run(steps)
     assert trainer.stats()["session"]["ran"] == FREE
-    assert runs == ([SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK)
-                    + [2 * GUARD_CHUNK, 4 * GUARD_CHUNK, 5])
+    assert runs == FIRST_RUNS + [2 * GUARD_CHUNK, 4 * GUARD_CHUNK, 5]
     assert len(kept) == 2 * len(runs)  # every side-by-side run from both jobs' checkpoints
-    a.check(probing + later)
-    b.check(probing + later)
+    a.check(steps)
+    b.check(steps)
 
 
 def test_guarded_chunks_double_up_to_the_most():
@@ -418,8 +429,8 @@ def test_guarded_chunks_double_up_to_the_most():
     while guarded < 20 * GUARD_CHUNK_MOST:
         chunks.append(guard_chunk(guarded))
         guarded += chunks[-1]
-    first = GUARDED_STEPS // GUARD_CHUNK
-    assert chunks[:first] == [GUARD_CHUNK] * first
+    first = len(FIRST_RUNS) - 1  # the probe's run is no chunk
+    assert chunks[:first] == FIRST_RUNS[1:]
     doubling = chunks[first:]
     assert doubling[0] == 2 * GUARD_CHUNK
     assert all(b == min(2 * a, GUARD_CHUNK_MOST) for a, b in zip(doubling, doubling[1:]))
@@ -434,19 +445,14 @@ def test_a_job_that_runs_out_in_a_guarded_step_is_put_back_and_side_by_side_drop
     to the chunk's start and trains it again alone; side by side no longer
     counts, the fastest other probe runs the rest; both jobs train exactly
     as their eager loops."""
-    as_on_a_gpu(monkeypatch)
-    free_when_it_fits(monkeypatch)
-    a, b = Twin(15, 24), Twin(16, 40)
-    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
-    trainer.memory_limit = tight(trainer)
+    a, b, trainer = guarded_pair(monkeypatch, (15, 16))
     groups = len(trainer.member(b.job).partition.groups)
     # Armed in every side-by-side run: the probe's 4 steps, the first chunk's 8,
     # then the second chunk's third step.
     at = (SIDE_BY_SIDE_PROBE_STEPS + GUARD_CHUNK + 2) * groups + 2
     state = run_out_in_free_probe(trainer, b.job, at)
     runs = free_runs(trainer)
-    probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
-    steps = probing + 3 * GUARD_CHUNK
+    steps = PROBING + 3 * GUARD_CHUNK
     trainer.run(steps)
     assert state["calls"] == at
     assert runs == [SIDE_BY_SIDE_PROBE_STEPS, GUARD_CHUNK, GUARD_CHUNK]  # then no more
@@ -463,21 +469,15 @@ def test_a_job_that_runs_out_long_after_the_first_guarded_steps_is_put_back(monk
     first GUARDED_STEPS (a chunk of 2 * GUARD_CHUNK): it is put back to that
     chunk's start and trains it again alone, side by side is dropped, and
     both jobs train exactly as their eager loops."""
-    as_on_a_gpu(monkeypatch)
-    free_when_it_fits(monkeypatch)
-    a, b = Twin(17, 24), Twin(18, 40)
-    trainer = ww.ConcurrentTrainer([a.job, b.job], schedule="session")
-    trainer.memory_limit = tight(trainer)
+    a, b, trainer = guarded_pair(monkeypatch, (17, 18))
     groups = len(trainer.member(a.job).partition.groups)
     at = (SIDE_BY_SIDE_PROBE_STEPS + GUARDED_STEPS + 2) * groups + 1
     state = run_out_in_free_probe(trainer, a.job, at)
     runs = free_runs(trainer)
-    probing = 1 + SIDE_BY_SIDE_PROBE_STEPS + 3 * PROBE_STEPS
-    steps = probing + GUARDED_STEPS + 2 * GUARD_CHUNK + 6
+    steps = PROBING + GUARDED_STEPS + 2 * GUARD_CHUNK + 6
     trainer.run(steps)
     assert state["calls"] == at
-    assert runs == ([SIDE_BY_SIDE_PROBE_STEPS] + [GUARD_CHUNK] * (GUARDED_STEPS // GUARD_CHUNK)
-                    + [2 * GUARD_CHUNK])  # then no more
+    assert runs == FIRST_RUNS + [2 * GUARD_CHUNK]  # then no more
     assert trainer.stats()["put_back"] == 1
     assert trainer.stats()["session"]["ran"] != FREE
     assert not a.job.failed
