@@ -83,15 +83,18 @@ def test_jobs_under_a_budget_train_side_by_side_as_sharing_members_each_as_its_e
 
 
 def test_a_plain_job_tells_its_member_of_its_steps_and_hooks_no_optimizer(shared, monkeypatch):
-    """``job.train``'s usual step (``Job.steps_plain``) steps the optimizer
-    itself: its block (``job_sharing``) registers no global optimizer hook,
-    which every optimizer's step in the process would run, and the step
-    still is a point of the member's measured first pass, told by the job.
-    A job of other settings (accumulation) keeps the hooks. (Its step comes
-    in the second batch's pass, predicted from the first: no point there.)"""
+    """``job.train``'s usual step (``Job.steps_plain``) calls the model and
+    steps the optimizer itself: its block (``job_sharing``) puts no forward
+    pre-hook on the model, which would take torch's slower call path, and
+    registers no global optimizer hook, which every optimizer's step in the
+    process would run. The job tells its member instead: each call of the
+    model begins a pass (the member's ``boundary``), and the step still is a
+    point of the member's measured first pass. A job of other settings
+    (accumulation) keeps the hooks. (Its step comes in the second batch's
+    pass, predicted from the first: no point there.)"""
     from torch.optim.optimizer import _global_optimizer_pre_hooks
 
-    from waterwave.exec.sharing import Member
+    from waterwave.exec.sharing import Member, _members
 
     told = []
     real = Member.optimizer_step
@@ -99,10 +102,11 @@ def test_a_plain_job_tells_its_member_of_its_steps_and_hooks_no_optimizer(shared
     hooks_seen = []
 
     def loss(output, target):
-        hooks_seen.append(len(_global_optimizer_pre_hooks))
+        hooks_seen.append((len(_global_optimizer_pre_hooks), len(model._forward_pre_hooks)))
         return loss_fn(output, target)
 
-    for settings, hooks, points in (({}, 0, True), ({"accumulate_grad_batches": 2}, 1, False)):
+    for settings, hooks, points, passes in (({}, 0, True, 2),
+                                            ({"accumulate_grad_batches": 2}, 1, False, 4)):
         told.clear()
         hooks_seen.clear()
         model = net(5)
@@ -110,9 +114,10 @@ def test_a_plain_job_tells_its_member_of_its_steps_and_hooks_no_optimizer(shared
                      data=batches(n=4, seed=5), **settings)
         assert job.steps_plain == (not settings)
         job.train(2, session=shared)
-        assert set(hooks_seen) == {hooks}, settings
+        assert set(hooks_seen) == {(hooks, hooks)}, settings
         assert bool(told) == points, settings  # the measured first pass's step point
-        assert not _global_optimizer_pre_hooks  # none left after the block
+        assert _members[model].passes == passes, settings  # a pass at each call of the model
+        assert not _global_optimizer_pre_hooks and not model._forward_pre_hooks  # none left
 
 
 def test_a_model_no_capture_can_take_trains_under_a_budget(shared):

@@ -18,7 +18,7 @@ from .batches import BatchFeed
 from .between_calls import BetweenCalls
 from .pipeline_settings import whole_steps
 from .session import TrainingSession, training_session
-from .sharing import base_bytes, job_sharing, sharing
+from .sharing import NO_KEYWORDS, base_bytes, job_sharing, sharing
 from .step import CapturedStep, batches_per_step
 
 
@@ -371,12 +371,17 @@ class Job:
             return None
         loss_fn = self._capture[0] or default_loss
         model, opt = self._model, self._optimizer
+        # job_sharing's member: its pass boundary, called here before each
+        # call of the model, in place of a hook on the model.
+        boundary = member.boundary if member is not None else None
 
         def step(inputs: tuple, targets, grads_none: bool):
             if type(inputs) is not tuple or not inputs:  # keyword inputs, or none
-                return self._eager_step(inputs, targets, keep_grads, grads_none)
+                return self._eager_step(inputs, targets, keep_grads, grads_none, boundary)
             if not grads_none:
                 opt.zero_grad(set_to_none=True)
+            if boundary is not None:
+                boundary(model, inputs, NO_KEYWORDS)
             loss = loss_fn(model(*inputs), *(targets or ()))
             loss.backward()
             self.updating = True
@@ -390,7 +395,10 @@ class Job:
             return loss
         return step
 
-    def _eager_step(self, inputs: tuple, targets, keep_grads: bool, grads_none: bool = False):
+    def _eager_step(self, inputs: tuple, targets, keep_grads: bool, grads_none: bool = False,
+                    boundary=None):
+        """``eager_step``'s work; ``boundary``: a ``job_sharing`` member's,
+        called before each call of the model (``plain_step``)."""
         import torch
 
         loss_fn, clip, k, autocast_dtype, scaler = self._capture
@@ -408,6 +416,9 @@ class Job:
         for i in range(k):
             batch, batch_targets = (inputs, targets) if k == 1 else (
                 inputs[i * n_in:(i + 1) * n_in], targets[i * n_t:(i + 1) * n_t])
+            if boundary is not None:  # what a hook on the model would be called with
+                boundary(model, () if names else tuple(batch),
+                         dict(zip(names, batch)) if names else NO_KEYWORDS)
             if autocast_dtype is None:
                 loss = loss_fn(call_model(model, batch, names), *batch_targets)
             else:
