@@ -50,10 +50,12 @@ from __future__ import annotations
 
 import threading
 import weakref
+from array import array
 from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from .. import _C
 from ..alloc.thread_account import ThreadAccount
 from ..pipeline.pass_profile import (RECENT, START, PassRecorder, Profiles, Region, coarsen,
                                      gate_keys, rise_of, split_for, with_slack)
@@ -70,6 +72,37 @@ _members: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Me
 _members_lock = threading.Lock()
 _optimizer_hooks: list = []  # the global optimizer hooks, while any block runs
 _blocks_running = 0
+
+
+# The pass state's slots (``_C.PASS_STATE_SLOTS``; csrc/bindings/bind_sharing.cpp):
+# the numbers a member's pass boundary reads and writes at every pass, in one
+# array('q') that the member's Python and its C++ boundary share.
+_SLOTS = {name: index for index, name in enumerate(_C.PASS_STATE_SLOTS)}
+
+
+def _in_pass_state(name: str, doc: str) -> property:
+    """An attribute kept in the object's pass state (``_state``), slot ``name``."""
+    index = _SLOTS[name]
+
+    def get(self) -> int:
+        return self._state[index]
+
+    def put(self, value: int) -> None:
+        self._state[index] = value
+    return property(get, put, doc=doc)
+
+
+class _Recorder(PassRecorder):
+    """The running pass's recorder, its start and level in its member's pass
+    state, where the C++ boundary's steady path restarts it. A member's
+    recorders share those slots: only the newest is read."""
+
+    start = _in_pass_state("recorder_start", "where the pass started")
+    _level = _in_pass_state("recorder_level", "the level at its last point")
+
+    def __init__(self, live: int, state: array):
+        self._state = state
+        super().__init__(live)
 
 
 class _Steady(NamedTuple):
@@ -89,7 +122,18 @@ class Member:
     account in the session's ledger and what its passes were measured
     needing (see the module's opening)."""
 
+    passes = _in_pass_state("passes", "passes begun")
+    most = _in_pass_state("most", "the most its account held, as far as its points saw")
+    _depth = _in_pass_state("depth", "nested calls of the model in the running pass")
+    _as_predicted = _in_pass_state(
+        "as_predicted", "single-region passes in a row within their prediction")
+    _after_step = _in_pass_state(
+        "after_step", "the most held just after an optimizer's step in this pass")
+    _carried_peak = _in_pass_state(
+        "carried_peak", "the peak read after an optimizer's step, carried to the next read")
+
     def __init__(self, model, session, name: str):
+        self._state = array("q", [0]) * len(_SLOTS)  # the pass state: the slots above, and more
         self.model_ref = weakref.ref(model)
         self.session = session
         self.name = name
@@ -109,8 +153,6 @@ class Member:
         self._stream_context = None
         self.budget = 0       # the budget when the block began (0: none)
         self.base = 0         # its model's bytes, which it holds untagged
-        self.most = 0         # the most its account held, as far as its points saw
-        self.passes = 0
         self.measured_passes = 0
         self.borrowed_passes = 0  # measured passes that did not run alone (FirstPasses)
         self._kind: tuple | None = None  # the measured pass's kind (FirstPasses), while it runs
@@ -123,21 +165,12 @@ class Member:
         # the pass boundary it calls; None where a hook on the model calls it.
         self.boundary = None
         self._root_return = None
-        self._depth = 0
-        self._recorder: PassRecorder | None = None
+        self._recorder: _Recorder | None = None
         self._signature: tuple | None = None
         self._size = 0
         self._prediction = None
         self._occurrences: Counter = Counter()
-        self._as_predicted = 0  # single-region passes in a row within their prediction
-        # The steady path's pass (``_Steady``): set where the pass that runs
-        # is predicted as one region, so that the next pass of its signature
-        # and size, if this one ends within its prediction, changes nothing.
-        self._steady: _Steady | None = None
-        # The most the account held just after an optimizer's step in this
-        # pass, and the peak read there (carried to the next point's read).
-        self._after_step = 0
-        self._carried_peak = 0
+        self._steady = None
         # Whether an optimizer's step is a point of the running pass (it is
         # measured, or has gates inside): the global step hook reads it, at
         # every step of every member.
@@ -151,6 +184,40 @@ class Member:
         self.alone = False
         self.alone_left = 0
         self.alone_passes = 0
+
+    @property
+    def _steady(self) -> _Steady | None:
+        """The steady path's pass: set where the pass that runs is predicted
+        as one region, so that the next pass of its signature and size, if
+        this one ends within its prediction, changes nothing. Kept in the
+        pass state too, where the C++ boundary reads it."""
+        return self._steady_pass
+
+    @_steady.setter
+    def _steady(self, steady: _Steady | None) -> None:
+        self._steady_pass = steady
+        state = self._state
+        signature = steady.signature if steady is not None else None
+        if (type(signature) is not tuple or len(signature) != 2
+                or not all(type(x) is bool for x in signature)):
+            state[_SLOTS["steady"]] = 0  # none, or a signature only the Python takes
+            return
+        for name, value in (("steady_grad", signature[0]), ("steady_training", signature[1]),
+                            ("steady_size", steady.size), ("steady_rise", steady.rise),
+                            ("steady_net", steady.net), ("steady_rest", steady.rest),
+                            ("steady", 1)):
+            state[_SLOTS[name]] = value
+
+    @property
+    def _root_return(self):
+        """The model's forward hook's handle, where a pass needs it (it
+        counts the depth of nested calls); its presence in the pass state."""
+        return self._root_return_handle
+
+    @_root_return.setter
+    def _root_return(self, handle) -> None:
+        self._root_return_handle = handle
+        self._state[_SLOTS["root_return"]] = handle is not None
 
     # The block ------------------------------------------------------------
     def enter(self, budget: int, base: int, modules: list, calls_told: bool = False) -> None:
@@ -208,6 +275,7 @@ class Member:
             self._root_return.remove()
         self._root_handles, self._hooks, self._hooked, self._placed = [], {}, None, False
         self.boundary = None
+        self._steady = None
         self.step_point = False
         self._root_return = None
         if self._stream_context is not None:
@@ -221,7 +289,8 @@ class Member:
 
     # Passes -----------------------------------------------------------------
     def _root_hook(self):
-        """The model's forward pre-hook for this block, where a pass begins:
+        """The member's pass boundary for this block, where a pass begins
+        (the model's forward pre-hook, or ``boundary``):
         ``_C.PassBoundary`` (``csrc/bindings/bind_sharing.cpp``). It keeps
         the depth of nested calls (the model called from its own forward is
         one pass, where the forward hook counts the depth; where it is not
@@ -229,15 +298,14 @@ class Member:
         the pass, reads the account and takes the steady path's common case
         itself: a pass that ended with nothing to learn
         (``_single_region_ended``'s rule) asks at its gate what the last one
-        asked. Every other case is ``_pass_begins``. In C++ because a
-        small model's step is short (a digits MLP's about 250 µs on the CPU)
-        and, after a step's torch work, each line of Python costs several
-        times what it costs warm."""
+        asked. Every other case is ``_pass_begins``. In C++, reading and
+        writing the member's pass state (``_state``) and no attribute,
+        because a small model's step is short (a digits MLP's 250-450 µs on
+        the CPU) and, after a step's torch work, every object touched costs
+        a cache miss."""
         import torch
 
-        from .. import _C
-
-        return _C.PassBoundary(self, self.ledger, self.account.id, self.thread,
+        return _C.PassBoundary(self, self._state, self.ledger, self.account.id, self.thread,
                                self._modules[0], self.gating, self.on_cuda,
                                torch.is_grad_enabled, torch.Tensor, elements, RECENT)
 
@@ -297,7 +365,7 @@ class Member:
         else:
             rise, rest, net = prediction.at(START)
             self._wait(rise, with_slack(rest), live + net, boundary=True)
-        self._recorder = PassRecorder(live)  # waiting, it allocated nothing
+        self._recorder = _Recorder(live, self._state)  # waiting, it allocated nothing
         self._after_step = 0
         self._signature, self._size, self._prediction = signature, size, prediction
         self._gates_now = frozenset() if alone_pass else self.gates.get(signature, frozenset())
@@ -340,7 +408,7 @@ class Member:
         self.profiles.learn(signature, self._size,
                             coarsen(regions, self.gates.get(signature, frozenset())))
 
-    def _single_region_ended(self, recorder: PassRecorder, live: int, peak: int,
+    def _single_region_ended(self, recorder: _Recorder, live: int, peak: int,
                              predicted_rise: int, predicted_net: int) -> Region | None:
         """A pass with no point inside (a small model's) ended at ``live``,
         ``peak``: the one region to learn of it, or None where there is
