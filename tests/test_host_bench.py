@@ -220,6 +220,24 @@ def test_the_trial_cost_benchmark_times_a_search_cold_or_warm():
             assert trial_cost.run_mode(mode, trials=2, epochs=1, jobs=2, warm=warm) > 0
 
 
+def test_the_trial_cost_benchmark_times_every_mode_in_one_process(tmp_path):
+    """``--in-process``: every mode's search in the benchmark's own process,
+    after a warm-up each, the modes taking turns; the report says so and
+    gives each mode at 1 and at ``--jobs`` trials at once."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import trial_cost
+
+    assert trial_cost.main(["--trials", "2", "--epochs", "1", "--jobs", "2", "--repeats", "2",
+                            "--in-process", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "trial_cost_in_process.json").read_text())
+    assert report["in_process"] and report["repeats"] == 2
+    assert {(r["jobs"], r["mode"]) for r in report["rows"]} == {
+        (j, m) for j in (1, 2) for m in trial_cost.MODES}
+    assert all(len(r["runs_s"]) == 2 and r["median_s"] > 0 for r in report["rows"])
+    assert "--in-process" in (tmp_path / "trial_cost_in_process.md").read_text()
+
+
 def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
     """bench/concurrent/state_fit.py with tiny settings: under a limit that
     holds every trial's state, each way trains them all, each run in a

@@ -120,6 +120,42 @@ def test_a_plain_job_tells_its_member_of_its_steps_and_hooks_no_optimizer(shared
         assert not _global_optimizer_pre_hooks and not model._forward_pre_hooks  # none left
 
 
+def test_a_jobs_calls_go_on_from_its_steady_pass(shared, monkeypatch):
+    """``job.train``'s blocks have no pass of their own before the model's
+    first call (``BLOCK_START``: the job allocates nothing there but its
+    batch, as each step does), and a steady pass one call leaves open goes
+    on into the next: once its passes are learned, every step of a call,
+    the first too, takes the C++ steady path and none starts a pass in the
+    member's Python. A ``ww.sharing`` block of the user's own in between
+    (an evaluation) ends that pass, and the next call starts afresh. The
+    losses stay the eager loop's."""
+    from waterwave.exec.sharing import BLOCK_START, Member, _members
+
+    started = []
+    real = Member._start_pass
+    monkeypatch.setattr(Member, "_start_pass",
+                        lambda self, signature, *a: (started.append(signature),
+                                                     real(self, signature, *a))[1])
+    model, reference = net(6), net(6)
+    data = batches(n=4, seed=6)
+    job = ww.Job(model, loss_fn=loss_fn, optimizer=OPTIMIZERS["sgd"](model), data=data)
+    for _ in range(6):  # its passes measured, then learned
+        job.train(4, session=shared)
+    assert started and BLOCK_START not in started
+    member = _members[model]
+    started.clear()
+    job.train(4, session=shared)
+    job.train(4, session=shared)
+    assert started == [] and member._steady is not None  # each step steady, across calls
+    with ww.sharing(model, shared), torch.no_grad():  # the user's evaluation
+        model(data[0][0])
+    assert member._steady is None
+    started.clear()
+    job.train(4, session=shared)
+    assert started and BLOCK_START not in started
+    assert job.losses == eager(reference, OPTIMIZERS["sgd"](reference), data, steps=36)
+
+
 def test_a_model_no_capture_can_take_trains_under_a_budget(shared):
     data = batches(n=4, seed=2)
     model, reference = Branches(), Branches()

@@ -17,7 +17,11 @@ and ``capture=True``, which captures each trial's step and plans it
 
 Each mode runs in a fresh process, the modes in turn, ``--repeats`` times;
 the table gives each mode's median wall time for the whole search and its
-ratio to the eager loops run the same way. ``job.train``'s time includes
+ratio to the eager loops run the same way. ``--in-process``: every mode in
+this one process instead, after one warm-up search each, the modes taking
+turns ``--repeats`` times: what a process pays once is paid before the
+clock, and the machine's drift falls on every mode alike (an A/B of two
+versions runs it once per version, in turn). ``job.train``'s time includes
 making each trial's ``Job`` and, planned, its capture (reused across trials
 of one structure, ``waterwave.capturing.trace_cache``), its guards and its
 first calls; the eager loops' includes nothing more than the loops. Results go to
@@ -131,6 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", action="store_true",
                     help="each process first trains one trial of another structure, off the "
                          "clock: the cost per trial without what a process pays once")
+    ap.add_argument("--in-process", action="store_true",
+                    help="every mode in this process, after a warm-up search each, the modes "
+                         "taking turns")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "JOBS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -138,7 +145,15 @@ def main(argv=None) -> int:
                                   args.warm)))
         return 0
     seconds: dict = {}
-    for _ in range(args.repeats):
+    if args.in_process:
+        for jobs in (1, args.jobs):
+            for mode in MODES:  # the warm-up: what the process pays once, off the clock
+                run_mode(mode, args.trials, args.epochs, jobs)
+            for _ in range(args.repeats):
+                for mode in MODES:
+                    seconds.setdefault(f"{jobs}", {}).setdefault(mode, []).append(
+                        run_mode(mode, args.trials, args.epochs, jobs))
+    for _ in range(0 if args.in_process else args.repeats):
         for jobs in (1, args.jobs):
             for mode in MODES:
                 out = subprocess.run([sys.executable, __file__, "--trials", str(args.trials),
@@ -159,18 +174,22 @@ def main(argv=None) -> int:
     threads = os.environ.get("OMP_NUM_THREADS")
     report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "trials": args.trials,
               "epochs": args.epochs, "repeats": args.repeats, "warm": args.warm,
-              "omp_num_threads": threads, "rows": rows}
-    stem = "trial_cost_warm" if args.warm else "trial_cost"
+              "in_process": args.in_process, "omp_num_threads": threads, "rows": rows}
+    stem = ("trial_cost_in_process" if args.in_process
+            else "trial_cost_warm" if args.warm else "trial_cost")
     os.makedirs(args.out, exist_ok=True)
     Path(args.out, f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    how = [" Each process first trained one trial of another structure (width 32), off the "
-           "clock."] if args.warm else []
+    how = ([" Every mode in one process, after a warm-up search each, the modes taking "
+            "turns."] if args.in_process
+           else [" Each process first trained one trial of another structure (width 32), off "
+                 "the clock."] if args.warm else [])
     if threads:
         how.append(f" OMP_NUM_THREADS={threads}.")
     lines = ["# A short trial through job.train against its eager loop (measured, CPU)", "",
              f"{machine}, {report['date']}: {args.trials} digits-sized trials of {args.epochs} "
              f"epochs, medians of {args.repeats} runs (`python bench/concurrent/trial_cost.py"
-             f"{' --warm' if args.warm else ''}`).{''.join(how)}",
+             f"{' --in-process' if args.in_process else ''}{' --warm' if args.warm else ''}`)."
+             f"{''.join(how)}",
              "", "| trials at once | mode | search, s | runs, s | to eager |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['jobs']} | {r['mode']} | {r['median_s']:.2f} | "

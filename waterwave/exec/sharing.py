@@ -225,12 +225,19 @@ class Member:
         ``calls_told``: the block's caller calls ``boundary`` before each
         call of the model (``job_sharing``), so the model gets no forward
         pre-hook: a hook on it takes torch's slower call path at every step
-        (about 8 µs of a digits MLP's 450 µs step on the CPU)."""
+        (about 8 µs of a digits MLP's 450 µs step on the CPU). Such a
+        caller (``job.train``) allocates nothing in its block before its
+        model's call but its batch, as each of its steps does: its block
+        has no pass of its own before that call (``BLOCK_START``), and a
+        steady pass its last block left open goes on (``exit``), so that
+        each call's first step takes the steady path too."""
         model = self.model_ref()
         self.thread = threading.get_ident()
         self.budget, self.base = budget, base
         self._depth = 0
-        self._recorder = None
+        if not (calls_told and self._steady is not None):
+            self._recorder = None
+            self._steady = None
         self.step_point = False
         self.alone, self.alone_left = False, 0
         self._modules = modules if budget else [model]
@@ -241,8 +248,8 @@ class Member:
         self._root_return = None  # the model's forward hook, where a pass needs it
         if self.on_cuda:
             self._enter_stream()
-        if self.gating:  # what it allocates before its model's first call is a pass's too
-            self._start_pass(BLOCK_START, 0, *self._read())
+        if self.gating and not calls_told:  # what it allocates before its model's first
+            self._start_pass(BLOCK_START, 0, *self._read())  # call is a pass's too
 
     def _enter_stream(self) -> None:
         """The block's work on the member's own stream, after what the caller
@@ -266,16 +273,23 @@ class Member:
         self._stream_context = self._outer_stream = None
 
     def exit(self) -> None:
-        live, peak = self._read()
-        if self._recorder is not None:
-            self._end_pass(live, peak)
+        """The block ends. Its running pass ends here, unless the block's
+        caller tells it of its model's calls and the pass is a steady one:
+        that pass goes on into the member's next block (``enter``), its
+        peak unread, and ends at that block's first call of the model."""
+        keeps_pass = self.boundary is not None and self._steady is not None and self.gating
+        if not keeps_pass:
+            live, peak = self._read()
+            if self._recorder is not None:
+                self._end_pass(live, peak)
         for handle in [*self._root_handles, *self._hooks.values()]:
             handle.remove()
         if self._root_return is not None:
             self._root_return.remove()
         self._root_handles, self._hooks, self._hooked, self._placed = [], {}, None, False
         self.boundary = None
-        self._steady = None
+        if not keeps_pass:
+            self._steady = None
         self.step_point = False
         self._root_return = None
         if self._stream_context is not None:
