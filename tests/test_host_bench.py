@@ -238,6 +238,31 @@ def test_the_trial_cost_benchmark_times_every_mode_in_one_process(tmp_path):
     assert "--in-process" in (tmp_path / "trial_cost_in_process.md").read_text()
 
 
+def test_the_step_cost_benchmark_times_each_way_and_each_phase(tmp_path):
+    """bench/concurrent/step_cost.py with tiny settings, in this process:
+    microseconds a step of the bare loop, ``job.train`` and a shared
+    ``job.train``; and with ``--phases``, each phase of a step in a job's
+    sharing block with its pass boundary called and without. Settings
+    under 1 are refused."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import step_cost
+
+    assert step_cost.main(["--width", "16", "--steps", "3", "--rounds", "2",
+                           "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "step_cost.json").read_text())
+    assert set(report["ways"]) == set(step_cost.WAYS)
+    assert all(row["median_us"] > 0 for row in report["ways"].values())
+    assert step_cost.main(["--width", "16", "--rounds", "2", "--phases",
+                           "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "step_cost_phases.json").read_text())
+    assert set(report["medians_us"]) == {"boundary", "none"}
+    called, none = report["medians_us"]["boundary"], report["medians_us"]["none"]
+    assert len(called) == len(step_cost.PHASES) and called[0] > none[0]  # the boundary's call
+    with pytest.raises(SystemExit):
+        step_cost.main(["--rounds", "0", "--out", str(tmp_path)])
+
+
 def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
     """bench/concurrent/state_fit.py with tiny settings: under a limit that
     holds every trial's state, each way trains them all, each run in a

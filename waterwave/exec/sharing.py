@@ -42,7 +42,9 @@ members are counted, and one hook at the model's call lets Ctrl-C stop them.
 A member's model, its account and what was learned of it last as long as
 the model: the next block (the next epoch) goes on from them. Hooks are
 placed when a block starts and removed when it ends, so the model outside
-its blocks is the user's, unchanged (saved, copied, evaluated).
+its blocks is the user's, unchanged (saved, copied, evaluated). A ``Job``'s
+blocks (``job_sharing``) put no hook on the model at all: the job calls its
+model and steps its optimizer itself, and tells the member of each.
 
 May import: waterwave._C, waterwave.alloc, this package; torch (lazily).
 """
