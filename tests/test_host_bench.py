@@ -253,6 +253,10 @@ def test_the_step_cost_benchmark_times_each_way_and_each_phase(tmp_path):
     report = json.loads((tmp_path / "step_cost.json").read_text())
     assert set(report["ways"]) == set(step_cost.WAYS)
     assert all(row["median_us"] > 0 for row in report["ways"].values())
+    assert step_cost.main(["--width", "16", "--steps", "2", "--rounds", "1", "--threads", "2",
+                           "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "step_cost_2_threads.json").read_text())
+    assert report["threads"] == 2 and set(report["ways"]) == set(step_cost.WAYS)
     assert step_cost.main(["--width", "16", "--rounds", "2", "--phases",
                            "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "step_cost_phases.json").read_text())

@@ -8,7 +8,10 @@ and over the bare eager loop, on the CPU, for one digits-sized MLP
   steps run as a ``waterwave.sharing`` member, counted and gated, as a
   GPU's session runs them by default. All in this one process, on one job
   each, the ways in a shuffled order each round, two calls a round:
-  microseconds a step, medians and quartiles over ``--rounds``.
+  microseconds a step, medians and quartiles over ``--rounds``. With
+  ``--threads K`` each way trains K jobs from K threads at once (as
+  Optuna's ``n_jobs`` runs trials): the round's wall time over all K
+  threads' steps.
 * ``--phases``: the step inside a sharing block of the job's own kind
   (``job_sharing``), each phase timed (the pass boundary, forward and loss,
   backward, optimizer step, ``zero_grad`` and the loss read), with the
@@ -16,7 +19,7 @@ and over the bare eager loop, on the CPU, for one digits-sized MLP
   the boundary costs itself, and what it costs the operators after it.
 
     python bench/concurrent/step_cost.py [--width 128] [--steps 22] [--rounds 150]
-                                         [--phases] [--out bench/results]
+                                         [--threads 1] [--phases] [--out bench/results]
 
 An A/B of two versions runs it once per version, in turn (``PYTHONPATH`` at
 each tree). Results go to step_cost.{json,md} (``--phases``:
@@ -33,6 +36,7 @@ import platform
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,13 +66,14 @@ def _setup(width: int):
     return batches, job, session
 
 
-def ways(width: int, steps: int, rounds: int) -> dict:
-    """Microseconds a step of each way: {way: [per round]}."""
+def ways(width: int, steps: int, rounds: int, threads: int = 1) -> dict:
+    """Microseconds a step of each way: {way: [per round]}; from ``threads``
+    threads at once, the wall time over every thread's steps."""
     import torch
     import torch.nn.functional as F
 
     batches, make, session = _setup(width)
-    jobs = {way: make() for way in WAYS}
+    jobs = {(way, k): make() for way in WAYS for k in range(threads)}
 
     def bare(model, opt):
         done = 0
@@ -79,24 +84,35 @@ def ways(width: int, steps: int, rounds: int) -> dict:
                 opt.step()
                 done += 1
 
-    def call(way):
-        model, opt, job = jobs[way]
-        if way == "bare":
-            bare(model, opt)
-        else:
-            job.train(steps=steps, session=session if way == "shared" else None)
-    with torch.enable_grad():
-        for way in WAYS * 5:  # warm: measured passes, first calls
-            call(way)
-        us = {way: [] for way in WAYS}
-        for _ in range(rounds):
-            order = list(WAYS)
-            random.shuffle(order)
-            for way in order:
-                start = time.perf_counter_ns()
+    def call(way, k=0):
+        model, opt, job = jobs[(way, k)]
+        with torch.enable_grad():  # a thread's own grad mode
+            if way == "bare":
+                bare(model, opt)
+            else:
+                job.train(steps=steps, session=session if way == "shared" else None)
+
+    def calls(way, n):
+        if threads == 1:
+            for _ in range(n):
                 call(way)
-                call(way)
-                us[way].append((time.perf_counter_ns() - start) / (2e3 * steps))
+            return
+        workers = [threading.Thread(target=lambda k=k: [call(way, k) for _ in range(n)])
+                   for k in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    for way in WAYS * 5:  # warm: measured passes, first calls
+        calls(way, 1)
+    us = {way: [] for way in WAYS}
+    for _ in range(rounds):
+        order = list(WAYS)
+        random.shuffle(order)
+        for way in order:
+            start = time.perf_counter_ns()
+            calls(way, 2)
+            us[way].append((time.perf_counter_ns() - start) / (2e3 * steps * threads))
     return us
 
 
@@ -144,11 +160,12 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--steps", type=int, default=22, help="steps a job.train call")
     ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--threads", type=int, default=1, help="jobs of each way at once, a thread each")
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     for name, value in (("--width", args.width), ("--steps", args.steps),
-                        ("--rounds", args.rounds)):
+                        ("--rounds", args.rounds), ("--threads", args.threads)):
         if value < 1:
             ap.error(f"{name} must be at least 1, got {value}")
     import waterwave
@@ -175,22 +192,25 @@ def main(argv=None) -> int:
                          + " | ".join(f"{v:.1f}" for v in row) + f" | {sum(row):.1f} |")
         stem = "step_cost_phases"
     else:
-        us = ways(args.width, args.steps, args.rounds)
+        us = ways(args.width, args.steps, args.rounds, args.threads)
         rows = {way: {"median_us": statistics.median(v),
                       "quartiles_us": statistics.quantiles(v, n=4)[::2] if len(v) > 1 else v * 2}
                 for way, v in us.items()}
-        report.update(steps=args.steps, ways=rows)
+        report.update(steps=args.steps, threads=args.threads, ways=rows)
         bare = rows["bare"]["median_us"]
+        at_once = (f", {args.threads} jobs a way at once from as many threads (wall time over "
+                   f"all their steps)" if args.threads > 1 else "")
         lines = ["# What a shared job.train step costs (measured, CPU)", "",
                  f"{machine}, {report['date']}: an MLP 64-{args.width}-{args.width}-10 at batch "
-                 f"64, job.train calls of {args.steps} steps, the ways in turn in one process, "
-                 f"medians of {args.rounds} rounds (`{command} --steps {args.steps}`).", "",
+                 f"64, job.train calls of {args.steps} steps{at_once}, the ways in turn in one "
+                 f"process, medians of {args.rounds} rounds (`{command} --steps {args.steps}"
+                 f"{f' --threads {args.threads}' if args.threads > 1 else ''}`).", "",
                  "| way | µs a step | over the bare loop | quartiles |", "|---|---|---|---|"]
         for way, row in rows.items():
             q1, q3 = row["quartiles_us"]
             lines.append(f"| {way} | {row['median_us']:.1f} | +{row['median_us'] - bare:.1f} | "
                          f"{q1:.1f}–{q3:.1f} |")
-        stem = "step_cost"
+        stem = "step_cost" if args.threads == 1 else f"step_cost_{args.threads}_threads"
     os.makedirs(args.out, exist_ok=True)
     Path(args.out, f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     Path(args.out, f"{stem}.md").write_text("\n".join(lines) + "\n")
