@@ -229,10 +229,11 @@ class Member:
         pre-hook: a hook on it takes torch's slower call path at every step
         (about 8 µs of a digits MLP's 450 µs step on the CPU). Such a
         caller (``job.train``) allocates nothing in its block before its
-        model's call but its batch, as each of its steps does: its block
-        has no pass of its own before that call (``BLOCK_START``), and a
-        steady pass its last block left open goes on (``exit``), so that
-        each call's first step takes the steady path too."""
+        model's call but its batch, as each of its steps does: a steady
+        pass its last block left open goes on (``exit``), asking at the
+        block's start what it asked, with no pass of the block's own before
+        that call (``BLOCK_START``), so that each call's first step takes
+        the steady path too."""
         model = self.model_ref()
         self.thread = threading.get_ident()
         self.budget, self.base = budget, base
@@ -250,8 +251,15 @@ class Member:
         self._root_return = None  # the model's forward hook, where a pass needs it
         if self.on_cuda:
             self._enter_stream()
-        if self.gating and not calls_told:  # what it allocates before its model's first
-            self._start_pass(BLOCK_START, 0, *self._read())  # call is a pass's too
+        if self.gating and self._steady is None:  # what it allocates before its model's
+            self._start_pass(BLOCK_START, 0, *self._read())  # first call is a pass's too
+        elif self.gating:
+            # The steady pass its last block left open goes on: at its block's
+            # start it asks again what it asked (a boundary's wait, never an
+            # allocation's, which a tie could fail), its peak left unread.
+            steady = self._steady
+            live, _ = self.account.usage()
+            self._wait(steady.rise, steady.rest, live + steady.net, boundary=True)
 
     def _enter_stream(self) -> None:
         """The block's work on the member's own stream, after what the caller
