@@ -321,12 +321,12 @@ class Job:
             self._other_shapes[key] = capture
         return self._other_shapes[key]
 
-    def sharing_block(self, session: TrainingSession, steps_told: bool = False) -> sharing:
+    def sharing_block(self, session: TrainingSession, told: bool = False) -> sharing:
         """Its model as a ``waterwave.sharing`` member of ``session``;
-        ``steps_told``: the caller's steps tell the member of each optimizer
-        step (``plain_step``'s, given the member), so no global optimizer
-        hook runs for it (``job_sharing``)."""
-        block = job_sharing if steps_told else sharing
+        ``told``: the caller's steps tell the member of each call of the
+        model and each optimizer step (``plain_step``'s, given the member),
+        so neither the model nor any optimizer is hooked (``job_sharing``)."""
+        block = job_sharing if told else sharing
         return block(self.model, session, name=self.name)
 
     def eager_step(self, inputs: tuple, targets, session: TrainingSession | None = None,

@@ -180,7 +180,7 @@ def run_free(job, steps: int, stopped: Callable[[], bool], session=None) -> None
     fetching = False
     pending: list = []
     block = (contextlib.nullcontext() if session is None
-             else job.sharing_block(session, steps_told=job.steps_plain))
+             else job.sharing_block(session, told=job.steps_plain))
     try:
         with grad_mode(), block as member:
             if session is not None:  # its model is the member's now, counted there

@@ -177,9 +177,10 @@ class Member:
         # measured, or has gates inside): the global step hook reads it, at
         # every step of every member.
         self.step_point = False
-        # Whether the block's caller tells it of each optimizer step
-        # (``job_sharing``), so that the global optimizer hooks pass it by.
-        self.steps_told = False
+        # Whether the block's caller tells it of each call of the model and
+        # each optimizer step (``job_sharing``): the model has no hook, and
+        # the global optimizer hooks pass it by.
+        self.told = False
         # Its passes run alone, the running one and alone_left more: a step
         # of its ran out of memory beside the others and was undone
         # (job_loop.run_free).
@@ -222,9 +223,9 @@ class Member:
         self._state[_SLOTS["root_return"]] = handle is not None
 
     # The block ------------------------------------------------------------
-    def enter(self, budget: int, base: int, modules: list, calls_told: bool = False) -> None:
+    def enter(self, budget: int, base: int, modules: list) -> None:
         """The block starts; ``modules``: its model's, the model first.
-        ``calls_told``: the block's caller calls ``boundary`` before each
+        Where ``told``, the block's caller calls ``boundary`` before each
         call of the model (``job_sharing``), so the model gets no forward
         pre-hook: a hook on it takes torch's slower call path at every step
         (about 8 µs of a digits MLP's 450 µs step on the CPU). Such a
@@ -238,15 +239,16 @@ class Member:
         self.thread = threading.get_ident()
         self.budget, self.base = budget, base
         self._depth = 0
-        if not (calls_told and self._steady is not None):
+        told = self.told
+        if not (told and self._steady is not None):
             self._recorder = None
             self._steady = None
         self.step_point = False
         self.alone, self.alone_left = False, 0
         self._modules = modules if budget else [model]
         boundary = self._root_hook()
-        self.boundary = boundary if calls_told else None
-        self._root_handles = [] if calls_told else [
+        self.boundary = boundary if told else None
+        self._root_handles = [] if told else [
             model.register_forward_pre_hook(boundary, with_kwargs=True)]
         self._root_return = None  # the model's forward hook, where a pass needs it
         if self.on_cuda:
@@ -287,7 +289,7 @@ class Member:
         caller tells it of its model's calls and the pass is a steady one:
         that pass goes on into the member's next block (``enter``), its
         peak unread, and ends at that block's first call of the model."""
-        keeps_pass = self.boundary is not None and self._steady is not None and self.gating
+        keeps_pass = self.told and self._steady is not None and self.gating
         if not keeps_pass:
             live, peak = self._read()
             if self._recorder is not None:
@@ -689,11 +691,12 @@ class sharing:
     device is the model's (its parameters'); ``session`` another than the
     device's; ``name`` what stats and errors call it (the model's class)."""
 
-    # Whether the block hooks every optimizer's step (the global optimizer
-    # hooks, while any block runs) and the model's calls: a user's loop
-    # steps its optimizer and calls its model where only a hook sees it.
-    hooks_optimizers = True
-    hooks_model = True
+    # Whether the block's caller tells its member of each call of the model
+    # and each optimizer step (``job_sharing``). Otherwise the block hooks
+    # the model's calls and every optimizer's step (the global optimizer
+    # hooks, while any block runs): a user's loop calls its model and steps
+    # its optimizer where only a hook sees it.
+    caller_tells = False
 
     def __init__(self, model, session=None, *, name: str | None = None):
         import torch
@@ -723,24 +726,24 @@ class sharing:
                                    f"{_local.member.name!r}): one block per thread")
             member.thread = threading.get_ident()
         try:
-            if self.hooks_optimizers:
+            if not self.caller_tells:
                 _optimizer_hooks_on()
         except BaseException:
             member.thread = None
             raise
-        member.steps_told = not self.hooks_optimizers
+        member.told = self.caller_tells
         modules = list(model.modules())  # one walk of the model, for its bytes and its hooks
         base = base_bytes(model, session.device, modules)
         try:
             budget = session.join_sharing(member, base)
         except BaseException:
             member.thread = None
-            if self.hooks_optimizers:
+            if not self.caller_tells:
                 _optimizer_hooks_off()
             raise
         self.member = member
         try:
-            member.enter(budget, base, modules, calls_told=not self.hooks_model)
+            member.enter(budget, base, modules)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -756,7 +759,7 @@ class sharing:
         try:
             member.exit()
         finally:
-            if self.hooks_optimizers:
+            if not self.caller_tells:
                 _optimizer_hooks_off()
             member.session.leave_sharing(member)
         return None
@@ -775,8 +778,7 @@ class job_sharing(sharing):
     inputs, which ``Job.plain_step`` hands to ``_eager_step``, tells
     nothing: that pass has no point at its step, and is measured coarser.)"""
 
-    hooks_optimizers = False
-    hooks_model = False
+    caller_tells = True
 
 
 def _optimizer_hooks_on() -> None:
@@ -805,14 +807,14 @@ def _optimizer_hooks_off() -> None:
 
 def _optimizer_stepping(optimizer, args, kwargs):
     member = getattr(_local, "member", None)
-    if member is not None and member.step_point and not member.steps_told:
+    if member is not None and member.step_point and not member.told:
         member.optimizer_step()
     return None
 
 
 def _optimizer_stepped(optimizer, args, kwargs):
     member = getattr(_local, "member", None)
-    if member is not None and member.budget and not member.steps_told:  # gating
+    if member is not None and member.budget and not member.told:  # gating
         member.optimizer_stepped()
     return None
 
