@@ -267,6 +267,52 @@ def test_the_step_cost_benchmark_times_each_way_and_each_phase(tmp_path):
         step_cost.main(["--rounds", "0", "--out", str(tmp_path)])
 
 
+def test_the_step_instructions_benchmark_counts_between_its_switches(tmp_path, monkeypatch):
+    """bench/concurrent/step_instructions.py: a way's process switches
+    callgrind's counting on after its warm calls and off after the counted
+    ones; a profile's total is read from its totals line, and a file with
+    none is refused; the report divides each way's count by its steps and
+    sets it against the bare loop's; without valgrind it says what to
+    install. (valgrind itself runs a way for minutes: the benchmark's run,
+    not the suite's.)"""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench" / "concurrent"))
+    import step_instructions as si
+
+    events = []
+    real_train = __import__("waterwave").Job.train
+
+    def train(job, *a, **k):
+        events.append("step")
+        return real_train(job, *a, **k)
+    with monkeypatch.context() as patch:
+        patch.setattr("waterwave.Job.train", train)
+        patch.setattr(si.subprocess, "run", lambda cmd, **k: events.append(tuple(cmd)))
+        si.child("job.train", 16, 2, calls=2)
+    pid = str(os.getpid())
+    assert events == ["step"] * si.WARM_CALLS + [("callgrind_control", "-i", "on", pid)] + [
+        "step"] * 2 + [("callgrind_control", "-i", "off", pid)]
+
+    assert si.instructions("events: Ir\nfl=x\n0 5\ntotals: 123456\n") == 123456
+    assert si.instructions("summary: 42\n") == 42
+    with pytest.raises(ValueError, match="no totals"):
+        si.instructions("events: Ir\n")
+
+    monkeypatch.setattr(si, "counted", lambda way, *a: {"bare": 2000, "job.train": 1800,
+                                                         "shared": 2600}[way])
+    monkeypatch.setattr(si.shutil, "which", lambda tool: "/usr/bin/" + tool)
+    assert si.main(["--steps", "10", "--calls", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "step_instructions.json").read_text())
+    assert report["per_step"] == {"bare": 100, "job.train": 90, "shared": 130}
+    assert "+30.00%" in (tmp_path / "step_instructions.md").read_text()
+
+    monkeypatch.setattr(si.shutil, "which", lambda tool: None)
+    with pytest.raises(SystemExit):
+        si.main(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        si.main(["--calls", "0", "--out", str(tmp_path)])
+
+
 def test_the_state_fit_benchmark_counts_the_trials_each_way_trained(tmp_path):
     """bench/concurrent/state_fit.py with tiny settings: under a limit that
     holds every trial's state, each way trains them all, each run in a

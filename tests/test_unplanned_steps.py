@@ -307,3 +307,52 @@ def test_only_a_plain_step_takes_the_one_closure_path(unplanned):
         assert all(p.grad is None for p in plain.model.parameters())  # freed, as captured steps
     assert_same_model(full.model, plain.model)
     assert plain.stats()["eager_steps"] == full.stats()["eager_steps"] == 3
+
+
+def test_a_step_clears_gradients_as_zero_grad_does_and_calls_any_other_zero_grad():
+    """``grads_clearer``: for torch's own ``zero_grad``, each parameter's
+    gradient set to None without the method's wrapping, and the method
+    itself while the profiler runs (its trace names the call); an
+    optimizer's own ``zero_grad`` (a subclass's, or one set on it) is
+    called, with ``set_to_none=True``."""
+    from waterwave.exec.job import grads_clearer
+
+    def with_grads(optimizer):
+        model = net(4)
+        opt = optimizer(model)
+        model(torch.randn(2, 16)).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        return model, opt
+
+    model, opt = with_grads(OPTIMIZERS["adam"])
+    extra = torch.nn.Parameter(torch.ones(3))
+    extra.grad = torch.ones(3)
+    clear = grads_clearer(opt)
+    opt.add_param_group({"params": [extra]})  # a group added after: cleared too
+    clear()
+    assert all(p.grad is None for p in model.parameters()) and extra.grad is None
+
+    model, opt = with_grads(OPTIMIZERS["sgd"])
+    with torch.profiler.profile() as prof:
+        grads_clearer(opt)()
+    assert all(p.grad is None for p in model.parameters())
+    assert any("zero_grad" in e.name for e in prof.events())
+
+    class Halving(torch.optim.SGD):  # a zero_grad of its own: called as it is
+        def zero_grad(self, set_to_none=True):
+            self.asked = set_to_none
+            for g in self.param_groups:
+                for p in g["params"]:
+                    p.grad.mul_(0.5)
+
+    model, opt = with_grads(lambda m: Halving(m.parameters(), lr=0.1))
+    before = [p.grad.clone() for p in model.parameters()]
+    grads_clearer(opt)()
+    assert opt.asked is True
+    assert all(torch.equal(p.grad, b * 0.5) for p, b in zip(model.parameters(), before))
+
+    model, opt = with_grads(OPTIMIZERS["sgd"])
+    calls = []
+    opt.zero_grad = lambda set_to_none=True: calls.append(set_to_none)  # set on the optimizer
+    grads_clearer(opt)()
+    assert calls == [True] and all(p.grad is not None for p in model.parameters())

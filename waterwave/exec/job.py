@@ -371,6 +371,7 @@ class Job:
             return None
         loss_fn = self._capture[0] or default_loss
         model, opt = self._model, self._optimizer
+        clear_grads = grads_clearer(opt)
         # job_sharing's member: its pass boundary, called here before each
         # call of the model, in place of a hook on the model.
         boundary = member.boundary if member is not None else None
@@ -379,7 +380,7 @@ class Job:
             if type(inputs) is not tuple or not inputs:  # keyword inputs, or none
                 return self._eager_step(inputs, targets, keep_grads, grads_none, boundary)
             if not grads_none:
-                opt.zero_grad(set_to_none=True)
+                clear_grads()
             if boundary is not None:
                 boundary(model, inputs, NO_KEYWORDS)
             loss = loss_fn(model(*inputs), *(targets or ()))
@@ -390,7 +391,7 @@ class Job:
             opt.step()
             self.updating = False
             if not keep_grads:
-                opt.zero_grad(set_to_none=True)
+                clear_grads()
             self.eager_steps += 1
             return loss
         return step
@@ -410,8 +411,9 @@ class Job:
         targets = tuple(targets or ())
         names = input_names(inputs)
         n_in, n_t = len(inputs) // k, len(targets) // k
+        clear_grads = grads_clearer(opt)
         if not grads_none:  # a short step feels zero_grad's own cost (a few µs)
-            opt.zero_grad(set_to_none=True)
+            clear_grads()
         losses = []
         for i in range(k):
             batch, batch_targets = (inputs, targets) if k == 1 else (
@@ -442,7 +444,7 @@ class Job:
             opt.step()
         self.updating = False
         if not keep_grads:
-            opt.zero_grad(set_to_none=True)
+            clear_grads()
         self.eager_steps += 1
         if k == 1:
             return losses[0]  # its graph freed by backward; the caller reads or detaches it
@@ -497,6 +499,34 @@ class Job:
     def __repr__(self) -> str:
         state = f"failed: {self.error!r}" if self.failed else f"{len(self.losses)} steps"
         return f"Job({self.name!r}, {state})"
+
+
+def grads_clearer(optimizer) -> Callable[[], None]:
+    """``optimizer.zero_grad(set_to_none=True)`` as a function of no
+    arguments. For an optimizer whose ``zero_grad`` is torch's own, with
+    the profiler off, it does what that method does, setting each of its
+    parameters' gradients to None, without the method's wrapping (a
+    profiler label, dynamo's guard): 10 µs of a digits MLP's 500 µs step
+    on the CPU, for the loop's 0.5. Any other ``zero_grad`` (a subclass's,
+    one set on the optimizer) is called as it is, and so is torch's while
+    the profiler runs, so that its trace names the call."""
+    import torch
+
+    zero_grad = optimizer.zero_grad
+    if (type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
+            or "zero_grad" in vars(optimizer)):
+        return lambda: zero_grad(set_to_none=True)
+    profiling = torch._C._autograd._profiler_enabled
+
+    def clear() -> None:
+        if profiling():
+            zero_grad(set_to_none=True)
+            return
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad = None
+    return clear
 
 
 def _checked_schedulers(schedulers, optimizer) -> tuple:
