@@ -86,13 +86,14 @@ def counted(way: str, width: int, steps: int, calls: int) -> int:
 
 
 def instructions(profile: str) -> int:
-    """The instructions a callgrind profile counted (its ``totals:`` or
-    ``summary:`` line)."""
-    found = re.search(r"^(?:totals|summary):\s+(\d+)", profile, re.MULTILINE)
-    if found is None:
+    """The instructions a callgrind profile counted: its ``totals:`` line,
+    written at its end (the ``summary:`` line of its header is written as
+    the run starts, 0 where counting starts off)."""
+    found = re.findall(r"^totals:\s+(\d+)", profile, re.MULTILINE)
+    if not found:
         raise ValueError("the callgrind profile has no totals line: was valgrind's callgrind "
                          "the tool that wrote it?")
-    return int(found.group(1))
+    return int(found[-1])
 
 
 def main(argv=None) -> int:
