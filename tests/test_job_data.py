@@ -497,3 +497,18 @@ def test_batches_already_on_the_device_are_counted_as_held_beside_the_steps():
     assert BatchFeed(list(zip(xs, ys)), device=torch.device("meta")).resident_bytes() == 0
     assert BatchFeed(DataLoader(dataset(), batch_size=8), device=cpu).resident_bytes() == 0
     assert BatchFeed(list(zip(xs, ys))).resident_bytes() == 0  # no device: nothing moved
+
+
+def test_a_cpu_jobs_batch_on_the_cpu_is_handed_out_as_it_is_and_any_other_is_moved():
+    """``BatchFeed.next`` on the CPU: a batch whose tensors are all on the
+    CPU (or that holds non-tensors) is the batch itself, not a copy; one
+    tensor elsewhere sends the batch through ``x.to(device)`` (a meta
+    tensor, which cannot be copied out, says so)."""
+    from waterwave.exec.batches import BatchFeed
+
+    cpu = torch.device("cpu")
+    x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+    inputs, targets = BatchFeed([(x, 0.5, y)], n_inputs=2, device=cpu).next()
+    assert inputs[0] is x and inputs[1] == 0.5 and targets[0] is y
+    with pytest.raises(NotImplementedError, match="meta"):
+        BatchFeed([(x, torch.zeros(4, device="meta"), y)], n_inputs=2, device=cpu).next()
