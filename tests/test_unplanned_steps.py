@@ -309,7 +309,7 @@ def test_only_a_plain_step_takes_the_one_closure_path(unplanned):
     assert plain.stats()["eager_steps"] == full.stats()["eager_steps"] == 3
 
 
-def test_a_step_clears_gradients_as_zero_grad_does_and_calls_any_other_zero_grad():
+def test_a_step_clears_gradients_as_zero_grad_does_and_calls_any_other_zero_grad(monkeypatch):
     """``grads_clearer``: for torch's own ``zero_grad``, each parameter's
     gradient set to None without the method's wrapping, and the method
     itself while the profiler runs (its trace names the call); an
@@ -356,3 +356,16 @@ def test_a_step_clears_gradients_as_zero_grad_does_and_calls_any_other_zero_grad
     opt.zero_grad = lambda set_to_none=True: calls.append(set_to_none)  # set on the optimizer
     grads_clearer(opt)()
     assert calls == [True] and all(p.grad is not None for p in model.parameters())
+
+    # A torch that cannot say whether its profiler runs: torch's method each time.
+    model, opt = with_grads(OPTIMIZERS["sgd"])
+    called = []
+    torch_zero_grad = torch.optim.Optimizer.zero_grad
+
+    def recorded(self, set_to_none=True):
+        called.append(set_to_none)
+        torch_zero_grad(self, set_to_none)
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", recorded)
+    monkeypatch.delattr(torch._C._autograd, "_profiler_enabled")
+    grads_clearer(opt)()
+    assert called == [True] and all(p.grad is None for p in model.parameters())

@@ -513,10 +513,12 @@ def grads_clearer(optimizer) -> Callable[[], None]:
     import torch
 
     zero_grad = optimizer.zero_grad
+    # Whether the profiler runs (a private call: a torch without it gets
+    # the method every step).
+    profiling = getattr(torch._C._autograd, "_profiler_enabled", None)
     if (type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
-            or "zero_grad" in vars(optimizer)):
+            or "zero_grad" in vars(optimizer) or profiling is None):
         return lambda: zero_grad(set_to_none=True)
-    profiling = torch._C._autograd._profiler_enabled
 
     def clear() -> None:
         if profiling():
