@@ -66,16 +66,18 @@ def _setup(width: int):
     return batches, job, session
 
 
-def ways(width: int, steps: int, rounds: int, threads: int = 1) -> dict:
-    """Microseconds a step of each way: {way: [per round]}; from ``threads``
-    threads at once, the wall time over every thread's steps."""
+def train_call(way: str, made: tuple, batches: list, steps: int, session) -> None:
+    """One call of ``way``: ``steps`` steps of the job ``made`` (``_setup``'s
+    ``(model, optimizer, job)``), the bare loop's epoch after epoch of
+    ``batches``, or ``job.train`` (shared: in ``session``)."""
     import torch
     import torch.nn.functional as F
 
-    batches, make, session = _setup(width)
-    jobs = {(way, k): make() for way in WAYS for k in range(threads)}
-
-    def bare(model, opt):
+    model, opt, job = made
+    with torch.enable_grad():  # a thread's own grad mode
+        if way != "bare":
+            job.train(steps=steps, session=session if way == "shared" else None)
+            return
         done = 0
         while done < steps:
             for xb, yb in batches[:steps - done]:
@@ -84,13 +86,15 @@ def ways(width: int, steps: int, rounds: int, threads: int = 1) -> dict:
                 opt.step()
                 done += 1
 
+
+def ways(width: int, steps: int, rounds: int, threads: int = 1) -> dict:
+    """Microseconds a step of each way: {way: [per round]}; from ``threads``
+    threads at once, the wall time over every thread's steps."""
+    batches, make, session = _setup(width)
+    jobs = {(way, k): make() for way in WAYS for k in range(threads)}
+
     def call(way, k=0):
-        model, opt, job = jobs[(way, k)]
-        with torch.enable_grad():  # a thread's own grad mode
-            if way == "bare":
-                bare(model, opt)
-            else:
-                job.train(steps=steps, session=session if way == "shared" else None)
+        train_call(way, jobs[(way, k)], batches, steps, session)
 
     def calls(way, n):
         if threads == 1:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_cost import WAYS, _setup  # noqa: E402  (the same job, the same ways)
+from step_cost import WAYS, _setup, train_call  # noqa: E402  (the same job, the same ways)
 
 TOOLS = ("valgrind", "callgrind_control")
 WARM_CALLS = 3  # off the count: first calls, measured passes
@@ -46,29 +46,15 @@ WARM_CALLS = 3  # off the count: first calls, measured passes
 
 def child(way: str, width: int, steps: int, calls: int) -> None:
     """In the process valgrind runs: ``calls`` calls of ``way``, counted."""
-    import torch
-    import torch.nn.functional as F
-
     # As step_cost's: the session with a budget made in every way's process.
     batches, make, session = _setup(width)
-    model, opt, job = make()
-    shared = session if way == "shared" else None
-
-    def call():
-        with torch.enable_grad():
-            if way == "bare":
-                for xb, yb in batches[:steps]:
-                    opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(model(xb), yb).backward()
-                    opt.step()
-            else:
-                job.train(steps=steps, session=shared)
+    made = make()
     for _ in range(WARM_CALLS):
-        call()
+        train_call(way, made, batches, steps, session)
     pid = str(os.getpid())
     subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
     for _ in range(calls):
-        call()
+        train_call(way, made, batches, steps, session)
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
