@@ -562,8 +562,12 @@ def test_sharing_vs_plain_reports_the_steady_rate_and_the_whole_run(tmp_path):
             if w["added"] is not None and r["plain_added"]:
                 assert w["added_of_best"] == pytest.approx(
                     w["added"] / max(r["plain_added"].values()))
+            if w["added_later"] is not None and r["plain_added_later"]:
+                assert w["added_later_of_best"] == pytest.approx(
+                    w["added_later"] / max(r["plain_added_later"].values()))
     text = (tmp_path / "sharing_vs_plain_3steps.md").read_text()
     assert "| sharing, whole run |" in text and "over the whole run" in text
+    assert "| sharing, later added steps |" in text and "over the later added steps" in text
     assert "| captured session, added steps |" in text and "over added steps" in text
 
 
