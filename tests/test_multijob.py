@@ -462,6 +462,39 @@ def _mlp_trace(width: int, layers: int, batch: int):
                        name=f"mlp{width}x{layers}-bs{batch}")
 
 
+def test_the_sharing_margin_and_whole_blocks_each_hold_back_a_mix_near_its_cap():
+    """Three MLP 256x3 and a 4096x2 under 492 MiB, where side by side
+    reserves 484 MiB (bench/concurrent/sharing_vs_plain.py's slowest mix).
+    With the margin a GPU session leaves (5%) the members' counted peak sits
+    at their budget, so gates serialize the steps: admissions are forced.
+    With 4% none are, yet the steady steps stay slower than with blocks split
+    too: kept whole, a 64 MiB block cannot serve the 4096x2's smaller
+    requests, and under this cap its segments are given back and made again
+    every step. ``sharing_margin`` must be a share below 1."""
+    from waterwave.sim.rates import added_steps_rate
+
+    jobs = [_mlp_trace(256, 3, 64) for _ in range(3)] + [_mlp_trace(4096, 2, 256)]
+    cap = 516_237_653
+
+    def rate(margin, config=""):
+        runs = [simulate(jobs, "H100-80GB", cap, "sharing", "waterwave", steps=n, record=False,
+                         concurrent_kernels=True, warm=True, sharing_margin=margin,
+                         config=config) for n in (4, 12)]
+        assert all(r.ok for r in runs)
+        assert runs[1].sharing["budget"] == int(cap * (1 - margin))
+        return added_steps_rate(*runs), runs[1]
+
+    tight, r = rate(0.05)
+    assert r.sharing["forced"] > 0
+    whole, r = rate(0.04)
+    assert r.sharing["forced"] == 0 and r.stats["num_oom_retries"] > 0
+    split, r = rate(0.04, "max_split_size_mb:1000000")
+    assert r.stats["num_oom_retries"] == 0
+    assert tight < whole < split
+    with pytest.raises(ValueError, match="sharing_margin 1"):
+        simulate(jobs[:1], "H100-80GB", cap, "sharing", "waterwave", sharing_margin=1)
+
+
 def test_a_sharing_job_the_device_runs_out_for_waits_for_the_others_frees():
     """As the runtime's members do (``wait_for_frees``): an operator the
     device cannot place, its budget admitting it, waits for another job's

@@ -3,6 +3,7 @@ schedules that fit, simulated: issue 41's "never slower than the best
 schedule that fits" asked of the default way.
 
     python bench/concurrent/sharing_vs_plain.py [--mixes 24] [--seed 0] [--steps 6]
+                                                [--margin 0.05] [--sharing-config S]
                                                 [--out bench/results]
 
 Random mixes of 2-4 MLP training jobs (the shapes of
@@ -28,8 +29,12 @@ added after those, where what a way's start leaves (jobs staggered by first
 passes run alone) weighs less. Every figure is
 simulated. Each way trains ``--steps`` steps a job; a sharing member's first
 pass runs alone (it is measured), which weighs more the fewer the steps.
+``--margin`` and ``--sharing-config`` run the members otherwise than a GPU
+session does (another share of the budget left to fragmentation, other
+allocator settings), to see what each costs or saves.
 Writes sharing_vs_plain.json and sharing_vs_plain.md (with another
-``--steps``: sharing_vs_plain_<steps>steps.*).
+``--steps``: sharing_vs_plain_<steps>steps.*; other members' settings add
+their own tail, such as _margin0.04).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import argparse
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +51,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import waterwave as ww  # noqa: E402
+from waterwave import AllocatorConfig, ConfigError  # noqa: E402
 from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
+from waterwave.pipeline.pass_profile import GPU_MARGIN  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
 from waterwave.sim.rates import added_steps_rate  # noqa: E402
 from waterwave.sim.schedules import ALLOCATORS, SessionSchedule  # noqa: E402
@@ -86,26 +94,44 @@ def cap_between(one_at_a_time: int, side_by_side: int, room: float) -> int:
     return int(lo + room * (hi - lo))
 
 
+@dataclass(frozen=True)
+class Members:
+    """How the sharing members run: the share of the budget they leave to
+    the allocator's fragmentation, and their allocator's settings ("": the
+    session's, large blocks kept whole; any max_split_size_mb replaces that
+    rule). The defaults are a GPU session's; others show what it trades."""
+    margin: float = GPU_MARGIN
+    config: str = ""
+
+    def stem(self) -> str:
+        """The results' file name's tail for settings other than a GPU session's."""
+        tail = "" if self.margin == GPU_MARGIN else f"_margin{self.margin:g}"
+        return tail + ("" if not self.config else "_" + self.config.replace(":", ""))
+
+
 def run(graphs, kernels, schedule: str, picks, cap, concurrent: bool, steps: int = 6,
-        warm: bool = False):
+        warm: bool = False, members: Members = Members()):
     policy, config = ALLOCATORS[schedule]
+    margin = GPU_MARGIN
+    if schedule == "sharing":
+        config, margin = members.config or config, members.margin
     cut = SessionSchedule().partition if schedule == "session" else (lambda g: None)
     traces = [eager_trace(graphs[k], GPU, kernels, partition=cut(graphs[k])) for k in picks]
     return simulate(traces, GPU, cap, schedule, policy, steps, config=config, record=False,
-                    concurrent_kernels=concurrent, warm=warm)
+                    concurrent_kernels=concurrent, warm=warm, sharing_margin=margin)
 
 
-def added_rates(graphs, kernels, schedule: str, picks, cap,
-                concurrent: bool) -> tuple[float | None, float | None]:
+def added_rates(graphs, kernels, schedule: str, picks, cap, concurrent: bool,
+                members: Members = Members()) -> tuple[float | None, float | None]:
     """Samples per second of LONG - SHORT more steps of every job, first
     calls made before, and of LATER - LONG more after those (None: out of
     memory)."""
-    short, long, later = (run(graphs, kernels, schedule, picks, cap, concurrent, n, True)
-                          for n in (SHORT, LONG, LATER))
+    short, long, later = (run(graphs, kernels, schedule, picks, cap, concurrent, n, True,
+                              members) for n in (SHORT, LONG, LATER))
     return added_steps_rate(short, long), added_steps_rate(long, later)
 
 
-def measure(mixes: int, seed: int, steps: int = 6) -> list[dict]:
+def measure(mixes: int, seed: int, steps: int = 6, members: Members = Members()) -> list[dict]:
     torch.manual_seed(seed)
     graphs = [mlp_graph(*s) for s in SHAPES]
     kernels = KernelModel.load()
@@ -132,8 +158,8 @@ def measure(mixes: int, seed: int, steps: int = 6) -> list[dict]:
                "plain_elapsed_us": whole, "plain_first_step_us": firsts, "plain_added": added,
                "plain_added_later": added_later}
         for way in ("sharing", "session"):
-            r = run(graphs, kernels, way, picks, cap, concurrent, steps)
-            a, later = added_rates(graphs, kernels, way, picks, cap, concurrent)
+            r = run(graphs, kernels, way, picks, cap, concurrent, steps, members=members)
+            a, later = added_rates(graphs, kernels, way, picks, cap, concurrent, members)
             row[way] = {"ok": r.ok, "throughput": r.throughput if r.ok else None,
                         "elapsed_us": r.elapsed_us if r.ok else None,
                         "first_step_us": r.first_step_us if r.ok else None,
@@ -159,11 +185,13 @@ def measure(mixes: int, seed: int, steps: int = 6) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], seed: int, steps: int = 6) -> str:
+def report(rows: list[dict], seed: int, steps: int = 6, members: Members = Members()) -> str:
     judged = [r for r in rows if "best" in r]
+    flags = ("" if members.margin == GPU_MARGIN else f" --margin {members.margin:g}") + (
+        f" --sharing-config {members.config}" if members.config else "")
     lines = ["# Sharing members against the best plain schedule that fits (simulated)", "",
              f"`python bench/concurrent/sharing_vs_plain.py --mixes {len(rows)} --seed {seed} "
-             f"--steps {steps}`: {len(rows)} random mixes of MLP jobs under random caps on a "
+             f"--steps {steps}{flags}`: {len(rows)} random mixes of MLP jobs under random caps on a "
              f"simulated {GPU}, {steps} steps a job; {len(judged)} had a plain schedule that "
              "fits. Samples per second over the best of one after another, in turn and side "
              "by side (PyTorch's policy) that fits.", ""]
@@ -236,13 +264,28 @@ def main(argv=None) -> int:
     ap.add_argument("--mixes", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=6, help="steps each job trains")
+    ap.add_argument("--margin", type=float, default=GPU_MARGIN,
+                    help="the share of the budget the sharing members leave to the allocator's "
+                         f"fragmentation (default {GPU_MARGIN:g}, a GPU session's)")
+    ap.add_argument("--sharing-config", default="",
+                    help="the sharing members' allocator settings, such as "
+                         "max_split_size_mb:1000000 (default: a GPU session's, blocks of 20 MiB "
+                         "or more kept whole)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps {args.steps}: a job trains at least one step")
-    rows = measure(args.mixes, args.seed, args.steps)
-    stem = "sharing_vs_plain" + ("" if args.steps == 6 else f"_{args.steps}steps")
-    write_results(Path(args.out), stem, rows, report(rows, args.seed, args.steps))
+    if not 0 <= args.margin < 1:
+        ap.error(f"--margin {args.margin}: a share of the budget, from 0 up to (not including) 1")
+    members = Members(args.margin, args.sharing_config)
+    try:
+        AllocatorConfig(members.config)
+    except ConfigError as e:
+        ap.error(f"--sharing-config: {e}")
+    rows = measure(args.mixes, args.seed, args.steps, members)
+    stem = ("sharing_vs_plain" + ("" if args.steps == 6 else f"_{args.steps}steps")
+            + members.stem())
+    write_results(Path(args.out), stem, rows, report(rows, args.seed, args.steps, members))
     return 0
 
 

@@ -123,7 +123,8 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
              schedule: str | SegmentSchedule = "lockstep", policy: str = "pytorch", steps: int = 3,
              config: str | AllocatorConfig = "", sync_at_barrier: bool = False, record: bool = True,
              queue_depth: int = QUEUE_DEPTH, concurrent_kernels: bool = False,
-             warm: bool = False, undo_steps: bool = True) -> SimResult:
+             warm: bool = False, undo_steps: bool = True,
+             sharing_margin: float = GPU_MARGIN) -> SimResult:
     """Run ``steps`` steps of each job (a one-step trace, stream 0) on its own
     stream of ``gpu`` under ``policy`` and ``schedule``, within
     ``memory_limit`` bytes (default: the GPU's memory). ``sync_at_barrier``:
@@ -134,7 +135,12 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
     them. ``undo_steps``: a ``sharing`` job's step that the device refuses
     before its update is undone and runs again alone, as ``job.train``'s
     steps are; False for loops in ``ww.sharing`` blocks, which nothing
-    undoes (the job fails)."""
+    undoes (the job fails). ``sharing_margin``: the share of the budget
+    ``sharing`` jobs leave to the allocator's fragmentation (the runtime's
+    on a GPU by default; another, to see what it costs or saves)."""
+    if not 0 <= sharing_margin < 1:
+        raise ValueError(f"sharing_margin {sharing_margin}: a share of the budget, from 0 "
+                         "up to (not including) 1")
     if policy not in SIMULATED_POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(SIMULATED_POLICIES)}")
     if not jobs:
@@ -169,7 +175,8 @@ def simulate(jobs: list[Trace], gpu: GPU | str = "H100-80GB", memory_limit: int 
         # GPU keeps them (alloc/cache_splits.py), unless the config chose.
         cache_splits.keep_large_blocks_whole(alloc)
     run = _Run(jobs, segments, alloc, device, policy, sync_at_barrier, record, queue_depth,
-               budget=memory_limit or spec.memory, warm=warm, undo_steps=undo_steps)
+               budget=memory_limit or spec.memory, warm=warm, undo_steps=undo_steps,
+               margin=sharing_margin)
     result = SimResult(True, policy, name, spec.name,
                        memory_limit, [t.name for t in jobs],
                        [t.meta.get("batch_size") for t in jobs], steps,
@@ -218,7 +225,8 @@ def _shared_rounds(segments: list[list[Segment]]) -> float:
 
 class _Run:
     def __init__(self, jobs, segments, alloc, device, policy, sync_at_barrier, record,
-                 queue_depth, budget: int = 0, warm: bool = False, undo_steps: bool = True):
+                 queue_depth, budget: int = 0, warm: bool = False, undo_steps: bool = True,
+                 margin: float = GPU_MARGIN):
         self.jobs, self.alloc, self.device, self.policy = jobs, alloc, device, policy
         self.warm = warm  # first calls paid before the run
         self.sync_at_barrier, self.record, self.queue_depth = sync_at_barrier, record, queue_depth
@@ -250,7 +258,7 @@ class _Run:
         self.ledger = None
         if any(isinstance(s, GatedSegment) for t in self.threads for s in t.segments):
             self.ledger = _C.ThreadAccounts()
-            self.ledger.set_budget(int(budget * (1 - GPU_MARGIN)))
+            self.ledger.set_budget(int(budget * (1 - margin)))
             self.accounts = [self.ledger.open() for _ in jobs]
             for account in self.accounts:
                 self.ledger.join(account, 0)
