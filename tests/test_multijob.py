@@ -604,6 +604,35 @@ def test_sharing_vs_plain_reports_the_steady_rate_and_the_whole_run(tmp_path):
     assert "| captured session, added steps |" in text and "over added steps" in text
 
 
+def test_sharing_settings_reports_each_setting_beside_one_after_another(tmp_path):
+    """bench/concurrent/sharing_settings.py: two resnet18 at batch 72 under
+    2 GiB, where one after another runs out of memory. A GPU session's
+    settings train them; blocks above 20 MiB split with each stream kept to
+    its own segments (what the MLP mixes favoured) run out. Bad cases are
+    refused by name."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "concurrent"))
+    try:
+        import sharing_settings
+    finally:
+        sys.path.pop(0)
+    assert sharing_settings.main(["--case", "resnet18:2:72", "--steps", "2",
+                                  "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "sharing_settings.json").read_text())
+    assert row["one_after_another"] is None
+    assert row["sharing"]["session"] > 0
+    assert row["sharing"]["21 MiB, own segments, 4%"] is None
+    text = (tmp_path / "sharing_settings.md").read_text()
+    assert "| resnet18 | 2 | 72 | out of memory |" in text
+    assert "- session: trains 1 of 1 cases; runs out of memory where one after another fits in 0" in text
+    for bad in ("resnet18:2", "resnet18:two:72", "resnet18:2:0", "nomodel:2:72"):
+        with pytest.raises(SystemExit):
+            sharing_settings.main(["--case", bad, "--out", str(tmp_path)])
+
+
 def test_warm_threads_pay_no_first_calls():
     """``warm``: the threads made their library kernels' first calls before
     the run, so a job alone runs every step in what its operators take on

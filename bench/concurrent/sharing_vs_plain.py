@@ -106,7 +106,8 @@ class Members:
     def stem(self) -> str:
         """The results' file name's tail for settings other than a GPU session's."""
         tail = "" if self.margin == GPU_MARGIN else f"_margin{self.margin:g}"
-        return tail + ("" if not self.config else "_" + self.config.replace(":", ""))
+        return tail + ("" if not self.config else
+                       "_" + self.config.replace(":", "").replace(",", "_"))
 
 
 def run(graphs, kernels, schedule: str, picks, cap, concurrent: bool, steps: int = 6,
