@@ -298,12 +298,13 @@ def test_the_step_instructions_benchmark_counts_between_its_switches(tmp_path, m
         si.instructions("events: Ir\n")
 
     monkeypatch.setattr(si, "counted", lambda way, *a: {"bare": 2000, "job.train": 1800,
-                                                         "shared": 2600}[way])
+                                                         "shared": 2600, "planned": 2200}[way])
     monkeypatch.setattr(si.shutil, "which", lambda tool: "/usr/bin/" + tool)
     assert si.main(["--steps", "10", "--calls", "2", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "step_instructions.json").read_text())
-    assert report["per_step"] == {"bare": 100, "job.train": 90, "shared": 130}
-    assert "+30.00%" in (tmp_path / "step_instructions.md").read_text()
+    assert report["per_step"] == {"bare": 100, "job.train": 90, "shared": 130, "planned": 110}
+    text = (tmp_path / "step_instructions.md").read_text()
+    assert "+30.00%" in text and "+10.00%" in text
 
     monkeypatch.setattr(si.shutil, "which", lambda tool: None)
     with pytest.raises(SystemExit):

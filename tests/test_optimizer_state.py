@@ -397,6 +397,48 @@ def test_step_hooks_the_captured_update_would_skip_are_refused():
     trainer.step(xs[1])
 
 
+def test_after_steps_a_hook_or_a_tensor_hyperparameter_is_refused_all_the_same():
+    """A captured step checks its optimizer's groups again only where their
+    settings changed since the last check (``GroupSettings``): a hook
+    registered after steps have run is refused, and so is lr swapped for a
+    tensor of the same value, which compares equal to the float but selects
+    other code in torch."""
+    xs = batches(3)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    trainer.step(xs[0])
+    trainer.step(xs[1])
+    handle = opt.register_step_pre_hook(lambda *a: None)
+    with pytest.raises(OptimizerError, match="step hook"):
+        trainer.step(xs[2])
+    handle.remove()
+    trainer.step(xs[2])
+    opt.param_groups[0]["lr"] = torch.tensor(0.1)
+    with pytest.raises(OptimizerError, match="lr is a Tensor"):
+        trainer.step(xs[0])
+
+
+def test_betas_given_as_a_list_and_changed_in_place_are_followed():
+    """Adam's betas as a list, changed in place between steps: the step sees
+    the change (its constants follow) and trains as eager does."""
+    xs = batches(4)
+    model = net()
+    eager = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    eager_opt = torch.optim.Adam(eager.parameters(), lr=0.01)
+    for o in (opt, eager_opt):
+        o.param_groups[0]["betas"] = [0.9, 0.999]  # torch keeps the constructor's as a tuple
+    trainer = ww.optimize(model, (xs[0],), loss_fn, opt)
+    for k, x in enumerate(xs):
+        if k == 2:
+            for o in (opt, eager_opt):
+                o.param_groups[0]["betas"][0] = 0.5
+        trainer.step(x)
+        eager_steps(eager, eager_opt, [x])
+    assert_same(model, opt, eager, eager_opt)
+
+
 def eager_clipped(xs, clip):
     """An eager SGD loop over ``xs`` clipping as ``clip`` (Job's settings) says."""
     eager = net()

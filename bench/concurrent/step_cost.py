@@ -3,10 +3,12 @@ and over the bare eager loop, on the CPU, for one digits-sized MLP
 (64 -> width -> width -> 10, SGD with momentum, batch 64, 22 batches):
 
 * *ways*: the bare loop; ``job.train(steps)`` in the CPU's session as it
-  comes (no budget: each step eager, nothing counted); and *shared*, in a
+  comes (no budget: each step eager, nothing counted); *shared*, in a
   session given a budget far above what the job holds, where each call's
   steps run as a ``waterwave.sharing`` member, counted and gated, as a
-  GPU's session runs them by default. All in this one process, on one job
+  GPU's session runs them by default; and *planned*, in such a session with
+  ``capture=True``: the step captured once and run from its plan, its
+  optimizer's groups checked at every step. All in this one process, on one job
   each, the ways in a shuffled order each round, two calls a round:
   microseconds a step, medians and quartiles over ``--rounds``. With
   ``--threads K`` each way trains K jobs from K threads at once (as
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-WAYS = ("bare", "job.train", "shared")
+WAYS = ("bare", "job.train", "shared", "planned")
 PHASES = ("the boundary's call", "forward and loss", "backward", "optimizer step", "zero_grad and loss read")
 BUDGET = 1 << 40  # a budget the job never comes near: every gate admits at once
 
@@ -62,21 +64,23 @@ def _setup(width: int):
                                     torch.nn.Linear(width, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         return model, opt, ww.Job(model, loss_fn=F.cross_entropy, optimizer=opt, data=batches)
-    session = ww.TrainingSession("cpu", memory_limit=BUDGET)
-    return batches, job, session
+    # The sessions of the job.train ways that have one (job.train itself: the CPU's own).
+    sessions = {"shared": ww.TrainingSession("cpu", memory_limit=BUDGET),
+                "planned": ww.TrainingSession("cpu", memory_limit=BUDGET, capture=True)}
+    return batches, job, sessions
 
 
-def train_call(way: str, made: tuple, batches: list, steps: int, session) -> None:
+def train_call(way: str, made: tuple, batches: list, steps: int, sessions: dict) -> None:
     """One call of ``way``: ``steps`` steps of the job ``made`` (``_setup``'s
     ``(model, optimizer, job)``), the bare loop's epoch after epoch of
-    ``batches``, or ``job.train`` (shared: in ``session``)."""
+    ``batches``, or ``job.train`` (in ``sessions[way]`` where it has one)."""
     import torch
     import torch.nn.functional as F
 
     model, opt, job = made
     with torch.enable_grad():  # a thread's own grad mode
         if way != "bare":
-            job.train(steps=steps, session=session if way == "shared" else None)
+            job.train(steps=steps, session=sessions.get(way))
             return
         done = 0
         while done < steps:
@@ -90,11 +94,11 @@ def train_call(way: str, made: tuple, batches: list, steps: int, session) -> Non
 def ways(width: int, steps: int, rounds: int, threads: int = 1) -> dict:
     """Microseconds a step of each way: {way: [per round]}; from ``threads``
     threads at once, the wall time over every thread's steps."""
-    batches, make, session = _setup(width)
+    batches, make, sessions = _setup(width)
     jobs = {(way, k): make() for way in WAYS for k in range(threads)}
 
     def call(way, k=0):
-        train_call(way, jobs[(way, k)], batches, steps, session)
+        train_call(way, jobs[(way, k)], batches, steps, sessions)
 
     def calls(way, n):
         if threads == 1:
@@ -128,7 +132,8 @@ def phases(width: int, rounds: int) -> dict:
     import torch.nn.functional as F
 
     sharing = importlib.import_module("waterwave.exec.sharing")
-    batches, make, session = _setup(width)
+    batches, make, sessions = _setup(width)
+    session = sessions["shared"]
     model, opt, _ = make()
     now = time.perf_counter_ns
     steps: dict = {"boundary": [], "none": []}

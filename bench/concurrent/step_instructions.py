@@ -1,6 +1,7 @@
 """The host instructions a step of each way runs, counted rather than timed:
 the ways of ``step_cost.py`` (the bare loop, ``job.train`` without a budget,
-and shared ``job.train`` under one) on its digits-sized MLP, each in a
+shared ``job.train`` under one, and planned: ``capture=True``) on its
+digits-sized MLP, each in a
 process of its own under valgrind's callgrind, which counts every
 instruction the process runs while its counting is switched on: around
 ``--calls`` calls of ``--steps`` steps, after three calls off the count.
@@ -46,15 +47,15 @@ WARM_CALLS = 3  # off the count: first calls, measured passes
 
 def child(way: str, width: int, steps: int, calls: int) -> None:
     """In the process valgrind runs: ``calls`` calls of ``way``, counted."""
-    # As step_cost's: the session with a budget made in every way's process.
-    batches, make, session = _setup(width)
+    # As step_cost's: the sessions with a budget made in every way's process.
+    batches, make, sessions = _setup(width)
     made = make()
     for _ in range(WARM_CALLS):
-        train_call(way, made, batches, steps, session)
+        train_call(way, made, batches, steps, sessions)
     pid = str(os.getpid())
     subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
     for _ in range(calls):
-        train_call(way, made, batches, steps, session)
+        train_call(way, made, batches, steps, sessions)
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 

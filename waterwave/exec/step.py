@@ -99,6 +99,10 @@ class CapturedStep:
         self.buffers = [b for _, b in model.named_buffers()]
         self.shapes = optimizers.structure(optimizer)  # what the update is shaped by
         self.constants = optimizers.constants(optimizer)  # the values in the graphs now
+        # The groups' settings as the last step's checks found them, and
+        # each group's state names then: None until a step checks.
+        self.settings_checked: optimizers.GroupSettings | None = None
+        self.state_names: list[list[str]] = []
         # Every module whose graph holds the update's constants, and whether it
         # runs as compiled code (then a change recompiles it: 54 ms for
         # resnet50's step) or node by node (then the patched nodes suffice).
@@ -192,10 +196,17 @@ class CapturedStep:
                                  "the same keys, or make a Job for each")
             self._check_batch(data)
         opt = self.optimizer
-        optimizers.begin_step(opt, self.shapes)
-        self._follow_hyperparameters()
+        if self.settings_checked is not None and self.settings_checked.unchanged(opt):
+            optimizers.ready_to_step(opt)  # what the checks below would find, they found
+        else:
+            optimizers.begin_step(opt, self.shapes)
+            self._follow_hyperparameters()
+            self.settings_checked = optimizers.GroupSettings(opt)
+            self.state_names = [optimizers.state_names(opt, k, self.device_steps)
+                                for k in range(len(opt.param_groups))]
         had = None if self.grad_scaler is None else [p in opt.state for p in self.params]
-        state = optimizers.step_tensors(opt, self.params, self.groups, self.device_steps)
+        state = optimizers.step_tensors(opt, self.params, self.groups, self.device_steps,
+                                        self.state_names)
         if had is not None and not all(had):
             self.fresh_state += [p for p, h in zip(self.params, had) if not h and p in opt.state]
         scalars = []

@@ -49,10 +49,12 @@ from .clip import GradClip, check_clip_covers  # noqa: F401
 from .constant_sites import SENTINEL, ConstantSites, sentinels  # noqa: F401
 from .rule import RULES, OptimizerError, OptimizerRule, register, rule_for  # noqa: F401
 from .state import (  # noqa: F401
+    GroupSettings,
     begin_step,
     check_structure,
     constants,
     count_step,
+    ready_to_step,
     scalar_inputs,
     state_names,
     step_cohorts,

@@ -59,24 +59,65 @@ def check_structure(optimizer, captured: list[tuple]) -> None:
 def begin_step(optimizer, captured: list[tuple]) -> None:
     """What an eager ``optimizer.step()`` call would see and leave, checked
     and left before a captured step: the groups are shaped as captured
-    (``check_structure``); no step hooks wait to run (the captured update
-    runs none: refused; a hook marked ``waterwave_not_in_captured_steps``,
-    waterwave.sharing's, acts only in eager members' threads); and a
-    learning-rate scheduler sees that the optimizer stepped (its flag, as
-    its wrapper of ``step`` sets it), so it neither warns nor skips its
-    first value."""
+    (``check_structure``), and ``ready_to_step``."""
+    check_structure(optimizer, captured)
+    ready_to_step(optimizer)
+
+
+def ready_to_step(optimizer) -> None:
+    """No step hooks wait to run (the captured update runs none: refused; a
+    hook marked ``waterwave_not_in_captured_steps``, waterwave.sharing's,
+    acts only in eager members' threads); and a learning-rate scheduler sees
+    that the optimizer stepped (its flag, as its wrapper of ``step`` sets
+    it), so it neither warns nor skips its first value."""
     from torch.optim import optimizer as torch_optimizer
 
-    check_structure(optimizer, captured)
-    hooks = [*optimizer._optimizer_step_pre_hooks.values(),
-             *optimizer._optimizer_step_post_hooks.values(),
-             *torch_optimizer._global_optimizer_pre_hooks.values(),
-             *torch_optimizer._global_optimizer_post_hooks.values()]
-    hooks = sum(not getattr(h, "waterwave_not_in_captured_steps", False) for h in hooks)
-    if hooks:
-        raise OptimizerError(f"the optimizer has {hooks} step hook(s), which a captured step "
-                             "does not run: remove them (or run their work between steps)")
+    if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
+            or torch_optimizer._global_optimizer_pre_hooks
+            or torch_optimizer._global_optimizer_post_hooks):
+        hooks = [*optimizer._optimizer_step_pre_hooks.values(),
+                 *optimizer._optimizer_step_post_hooks.values(),
+                 *torch_optimizer._global_optimizer_pre_hooks.values(),
+                 *torch_optimizer._global_optimizer_post_hooks.values()]
+        hooks = sum(not getattr(h, "waterwave_not_in_captured_steps", False) for h in hooks)
+        if hooks:
+            raise OptimizerError(f"the optimizer has {hooks} step hook(s), which a captured "
+                                 "step does not run: remove them (or run their work between "
+                                 "steps)")
     optimizer._opt_called = True
+
+
+class GroupSettings:
+    """Every group's settings but its parameters (names, values and the
+    values' types), as they were when a step's checks last ran: the
+    structure, the refusals, the constants and the state's names are read
+    from these alone, so while ``unchanged`` they would find what they found
+    then. A step checks this instead (about a microsecond a group, where the
+    checks take tens): a scheduler that moves lr, or a setting changed, sends
+    the next step through them again."""
+
+    __slots__ = ("keys", "values", "types")
+
+    def __init__(self, optimizer) -> None:
+        groups = optimizer.param_groups
+        self.keys = [list(g) for g in groups]
+        # Copies of lists and dicts (betas given as a list): one changed in
+        # place must not compare equal to itself.
+        self.values = [[list(v) if type(v) is list else dict(v) if type(v) is dict else v
+                        for k, v in g.items() if k != "params"] for g in groups]
+        # A value replaced by one of another type that compares equal (a
+        # tensor lr for a float) selects other code in torch: not the same.
+        self.types = [list(map(type, values)) for values in self.values]
+
+    def unchanged(self, optimizer) -> bool:
+        groups = optimizer.param_groups
+        if len(groups) != len(self.keys):
+            return False
+        for g, keys, values, types in zip(groups, self.keys, self.values, self.types):
+            now = [v for k, v in g.items() if k != "params"]
+            if now != values or list(map(type, now)) != types or list(g) != keys:
+                return False
+        return True
 
 
 def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
@@ -88,19 +129,25 @@ def state_names(optimizer, group: int, device_steps: bool = False) -> list[str]:
     return [*names, *rule.device_state] if device_steps else names
 
 
-def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool = False) -> list:
+def step_tensors(optimizer, params: list, groups: list[int], device_steps: bool = False,
+                 names_by_group: list[list[str]] | None = None) -> list:
     """The state tensors of the next step, each parameter's in
     ``state_names`` order, as they are in ``optimizer.state`` now; missing
     ones are made (zeros, as PyTorch starts Adam's moments) and put there.
+    ``names_by_group``: each group's ``state_names``, where the caller knows
+    them still to hold (``GroupSettings``).
 
     SGD with momentum starts its buffer as the first gradient, undamped; the
     update from a zero buffer gives the same only without dampening, so a
     first step with dampening is refused."""
     import torch
 
+    if names_by_group is None:
+        names_by_group = [state_names(optimizer, k, device_steps)
+                          for k in range(len(optimizer.param_groups))]
     out = []
     for p, k in zip(params, groups):
-        names = state_names(optimizer, k, device_steps)
+        names = names_by_group[k]
         if not names:  # no entry at all, as eager leaves SGD without momentum
             continue
         st = optimizer.state[p]
