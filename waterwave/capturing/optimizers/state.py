@@ -9,6 +9,8 @@ May import: this package; torch lazily.
 """
 from __future__ import annotations
 
+import sys
+
 from .device_math import as_real_pairs
 from .rule import OptimizerError, refuse_other_implementations, rule_for
 
@@ -70,8 +72,9 @@ def ready_to_step(optimizer) -> None:
     acts only in eager members' threads); and a learning-rate scheduler sees
     that the optimizer stepped (its flag, as its wrapper of ``step`` sets
     it), so it neither warns nor skips its first value."""
-    from torch.optim import optimizer as torch_optimizer
-
+    # Imported already (the optimizer is one of its classes'); an import
+    # statement here would cost every step a microsecond.
+    torch_optimizer = sys.modules["torch.optim.optimizer"]
     if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
             or torch_optimizer._global_optimizer_pre_hooks
             or torch_optimizer._global_optimizer_post_hooks):
