@@ -52,9 +52,9 @@ import torch  # noqa: E402
 
 import waterwave as ww  # noqa: E402
 from waterwave import AllocatorConfig, ConfigError  # noqa: E402
+from waterwave.pipeline.pass_profile import GPU_MARGIN  # noqa: E402
 from waterwave.sim.eager import eager_trace  # noqa: E402
 from waterwave.sim.kernels import KernelModel  # noqa: E402
-from waterwave.pipeline.pass_profile import GPU_MARGIN  # noqa: E402
 from waterwave.sim.multijob import simulate  # noqa: E402
 from waterwave.sim.rates import added_steps_rate  # noqa: E402
 from waterwave.sim.schedules import ALLOCATORS, SessionSchedule  # noqa: E402
